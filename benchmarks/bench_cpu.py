@@ -1,0 +1,179 @@
+"""CPU figures of fjit against eager PyTorch and torch.compile (default mode), measured in one run.
+
+    python benchmarks/bench_cpu.py            # full run, a few minutes
+    python benchmarks/bench_cpu.py --quick    # short run, under a minute
+
+Writes benchmarks/results/cpu.json and prints the table and the PASS/MISS targets.
+See benchmarks/README.md for what each figure means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import fjit  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+
+FJIT_OPTIONS: dict = {}          # fjit's defaults: on CPU tensors that is the torch executor
+SIZES = {"small": 4, "large": 4 * 2**20}
+SCALE = 0.75
+
+
+def elementwise10(x, y, s):
+    """Ten elementwise ops on two float32 tensors and a runtime float."""
+    a = x + y
+    b = a * s
+    c = torch.sin(b)
+    d = c - y
+    e = torch.tanh(d)
+    f = e * x
+    g = torch.sigmoid(f)
+    h = f / g
+    i = torch.abs(h)
+    return torch.clamp(i, 0.0, 4.0)
+
+
+# The 50-op function of the cold-call figure: these ten steps five times over (values stay bounded).
+CHAIN_STEPS = ("{} + y", "{} * s", "torch.sin({})", "{} - x", "torch.tanh({})", "{} * 0.5",
+               "torch.sigmoid({})", "torch.abs({})", "{} / 1.5", "torch.clamp({}, -2.0, 2.0)")
+
+
+def chain50_source(name: str) -> str:
+    lines = [f"def {name}(x, y, s):", "    t = x"]
+    lines += [f"    t = {CHAIN_STEPS[i % len(CHAIN_STEPS)].format('t')}" for i in range(50)]
+    return "\n".join(lines + ["    return t", ""])
+
+
+def fresh_chain50(i: int):
+    name = f"chain50_{i}"
+    return H.fresh_function(chain50_source(name), name, {"torch": torch})
+
+
+def bench_elementwise(quick: bool) -> list[dict]:
+    timer = H.CpuTimer()
+    rows = []
+    for label, numel in SIZES.items():
+        torch._dynamo.reset()  # each size gets its own static-shape compile, compile's best case
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(numel, generator=gen)
+        y = torch.randn(numel, generator=gen)
+        args = (x, y, SCALE)
+        prep = H.prepare(elementwise10, args, fjit_options=FJIT_OPTIONS)
+        if label == "small":
+            iters, rounds = (500, 10) if quick else (2000, 30)
+        else:
+            iters = H.calibrate_iters(prep.candidates["eager"], timer, 30e6 if quick else 100e6)
+            rounds = 5 if quick else 15
+        misses_before = prep.fjit_misses()
+        stats = H.measure(prep.candidates, timer, rounds=rounds, iters=iters)
+        misses_after = prep.fjit_misses()
+        if misses_before is not None and misses_after != misses_before:
+            prep.errors["fjit_cache"] = (f"cache misses grew from {misses_before} to "
+                                         f"{misses_after} during the timed (cached) calls")
+        med = {k: s.median_us for k, s in stats.items()}
+        rows.append({
+            "size": label, "numel": numel, "dtype": "float32",
+            "stats": {k: s.to_json() for k, s in stats.items()},
+            "fjit_over_eager": H.ratio(med.get("fjit"), med.get("eager")),
+            "fjit_over_compile": H.ratio(med.get("fjit"), med.get("compile")),
+            "errors": prep.errors,
+        })
+    return rows
+
+
+def bench_cold(quick: bool) -> dict:
+    """First call of a freshly decorated 50-op function: trace, passes, codegen, first run."""
+    H.isolate_compiler_caches()
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(1024, generator=gen), torch.randn(1024, generator=gen)
+    samples_ns, errors = [], {}
+    for i in range(5 if quick else 10):
+        fn = fresh_chain50(i)
+        jf = fjit.jit(fn, **FJIT_OPTIONS)
+        out = {}
+        try:
+            samples_ns.append(H.time_once_ns(lambda: out.setdefault("v", jf(x, y, SCALE))))
+        except Exception as exc:  # noqa: BLE001 - reported in the results
+            errors["fjit"] = H.describe_error(exc)
+            break
+        mismatch = H.check_close(out["v"], fn(x, y, SCALE))
+        if mismatch:
+            errors["fjit"] = f"wrong result: {mismatch}"
+            break
+    compile_ns = None
+    fn = fresh_chain50(1000)
+    compiled = torch.compile(fn)
+    try:
+        compile_ns = H.time_once_ns(lambda: compiled(x, y, SCALE))
+    except Exception as exc:  # noqa: BLE001
+        errors["compile"] = H.describe_error(exc)
+    fjit_ms = statistics.median(samples_ns) / 1e6 if samples_ns and not errors.get("fjit") else None
+    return {
+        "ops": 50, "numel": 1024,
+        "fjit_first_call_ms": fjit_ms,
+        "fjit_samples_ms": [s / 1e6 for s in samples_ns],
+        "compile_first_call_ms": None if compile_ns is None else compile_ns / 1e6,
+        "compile_over_fjit": H.ratio(compile_ns and compile_ns / 1e6, fjit_ms),
+        "errors": errors,
+    }
+
+
+def report(rows: list[dict], cold: dict) -> list[H.Target]:
+    table = []
+    for r in rows:
+        med = {k: s["median_us"] for k, s in r["stats"].items()}
+        table.append([r["size"], f"{r['numel']:,}", H.fmt(med.get("eager")), H.fmt(med.get("fjit")),
+                      H.fmt(med.get("compile")), H.fmt(r["fjit_over_eager"], ".3f"),
+                      H.fmt(r["fjit_over_compile"], ".3f")])
+    print("\n10-op elementwise, float32, median us per cached call")
+    print(H.format_table(["size", "elements", "eager us", "fjit us", "compile us", "fjit/eager",
+                          "fjit/compile"], table))
+    for r in rows:
+        for who, err in r["errors"].items():
+            print(f"  ! {r['size']} {who}: {err}")
+
+    print("\ncold first call, 50-op function (trace + compile + run), ms")
+    print(H.format_table(["function", "fjit ms (median)", "compile ms (1 sample)", "compile/fjit"],
+                         [["chain50", H.fmt(cold["fjit_first_call_ms"]),
+                           H.fmt(cold["compile_first_call_ms"], ".0f"),
+                           H.fmt(cold["compile_over_fjit"], ".1f")]]))
+    for who, err in cold["errors"].items():
+        print(f"  ! cold {who}: {err}")
+
+    by_size = {r["size"]: r for r in rows}
+    targets = [
+        H.Target("small fjit/eager", by_size["small"]["fjit_over_eager"], "<=", 1.1),
+        H.Target("small fjit/compile", by_size["small"]["fjit_over_compile"], "<=", 0.6),
+        H.Target("large fjit/eager", by_size["large"]["fjit_over_eager"], "<=", 1.0),
+        H.Target("cold 50-op first call ms", cold["fjit_first_call_ms"], "<", 50.0),
+    ]
+    print()
+    H.print_targets(targets)
+    return targets
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short run (under a minute)")
+    args = parser.parse_args(argv)
+    rows = bench_elementwise(args.quick)
+    cold = bench_cold(args.quick)
+    targets = report(rows, cold)
+    path = H.write_json("cpu.json", {
+        "suite": "cpu", "quick": args.quick, "environment": H.environment(),
+        "fjit_options": FJIT_OPTIONS, "timer": H.CpuTimer.name,
+        "elementwise10": rows, "cold": cold, "targets": [t.to_json() for t in targets],
+    })
+    print(f"\nwrote {path.relative_to(H.REPO_ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The public entry points: jit, last_traces, cache_info, diagnose.
+
+The cached call path is one walk over the arguments (the cache key and the flat runtime values come
+out of it together), one dict lookup, and the generated function.  Compilation happens under a lock;
+lookups do not take it.
+"""
+from __future__ import annotations
+
+import collections
+import enum
+import functools
+import os
+import threading
+
+import torch
+
+from fjit.core.ir import Binding, Trace
+from fjit.errors import SharpEdge
+from fjit.executors import torch_executor
+from fjit.frontend.context import Mode, current
+from fjit.frontend.inputs import call_key
+from fjit.frontend.tracer import scan_bindings, trace_function
+from fjit.ops import TRACE_NAMESPACE
+from fjit.passes.basic import constant_fold, cse, dce
+
+CACHE_SIZE = 64
+CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "entries"])
+
+
+class CacheMode(enum.Enum):
+    METADATA = "metadata"   # one compiled program per input metadata (floats are runtime values)
+    NONE = None             # retrace on every call
+
+
+class Executor(enum.Enum):
+    TRITON = "triton"
+    TORCH = "torch"
+
+
+def _parse(enum_cls, value, option: str):
+    """Options are parsed here and only here; a bad value's error lists the allowed ones."""
+    if isinstance(value, enum_cls):
+        return value
+    for member in enum_cls:
+        if member.value == value:
+            return member
+    allowed = ", ".join(repr(m.value) for m in enum_cls)
+    hint = " ('symbolic' is not implemented yet)" if value == "symbolic" else ""
+    raise ValueError(f"fjit.jit: {option}={value!r} is not one of {allowed}{hint}")
+
+
+class JittedFunction:
+    def __init__(self, fn, *, sharp_edges="error", executors=("triton", "torch"), cache="metadata"):
+        if not callable(fn):
+            raise TypeError(f"fjit.jit expects a function, got {type(fn).__qualname__}")
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._mode = _parse(Mode, sharp_edges, "sharp_edges")
+        if self._mode is Mode.DIAGNOSE:
+            raise ValueError("fjit.jit: sharp_edges='diagnose' is fjit.diagnose's; use 'error', "
+                             "'warn' or 'allow'")
+        if isinstance(executors, str):
+            executors = (executors,)
+        self._executors = tuple(_parse(Executor, e, "executors") for e in executors)
+        self._cache_mode = _parse(CacheMode, cache, "cache")
+        self._cache: dict = {}
+        self._lock = threading.Lock()
+        self._specialized: frozenset = frozenset()
+        self._hits = 0
+        self._misses = 0
+        self._last_traces: list[Trace] = []
+
+    def __call__(self, *args, **kwargs):
+        if current() is not None:          # called while tracing another function: inline it
+            return self._fn(*args, **kwargs)
+        key, leaves = call_key(args, kwargs, self._specialized)
+        program = self._cache.get(key)
+        if program is None:
+            program = self._compile(key, args, kwargs, leaves)
+        else:
+            self._hits += 1
+        return program(*leaves)
+
+    def __get__(self, obj, objtype=None):
+        return self if obj is None else functools.partial(self, obj)
+
+    def _compile(self, key, args, kwargs, leaves):
+        with self._lock:
+            program = self._cache.get(key)
+            if program is not None:
+                self._hits += 1
+                return program
+            self._misses += 1
+            result = trace_function(self._fn, args, kwargs, leaves, self._mode, TRACE_NAMESPACE)
+            traces = optimize(result.trace, self._executors, leaves)
+            program = torch_executor.compile_trace(traces[-1])
+            if os.environ.get("FJIT_CHECK") == "1":
+                check_traces(traces, leaves)
+            self._last_traces = traces
+            if self._cache_mode is CacheMode.METADATA:
+                if result.specialized - self._specialized:
+                    self._specialized = self._specialized | result.specialized
+                    key, _ = call_key(args, kwargs, self._specialized)
+                if len(self._cache) >= CACHE_SIZE:
+                    self._cache.pop(next(iter(self._cache)))   # evict the oldest entry
+                self._cache[key] = program
+            return program
+
+    def __repr__(self):
+        return f"<fjit.jit of {self._fn!r}>"
+
+
+def optimize(trace: Trace, executors: tuple, leaves: list) -> list[Trace]:
+    """Every stage from the traced program to the one the generated function runs."""
+    traces = [trace]
+    for stage in (dce, cse, constant_fold, dce):
+        traces.append(stage(traces[-1]))
+    if Executor.TRITON in executors:
+        from_triton = _triton_stage(traces[-1], leaves)
+        if from_triton is not None:
+            traces.append(from_triton)
+    traces.append(torch_executor.finalize(traces[-1]))
+    return traces
+
+
+def _triton_stage(trace: Trace, leaves: list):
+    """The Triton executor claims fusible regions when it can run here (see executors/triton)."""
+    try:
+        from fjit.executors.triton import executor as triton_executor  # optional: needs triton
+    except ImportError:
+        return None
+    return triton_executor.claim(trace, leaves)
+
+
+def check_traces(traces: list[Trace], leaves: list) -> None:
+    """Check mode (FJIT_CHECK=1): every stage's printed source runs and agrees with the first."""
+    expected = traces[0].python_callable()(*leaves)
+    for t in traces[1:]:
+        got = t.python_callable()(*leaves)
+        torch.testing.assert_close(got, expected, equal_nan=True,
+                                   msg=lambda m: f"fjit check: stage {t.stage} differs: {m}")
+
+
+def jit(fn=None, *, sharp_edges="error", executors=("triton", "torch"), cache="metadata"):
+    """Compile `fn`; usable as `@jit` or `@jit(sharp_edges="warn", ...)`."""
+    if fn is None:
+        return functools.partial(jit, sharp_edges=sharp_edges, executors=executors, cache=cache)
+    return JittedFunction(fn, sharp_edges=sharp_edges, executors=executors, cache=cache)
+
+
+def last_traces(jf: JittedFunction) -> list[Trace]:
+    """Every stage of `jf`'s last compilation, first to last."""
+    if not isinstance(jf, JittedFunction):
+        raise TypeError("fjit.last_traces expects a function made by fjit.jit")
+    return list(jf._last_traces)
+
+
+def cache_info(jf: JittedFunction) -> CacheInfo:
+    if not isinstance(jf, JittedFunction):
+        raise TypeError("fjit.cache_info expects a function made by fjit.jit")
+    return CacheInfo(jf._hits, jf._misses, len(jf._cache))
+
+
+class Report:
+    """What fjit.diagnose found: every sharp edge, in source order, and every bound constant."""
+
+    def __init__(self, fn_name: str, edges: list[SharpEdge], bindings: list[Binding]):
+        self.fn_name = fn_name
+        self.edges = sorted(edges, key=lambda e: (e.filename, e.lineno))
+        self.bindings = bindings
+
+    @property
+    def ok(self) -> bool:
+        return not self.edges
+
+    def __str__(self) -> str:
+        lines = [f"fjit diagnosis of '{self.fn_name}': "
+                 f"{len(self.edges) or 'no'} sharp edge{'s' if len(self.edges) != 1 else ''}"]
+        lines += [f"  {e.format()}" for e in self.edges]
+        if self.bindings:
+            lines.append("bound as compile-time constants (later changes are not seen):")
+            lines += [f"  {b}" for b in self.bindings]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def diagnose(fn, *args, **kwargs) -> Report:
+    """Trace `fn` once, permissively, and report every sharp edge instead of stopping at the first."""
+    fn = fn._fn if isinstance(fn, JittedFunction) else fn
+    _, leaves = call_key(args, kwargs, frozenset())
+    result = trace_function(fn, args, kwargs, leaves, Mode.DIAGNOSE, TRACE_NAMESPACE)
+    return Report(getattr(fn, "__name__", "fn"), result.edges, scan_bindings(fn)[1])

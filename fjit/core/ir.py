@@ -1,0 +1,326 @@
+"""The trace IR: variables, symbols, bound symbols and traces, and printing a trace as Python.
+
+A trace is a straight-line SSA program.  Every stage of compilation is a `Trace`, and every trace
+prints as a Python function that runs: `trace.python_callable()` executes its own printed source.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import linecache
+import math
+import operator
+from typing import Any, Callable
+
+import torch
+
+
+class Tag(enum.Enum):
+    """Properties of a symbol.  Behaviour is looked up by tag in tables, not by subclass."""
+
+    PRIM = "prim"                # one of the closed set in fjit.ops.prims
+    ELEMENTWISE = "elementwise"  # prim applied per element (torch broadcasting and promotion)
+    REDUCTION = "reduction"      # prim reducing over dims
+    SHAPE = "shape"              # prim that only moves or views data
+    RANDOM = "random"            # draws new numbers on every call: never CSE'd or folded
+    FALLBACK = "fallback"        # torch op fjit has no decomposition for; metadata from meta tensors
+    VIEW = "view"                # output aliases its first input in eager torch
+    NUMBER = "number"            # Python arithmetic on runtime numbers
+    IMPURE = "impure"            # must stay even when its outputs are unused
+
+
+# ----------------------------------------------------------------------------------------------
+# Variables
+# ----------------------------------------------------------------------------------------------
+
+class TensorVar:
+    """An SSA tensor value: metadata only, never data."""
+
+    __slots__ = ("name", "shape", "dtype", "device", "strides", "requires_grad")
+
+    def __init__(self, name, shape, dtype, device, strides, requires_grad=False):
+        self.name = name
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.device = device
+        self.strides = tuple(strides)
+        self.requires_grad = requires_grad
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def type_string(self) -> str:
+        dt = DTYPE_SHORT.get(self.dtype, str(self.dtype).replace("torch.", ""))
+        dims = ", ".join(str(s) for s in self.shape)
+        return f"{self.device.type} {dt}[{dims}]"
+
+    def __repr__(self):
+        return self.name
+
+
+class NumberVar:
+    """An SSA Python number that is a runtime value (float inputs and arithmetic on them)."""
+
+    __slots__ = ("name", "pytype")
+
+    def __init__(self, name, pytype=float):
+        self.name = name
+        self.pytype = pytype
+
+    def type_string(self) -> str:
+        return self.pytype.__name__
+
+    def __repr__(self):
+        return self.name
+
+
+Var = (TensorVar, NumberVar)
+
+DTYPE_SHORT = {
+    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+    torch.uint8: "u8", torch.bool: "b8", torch.complex64: "c64", torch.complex128: "c128",
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Symbols and bound symbols
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Symbol:
+    """An operation: how it prints (`qualname`), how it runs eagerly (`fn`), and its tags."""
+
+    qualname: str            # e.g. "torch.add", "prims.exp", "fjit_ops.view_scatter"
+    fn: Callable             # the callable the printed name resolves to at run time
+    tags: frozenset = frozenset()
+
+    def has(self, tag: Tag) -> bool:
+        return tag in self.tags
+
+    @property
+    def name(self) -> str:
+        return self.qualname.rsplit(".", 1)[-1]
+
+    def __repr__(self):
+        return self.qualname
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BoundSymbol:
+    """One operation in a trace: outputs = sym(*args, **kwargs); `subsymbols` are its prims."""
+
+    sym: Symbol
+    args: tuple
+    kwargs: dict
+    output: Any                       # a Var, or a tuple/list of Vars, or None
+    subsymbols: tuple = ()
+    comment: str | None = None        # e.g. "functionalized x.add_(1)"
+
+    def outputs(self) -> list:
+        return [v for v in flatten_values(self.output) if isinstance(v, Var)]
+
+    def inputs(self) -> list:
+        return [v for v in flatten_values((self.args, self.kwargs)) if isinstance(v, Var)]
+
+    def replace(self, **changes) -> "BoundSymbol":
+        return dataclasses.replace(self, **changes)
+
+
+def flatten_values(x) -> list:
+    """Leaves of nested tuples/lists/dicts/slices (the containers args are made of)."""
+    out = []
+    _flatten_into(x, out)
+    return out
+
+
+def _flatten_into(x, out):
+    if isinstance(x, (tuple, list)):
+        for y in x:
+            _flatten_into(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _flatten_into(y, out)
+    elif isinstance(x, slice):
+        _flatten_into((x.start, x.stop, x.step), out)
+    else:
+        out.append(x)
+
+
+def map_values(fn, x):
+    """Rebuild nested args with every leaf replaced by fn(leaf)."""
+    if type(x) in (tuple, list):
+        return type(x)(map_values(fn, y) for y in x)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(map_values(fn, y) for y in x))
+    if isinstance(x, dict):
+        return {k: map_values(fn, v) for k, v in x.items()}
+    if isinstance(x, slice):
+        return slice(map_values(fn, x.start), map_values(fn, x.stop), map_values(fn, x.step))
+    return fn(x)
+
+
+# ----------------------------------------------------------------------------------------------
+# Traces
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Binding:
+    """A global or closure variable read at trace time and bound as a constant."""
+
+    name: str
+    kind: str          # "global" | "closure" | "default"
+    type_name: str
+
+    def __str__(self):
+        return f"{self.kind} {self.name!r}: {self.type_name}"
+
+
+@dataclasses.dataclass
+class Trace:
+    name: str                 # the user function's name
+    inputs: list              # flat runtime inputs (TensorVar / NumberVar), the function's params
+    bsyms: list
+    output: Any               # nested structure of Vars and constants
+    consts: dict = dataclasses.field(default_factory=dict)   # name -> value for non-literal constants
+    stage: str = "traced"
+    bindings: list = dataclasses.field(default_factory=list)
+    namespace: dict = dataclasses.field(default_factory=dict)  # extra names the source refers to
+
+    def with_stage(self, stage: str, bsyms=None, **changes) -> "Trace":
+        return dataclasses.replace(self, stage=stage, bsyms=list(self.bsyms if bsyms is None else bsyms),
+                                   **changes)
+
+    def __str__(self) -> str:
+        return TracePrinter(self).source()
+
+    def python_callable(self, extra_namespace: dict | None = None) -> Callable:
+        """Compile the printed source into a function (what executors and check mode run)."""
+        printer = TracePrinter(self)
+        src = printer.source()
+        ns = {"torch": torch, "operator": operator, "inf": math.inf, "nan": math.nan}
+        ns.update(self.namespace)
+        ns.update(printer.consts)
+        if extra_namespace:
+            ns.update(extra_namespace)
+        filename = f"<fjit {self.name} {self.stage} {id(self):x}>"
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+        exec(compile(src, filename, "exec"), ns)
+        return ns["computation"]
+
+
+class TracePrinter:
+    """Prints a trace as Python source.  Values that have no safe literal become named constants,
+    so user strings and objects are never spliced into the source unescaped."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.consts: dict[str, Any] = dict(trace.consts)
+        self._const_names: dict[int, str] = {id(v): k for k, v in trace.consts.items()}
+
+    def const(self, value) -> str:
+        name = self._const_names.get(id(value))
+        if name is None:
+            name = f"_c{len(self.consts)}"
+            while name in self.consts:
+                name += "_"
+            self.consts[name] = value
+            self._const_names[id(value)] = name
+        return name
+
+    def value(self, x) -> str:
+        if isinstance(x, Var):
+            return x.name
+        t = type(x)
+        if x is None or t is bool or t is int:
+            return repr(x)
+        if t is float:
+            return repr(x) if math.isfinite(x) else ("-inf" if x < 0 else "inf") if math.isinf(x) else "nan"
+        if t is str:
+            return repr(x)   # repr of a str is always a safe literal
+        if x is Ellipsis:
+            return "..."
+        if isinstance(x, torch.dtype):
+            return str(x)    # "torch.float32"
+        if isinstance(x, torch.device):
+            return f"torch.device({x.type!r}{'' if x.index is None else ', ' + str(x.index)})"
+        if t is slice:
+            return f"slice({self.value(x.start)}, {self.value(x.stop)}, {self.value(x.step)})"
+        if t is tuple or t is torch.Size:
+            inner = ", ".join(self.value(y) for y in x)
+            return f"({inner},)" if len(x) == 1 else f"({inner})"
+        if t is list:
+            return "[" + ", ".join(self.value(y) for y in x) + "]"
+        if t is dict and all(type(k) in (str, int, bool) or k is None for k in x):
+            return "{" + ", ".join(f"{self.value(k)}: {self.value(v)}" for k, v in x.items()) + "}"
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return f"{self.const(type(x))}({', '.join(self.value(y) for y in x)})"
+        return self.const(x)
+
+    def call(self, b: BoundSymbol) -> str:
+        parts = [self.value(a) for a in b.args]
+        parts += [f"{k}={self.value(v)}" for k, v in b.kwargs.items()]
+        fn = b.sym.qualname
+        if fn.startswith("_c") or not _resolvable(fn):
+            fn = self.const(b.sym.fn)
+        return f"{fn}({', '.join(parts)})"
+
+    def target(self, out) -> str:
+        if out is None:
+            return "_"
+        if isinstance(out, Var):
+            return out.name
+        inner = ", ".join(self.target(o) for o in out)
+        return f"({inner},)" if len(out) == 1 else f"({inner})"
+
+    def bsym_lines(self, b: BoundSymbol, indent: str) -> list[str]:
+        lines = []
+        if b.comment:
+            lines.append(f"{indent}# {b.comment}")
+        if b.sym.qualname == "del":
+            return lines + [f"{indent}del {', '.join(v.name for v in b.args)}"]
+        types = "  ".join(f"{v.name}: \"{v.type_string()}\"" for v in b.outputs())
+        note = "  # torch fallback" if b.sym.has(Tag.FALLBACK) else ""
+        lines.append(f"{indent}{self.target(b.output)} = {self.call(b)}" +
+                     (f"  # {types}" if types else "") + note)
+        for s in b.subsymbols:
+            lines += [f"{indent}  # {line.strip()}" for line in self.bsym_lines(s, "")]
+        return lines
+
+    def source(self) -> str:
+        t = self.trace
+        params = ", ".join(v.name for v in t.inputs)
+        lines = [f"# fjit trace of {t.name!r}, stage: {t.stage}", f"def computation({params}):"]
+        if t.inputs:
+            lines.append("  # " + "  ".join(f"{v.name}: \"{v.type_string()}\"" for v in t.inputs))
+        for b in t.bsyms:
+            lines += self.bsym_lines(b, "  ")
+        lines.append(f"  return {self.value(t.output)}")
+        return "\n".join(lines) + "\n"
+
+
+_RESOLVABLE: dict[str, bool] = {}
+
+
+def _resolvable(qualname: str) -> bool:
+    """Whether `qualname` names what the printed source can reach from its namespace roots."""
+    ok = _RESOLVABLE.get(qualname)
+    if ok is None:
+        root, _, rest = qualname.partition(".")
+        ok = root in ("torch", "operator", "prims", "fjit_ops") and bool(rest)
+        if ok and root in ("torch", "operator"):
+            obj = torch if root == "torch" else operator
+            for part in rest.split("."):
+                obj = getattr(obj, part, None)
+                if obj is None:
+                    ok = False
+                    break
+        _RESOLVABLE[qualname] = ok
+    return ok
+
+
+DEL = Symbol("del", None, frozenset({Tag.IMPURE}))

@@ -1,0 +1,146 @@
+"""The errors fjit raises on purpose, and the sharp-edge diagnostics they carry.
+
+A sharp edge is recorded as a `SharpEdge` (a small record: where, which rule, what happened, how to
+fix it).  `sharp_edges="error"` turns the first one into its `SharpEdgeError` subclass; "warn" turns
+each into a `SharpEdgeWarning`; `fjit.diagnose` collects them all.  Messages are formatted only when
+shown, like JAX's escaped-tracer error, so detection stays cheap.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from fjit.hints import HINTS
+
+# code -> (category name printed in messages, error class name)
+CATEGORIES = {
+    "FJ101": "unproxied tensor",
+    "FJ102": "input mutation",
+    "FJ103": "input container mutation",
+    "FJ104": "side effect",
+    "FJ105": "nondeterminism",
+    "FJ106": "data-dependent control flow",
+    "FJ201": "unsupported input",
+    "FJ202": "unsupported operation",
+}
+
+CATALOG_DIR = "sharp_edges_catalog"
+
+
+class FjitError(Exception):
+    """Base of every error fjit raises on purpose."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SharpEdge:
+    """One place where the compiled program could silently differ from the Python original."""
+
+    code: str
+    category: str
+    message: str
+    filename: str
+    lineno: int
+    hint: str
+    entry: str
+
+    @classmethod
+    def of(cls, entry: str, message: str, filename: str, lineno: int) -> "SharpEdge":
+        code = entry.split("_", 1)[0]
+        return cls(code, CATEGORIES[code], message, filename, lineno, hint_for(entry), entry)
+
+    def format(self) -> str:
+        where = f"{_short_path(self.filename)}:{self.lineno}"
+        return (f"{where}: {self.code} {self.category}: {self.message}. Fix: {self.hint} "
+                f"(see {CATALOG_DIR}/{self.entry}.py)")
+
+
+def hint_for(entry: str) -> str:
+    try:
+        return HINTS[entry]
+    except KeyError:  # a detection site naming an entry the catalog lacks is an fjit bug
+        raise AssertionError(f"fjit: no sharp-edges catalog entry {entry!r}") from None
+
+
+def _short_path(filename: str) -> str:
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:  # another drive on Windows
+        return filename
+    return filename if rel.startswith(".." + os.sep + "..") else rel
+
+
+class SharpEdgeError(FjitError):
+    """A sharp edge in strict mode.  Carries the fields of its `SharpEdge`."""
+
+    def __init__(self, edge: SharpEdge):
+        super().__init__(edge)
+        self.edge = edge
+        self.code = edge.code
+        self.category = edge.category
+        self.filename = edge.filename
+        self.lineno = edge.lineno
+        self.hint = edge.hint
+        self.entry = edge.entry
+
+    def __str__(self) -> str:
+        return self.edge.format()
+
+
+class UnproxiedTensorError(SharpEdgeError):
+    """FJ101: a tensor that is not a signature input reaches an operation."""
+
+
+class InputMutationError(SharpEdgeError):
+    """FJ102 (a tensor input or a view of it is written) and FJ103 (an input list/dict is)."""
+
+
+class SideEffectError(SharpEdgeError):
+    """FJ104: printing, logging, I/O, global/nonlocal assignment, mutating outside objects."""
+
+
+class NondeterminismError(SharpEdgeError):
+    """FJ105: a value that differs between runs would be frozen into the trace."""
+
+
+class DataDependentError(SharpEdgeError):
+    """FJ106: Python control flow or values depend on tensor data."""
+
+
+ERROR_CLASSES = {
+    "FJ101": UnproxiedTensorError,
+    "FJ102": InputMutationError,
+    "FJ103": InputMutationError,
+    "FJ104": SideEffectError,
+    "FJ105": NondeterminismError,
+    "FJ106": DataDependentError,
+}
+
+
+def error_for(edge: SharpEdge) -> SharpEdgeError:
+    return ERROR_CLASSES[edge.code](edge)
+
+
+class UnsupportedInputError(FjitError, TypeError):
+    """FJ201: an input whose type cannot be proxied."""
+
+    code = "FJ201"
+
+
+class UnsupportedOpError(FjitError, NotImplementedError):
+    """FJ202: an operation fjit cannot trace, e.g. one whose output shape depends on data."""
+
+    code = "FJ202"
+
+
+class SharpEdgeWarning(UserWarning):
+    """What sharp_edges="warn" emits for each sharp edge instead of raising."""
+
+    def __init__(self, edge: SharpEdge):
+        super().__init__(edge.format())
+        self.edge = edge
+
+
+def located(code: str, message: str, filename: str | None, lineno: int | None, fix: str) -> str:
+    """The compiler-diagnostic text of an FJ2xx error."""
+    where = f"{_short_path(filename)}:{lineno}: " if filename else ""
+    return f"{where}{code} {CATEGORIES[code]}: {message}. Fix: {fix}"

@@ -1,0 +1,131 @@
+"""The state of one tracing run: names, the scope being recorded into, and the sharp edges found.
+
+A `TraceContext` is installed thread-locally for the duration of a trace; proxies reach the dispatcher
+through it, which keeps proxies free of an import of the dispatcher.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import sys
+import sysconfig
+import threading
+import warnings
+
+import torch
+
+from fjit.core.ir import BoundSymbol
+from fjit.errors import SharpEdge, SharpEdgeWarning, error_for
+
+
+class Mode(enum.Enum):
+    """What to do with a sharp edge (the `sharp_edges=` option, plus diagnose's own mode)."""
+
+    ERROR = "error"
+    WARN = "warn"
+    ALLOW = "allow"
+    DIAGNOSE = "diagnose"
+
+
+_LOCAL = threading.local()
+
+
+def current() -> "TraceContext | None":
+    return getattr(_LOCAL, "ctx", None)
+
+
+def _library_dirs() -> tuple[str, ...]:
+    import fjit
+    dirs = {os.path.dirname(fjit.__file__), os.path.dirname(torch.__file__)}
+    for key in ("stdlib", "platstdlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            dirs.add(path)
+    return tuple(os.path.realpath(d) + os.sep for d in dirs)
+
+
+_LIBRARY_DIRS: tuple[str, ...] | None = None
+_USER_FILE: dict[str, bool] = {}
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether code in `filename` is the user's (not fjit, torch or the standard library)."""
+    ok = _USER_FILE.get(filename)
+    if ok is None:
+        global _LIBRARY_DIRS
+        if _LIBRARY_DIRS is None:
+            _LIBRARY_DIRS = _library_dirs()
+        if filename.startswith("<") and not filename.startswith(("<string>", "<stdin>", "<ipython")):
+            ok = False  # frozen modules, fjit's generated code
+        else:
+            ok = not os.path.realpath(filename).startswith(_LIBRARY_DIRS)
+        _USER_FILE[filename] = ok
+    return ok
+
+
+def user_location(frame=None) -> tuple[str, int]:
+    """File and line of the innermost user frame on the stack (where a sharp edge is reported)."""
+    f = frame or sys._getframe(1)
+    while f is not None:
+        if is_user_file(f.f_code.co_filename):
+            return f.f_code.co_filename, f.f_lineno
+        f = f.f_back
+    return "<unknown>", 0
+
+
+class TraceContext:
+    def __init__(self, fn, mode: Mode, dispatch, namespace: dict):
+        self.fn = fn
+        self.fn_name = getattr(fn, "__name__", "fn")
+        self.mode = mode
+        self.dispatch = dispatch          # dispatch(func, args, kwargs) -> proxies
+        self.namespace = namespace        # names traces refer to (prims, fjit_ops)
+        self.scopes: list[list[BoundSymbol]] = [[]]
+        self.counter = 0
+        self.edges: list[SharpEdge] = []
+        self.consts: dict = {}            # name -> captured value (permissive FJ101)
+        self.inputs: list = []            # flat runtime input Vars
+        self.real_inputs: list = []       # the call's flat runtime values, for permissive replays
+        self.specialized: set[int] = set()  # float input positions whose value the trace depends on
+        self.tensor_origins: dict[int, tuple[str, str]] = {}  # id(tensor) -> (entry, description)
+        self.input_labels: dict[int, str] = {}  # id(input handle) -> how the user names it
+
+    # -- names and recording -------------------------------------------------------------------
+    def new_name(self, prefix: str = "t") -> str:
+        name = f"{prefix}{self.counter}"
+        self.counter += 1
+        return name
+
+    def record(self, bsym: BoundSymbol) -> None:
+        self.scopes[-1].append(bsym)
+
+    def push_scope(self) -> None:
+        self.scopes.append([])
+
+    def pop_scope(self) -> list[BoundSymbol]:
+        return self.scopes.pop()
+
+    # -- sharp edges ---------------------------------------------------------------------------
+    def sharp_edge(self, entry: str, message: str, location: tuple[str, int] | None = None) -> None:
+        """Report a sharp edge: raise it in error mode; otherwise note it and let tracing go on
+        with the permissive behaviour the caller implements right after this returns."""
+        filename, lineno = location or user_location(sys._getframe(1))
+        edge = SharpEdge.of(entry, message, filename, lineno)
+        if self.mode is Mode.ERROR:
+            raise error_for(edge)
+        if any(e.entry == edge.entry and e.lineno == lineno and e.filename == filename
+               for e in self.edges):
+            return  # one report per place, however often a loop runs it
+        self.edges.append(edge)
+        if self.mode is Mode.WARN:
+            warnings.warn_explicit(SharpEdgeWarning(edge), SharpEdgeWarning, filename, lineno)
+
+    def __enter__(self):
+        if current() is not None:
+            raise RuntimeError("fjit: a jitted function was called while tracing another one")
+        _LOCAL.ctx = self
+        return self
+
+    def __exit__(self, *exc):
+        _LOCAL.ctx = None
+        self.real_inputs = []   # never keep the caller's tensors alive

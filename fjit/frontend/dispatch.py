@@ -1,0 +1,430 @@
+"""The dispatcher: what happens when the traced function calls a torch op.
+
+Every torch function, Tensor method and operator reached during tracing lands in `dispatch`.  It
+  1. rejects data-dependent conversions (FJ106) and tensors that are not inputs (FJ101),
+  2. functionalizes in-place ops, `out=` and setitem (FJ102 when they reach an input),
+  3. computes the exact output metadata by running the op on meta tensors (so broadcasting and type
+     promotion are torch's own), and
+  4. records a bound symbol, with the op's decomposition into prims as its subsymbols when
+     fjit.ops registered one (a torch fallback, marked as such, when not).
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from fjit.core.ir import (BoundSymbol, Symbol, Tag, TensorVar, Trace, flatten_values, map_values)
+from fjit.errors import UnsupportedOpError, located
+from fjit.frontend.context import TraceContext, current, user_location
+from fjit.frontend.proxies import NumberProxy, TensorProxy
+
+# fjit.ops fills this at import: torch callable -> decomposition into prims over proxies.
+DECOMPOSITIONS: dict = {}
+
+RANDOM_OPS = {torch.rand, torch.randn, torch.randint, torch.rand_like, torch.randn_like,
+              torch.randint_like, torch.normal, torch.bernoulli, torch.multinomial, torch.randperm,
+              torch.poisson, torch.dropout, torch.nn.functional.dropout, torch.nn.functional.dropout1d,
+              torch.nn.functional.dropout2d, torch.nn.functional.dropout3d,
+              torch.nn.functional.alpha_dropout, torch.nn.functional.feature_alpha_dropout,
+              torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.bernoulli_,
+              torch.Tensor.random_, torch.Tensor.exponential_, torch.Tensor.geometric_,
+              torch.Tensor.log_normal_, torch.Tensor.cauchy_, torch.Tensor.bernoulli}
+
+# Conversions that need a tensor's data in Python: entry of the catalog and what to call it.
+DATA_DEPENDENT = {
+    torch.Tensor.__bool__: ("FJ106_if_tensor", "bool() of", bool),
+    torch.Tensor.is_nonzero: ("FJ106_if_tensor", "is_nonzero() of", bool),
+    torch.Tensor.item: ("FJ106_item", ".item() of", lambda t: t.item()),
+    torch.Tensor.tolist: ("FJ106_tolist", ".tolist() of", lambda t: t.tolist()),
+    torch.Tensor.numpy: ("FJ106_tolist", ".numpy() of", lambda t: t.numpy()),
+    torch.Tensor.__int__: ("FJ106_int_of_tensor", "int() of", int),
+    torch.Tensor.__index__: ("FJ106_int_of_tensor", "use as an index of", int),
+    torch.Tensor.__float__: ("FJ106_int_of_tensor", "float() of", float),
+    torch.Tensor.__complex__: ("FJ106_int_of_tensor", "complex() of", complex),
+}
+
+# Reading these from a tensor that is not an input binds a constant; it is not an op on its data.
+_METADATA_GETTERS = {getattr(torch.Tensor, n).__get__ for n in (
+    "shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "layout", "is_leaf")}
+_METADATA_GETTERS |= {getattr(torch.Tensor, n) for n in (
+    "size", "dim", "numel", "stride", "is_contiguous", "is_floating_point", "element_size",
+    "__len__", "__repr__", "__format__", "__hash__", "ndimension", "nelement", "get_device")}
+
+_INPLACE_DUNDERS = {getattr(torch.Tensor, f"__i{n}__") for n in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift",
+    "rshift") if hasattr(torch.Tensor, f"__i{n}__")}
+# Pointwise in-place ops whose out-of-place twin has the same signature.
+_OUT_OF_PLACE = {getattr(torch.Tensor, n + "_"): getattr(torch.Tensor, n) for n in (
+        "add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "pow",
+        "neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "relu",
+        "clamp", "clamp_min", "clamp_max", "masked_fill", "index_put", "scatter", "scatter_add",
+        "index_add", "index_fill", "lerp", "addcmul", "addcdiv", "floor", "ceil", "round",
+        "trunc", "reciprocal", "square", "erf", "exp2", "log2", "log1p", "expm1",
+        "bitwise_and", "bitwise_or", "bitwise_xor", "logical_not", "sign")
+    if hasattr(torch.Tensor, n + "_")}
+_OUT_OF_PLACE.update({torch.Tensor.__iadd__: torch.Tensor.add, torch.Tensor.__isub__: torch.Tensor.sub,
+                      torch.Tensor.__imul__: torch.Tensor.mul, torch.Tensor.__itruediv__: torch.Tensor.div})
+
+
+# ----------------------------------------------------------------------------------------------
+# Runtime helpers that functionalized code calls (printed as fjit_ops.*)
+# ----------------------------------------------------------------------------------------------
+
+def _apply_chain(value, chain):
+    for func, args, kwargs, pos, index in chain:
+        value = func(*args[:pos], value, *args[pos:], **kwargs)
+        if index is not None:
+            value = value[index]
+    return value
+
+
+def view_scatter(base, value, chain):
+    """`base` with `value` written into the view of it that `chain` describes (out-of-place)."""
+    out = base.clone()
+    _apply_chain(out, chain).copy_(value)
+    return out
+
+
+def setitem(x, index, value):
+    """Out-of-place `x[index] = value`."""
+    out = x.clone()
+    out[index] = value
+    return out
+
+
+def functional_inplace(op, x, *args, **kwargs):
+    """Out-of-place version of any in-place op: apply it to a copy."""
+    out = x.clone()
+    op(out, *args, **kwargs)
+    return out
+
+
+FJIT_OPS = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem,
+                                 functional_inplace=functional_inplace)
+_VIEW_SCATTER = Symbol("fjit_ops.view_scatter", view_scatter)
+_SETITEM = Symbol("fjit_ops.setitem", setitem)
+_FUNCTIONAL_INPLACE = Symbol("fjit_ops.functional_inplace", functional_inplace)
+_FUNCTIONAL_INPLACE_RANDOM = Symbol("fjit_ops.functional_inplace", functional_inplace,
+                                    frozenset({Tag.RANDOM}))
+
+
+# ----------------------------------------------------------------------------------------------
+# Symbols for torch callables
+# ----------------------------------------------------------------------------------------------
+
+_SYMBOLS: dict = {}
+
+
+def torch_symbol(func) -> Symbol:
+    sym = _SYMBOLS.get(func)
+    if sym is None:
+        name = torch.overrides.resolve_name(func) or getattr(func, "__qualname__", "op")
+        tags = set()
+        if func in RANDOM_OPS:
+            tags.add(Tag.RANDOM)
+        if func not in DECOMPOSITIONS:
+            tags.add(Tag.FALLBACK)
+        sym = _SYMBOLS[func] = Symbol(name, func, frozenset(tags))
+    return sym
+
+
+def _op_name(func) -> str:
+    name = torch.overrides.resolve_name(func) or getattr(func, "__name__", repr(func))
+    return name.replace("torch.Tensor.", "Tensor.").replace(".__get__", "")
+
+
+# ----------------------------------------------------------------------------------------------
+# Dispatch
+# ----------------------------------------------------------------------------------------------
+
+def dispatch(func, args: tuple, kwargs: dict):
+    # Everything below works on meta tensors, which must not be traced themselves.
+    with torch._C.DisableTorchFunction():
+        return _dispatch(current(), func, args, kwargs)
+
+
+def _dispatch(ctx, func, args, kwargs):
+    if func in DATA_DEPENDENT:
+        return _data_dependent(ctx, func, args[0])
+    if _is_mutation(func, kwargs):
+        return _functionalize(ctx, func, args, kwargs)
+    return trace_call(ctx, torch_symbol(func), func, args, kwargs, DECOMPOSITIONS.get(func))
+
+
+def _is_mutation(func, kwargs) -> bool:
+    if kwargs.get("out") is not None or kwargs.get("inplace") is True:
+        return True
+    name = getattr(func, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or func in _INPLACE_DUNDERS \
+        or func is torch.Tensor.__setitem__
+
+
+def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, decomposition=None):
+    """Record `func(*args, **kwargs)` as `sym`; returns proxies shaped like func's result."""
+    leaves = flatten_values((args, kwargs))
+    if not any(isinstance(x, (TensorProxy, NumberProxy)) for x in leaves):
+        real = [x for x in leaves if isinstance(x, torch.Tensor)]
+        if real and func in _METADATA_GETTERS:
+            return func(*args, **kwargs)      # e.g. .shape of a global tensor: a bound constant
+    if any(type(x) is not TensorProxy and isinstance(x, torch.Tensor) for x in leaves):
+        args, kwargs = map_values(lambda x: _capture(ctx, x) if isinstance(x, torch.Tensor) else x,
+                                  (args, kwargs))
+
+    metas: dict[int, tuple] = {}   # id(meta tensor) -> (position in args, handle)
+    out_device = _requested_device(func, args, kwargs)
+
+    def to_meta(x):
+        if isinstance(x, TensorProxy):
+            v = x.var
+            m = torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta",
+                                    requires_grad=v.requires_grad and v.dtype.is_floating_point)
+            metas[id(m)] = x
+            return m
+        if isinstance(x, NumberProxy):
+            return float.__float__(x)
+        if isinstance(x, torch.device) or (isinstance(x, str) and x in ("cpu", "cuda") or
+                                           isinstance(x, str) and x.startswith("cuda:")):
+            return torch.device("meta")
+        return x
+
+    try:
+        with torch._C.DisableTorchFunction():   # meta tensors are real tensors, not traced ones
+            margs, mkwargs = map_values(to_meta, (args, kwargs))
+            if "device" in mkwargs:
+                mkwargs["device"] = "meta"
+            mout = func(*margs, **mkwargs)
+    except (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException) as e:
+        raise UnsupportedOpError(located(
+            "FJ202", f"{_op_name(func)} cannot be traced: its output shape depends on tensor data "
+                     f"or it has no shape rule ({str(e).splitlines()[0][:120]})",
+            *user_location(), "compute with a fixed output shape (e.g. torch.where instead of "
+                              "boolean-mask indexing), or call it outside the compiled function "
+                              "(see sharp_edges_catalog/FJ202_data_dependent_shape.py)")) from None
+
+    if not any(isinstance(m, torch.Tensor) for m in flatten_values(mout)):
+        return mout   # metadata-only result (a dtype, a size): static for this trace
+    meta_inputs = {id(m): m for m in flatten_values((margs, mkwargs)) if isinstance(m, torch.Tensor)}
+    default_device = out_device or _first_device(args, kwargs)
+
+    def make_var(m):
+        return TensorVar(ctx.new_name(), m.shape, m.dtype, default_device, m.stride(), m.requires_grad)
+
+    subsymbols = ()
+    if decomposition is not None:
+        ctx.push_scope()
+        try:
+            dout = decomposition(*args, **kwargs)
+        except NotImplementedError:
+            dout = None   # a case the decomposition does not cover: the op stays opaque
+        scope = ctx.pop_scope()
+        if dout is not None and _same_metadata(dout, mout):
+            subsymbols = tuple(scope)
+            produced = {id(v) for b in scope for v in b.outputs()}
+            if not all(id(p.var) in produced for p in _tensor_leaves(dout)):
+                subsymbols = ()
+    if subsymbols:
+        for p, m in zip(_tensor_leaves(dout), _tensor_leaves(mout)):
+            p.var.strides = tuple(m.stride())
+        out_vars = map_values(lambda p: p.var if isinstance(p, TensorProxy) else p, dout)
+    else:
+        out_vars = map_values(lambda m: make_var(m) if isinstance(m, torch.Tensor) else m, mout)
+        if sym.has(Tag.FALLBACK) and decomposition is not None:
+            sym = Symbol(sym.qualname, sym.fn, sym.tags | {Tag.FALLBACK})
+
+    # An op that returns one of its inputs unchanged (x.contiguous() of a contiguous x) is no op.
+    if isinstance(mout, torch.Tensor) and id(mout) in metas:
+        return metas[id(mout)]
+
+    ir_args, ir_kwargs = map_values(_to_ir, (args, kwargs))
+    ctx.record(BoundSymbol(sym, ir_args, ir_kwargs, _structure(out_vars), subsymbols))
+
+    positions = [i for i, a in enumerate(args) if isinstance(a, TensorProxy)]
+
+    def handle(m, var, index):
+        base = m._base if isinstance(m, torch.Tensor) and m._is_view() else None
+        parent = metas.get(id(base)) if base is not None else None
+        if parent is None or base is not meta_inputs.get(id(base)):
+            return TensorProxy(var)
+        pos = next((i for i in positions if args[i] is parent), None)
+        static = pos is not None and not any(isinstance(x, (TensorProxy, NumberProxy)) for i, x in
+                                             enumerate(flatten_values((args, kwargs))) if x is not parent)
+        root = parent if parent.root is None else parent.root
+        chain = None if (parent.chain is None or not static) else parent.chain + (
+            (func, args[:pos] + args[pos + 1:], kwargs, pos, index),)
+        return TensorProxy(var, root=root, chain=chain)
+
+    if isinstance(mout, torch.Tensor):
+        return handle(mout, out_vars, None)
+    proxies = [handle(m, v, i) if isinstance(m, torch.Tensor) else m
+               for i, (m, v) in enumerate(zip(mout, out_vars))]
+    return type(mout)(proxies) if isinstance(mout, tuple) and type(mout) is not tuple else type(mout)(proxies)
+
+
+def _tensor_leaves(x) -> list:
+    return [y for y in flatten_values(x) if isinstance(y, (TensorProxy, torch.Tensor))]
+
+
+def _same_metadata(dout, mout) -> bool:
+    a, b = _tensor_leaves(dout), _tensor_leaves(mout)
+    return len(a) == len(b) and all(
+        isinstance(p, TensorProxy) and p.var.shape == tuple(m.shape) and p.var.dtype == m.dtype
+        for p, m in zip(a, b))
+
+
+def _structure(out):
+    if isinstance(out, tuple) and type(out) is not tuple:
+        return tuple(out)   # torch.return_types.* print and unpack as plain tuples
+    return out
+
+
+def _to_ir(x):
+    if isinstance(x, TensorProxy):
+        return x.var
+    if isinstance(x, NumberProxy):
+        return x.var
+    return x
+
+
+def _first_device(args, kwargs):
+    for x in flatten_values((args, kwargs)):
+        if isinstance(x, TensorProxy):
+            return x.var.device
+    return torch.get_default_device()
+
+
+def _requested_device(func, args, kwargs):
+    """The device an op moves or creates its result on, when it says so."""
+    if func is torch.Tensor.to:
+        for x in args[1:]:
+            if isinstance(x, TensorProxy):
+                return x.var.device
+        device = torch._C._nn._parse_to(*args[1:], **kwargs)[0]
+        return device
+    if func is torch.Tensor.cuda:
+        return torch.device("cuda", args[1] if len(args) > 1 and isinstance(args[1], int) else None)
+    if func is torch.Tensor.cpu:
+        return torch.device("cpu")
+    device = kwargs.get("device")
+    return torch.device(device) if device is not None else None
+
+
+def _capture(ctx: TraceContext, tensor: torch.Tensor) -> TensorProxy:
+    """A tensor that is not an input reached an op: FJ101; permissively, a constant by reference."""
+    entry, where = ctx.tensor_origins.get(id(tensor), ("FJ101_external_tensor", None))
+    if where is None:
+        message = (f"a {tensor.device.type} tensor of shape {tuple(tensor.shape)} that no traced "
+                   f"op created (e.g. from torch.from_numpy) is used, and it is not an input of "
+                   f"'{ctx.fn_name}'")
+    else:
+        message = f"{where} is a torch.Tensor that is not an input of '{ctx.fn_name}'"
+    ctx.sharp_edge(entry, message, user_location())
+    for name, value in ctx.consts.items():
+        if value is tensor:
+            return TensorProxy(_const_var(name, tensor))
+    name = f"g{len(ctx.consts)}"
+    ctx.consts[name] = tensor
+    return TensorProxy(_const_var(name, tensor))
+
+
+def _const_var(name, tensor):
+    return TensorVar(name, tensor.shape, tensor.dtype, tensor.device, tensor.stride(),
+                     tensor.requires_grad)
+
+
+def _data_dependent(ctx: TraceContext, func, proxy):
+    entry, what, convert = DATA_DEPENDENT[func]
+    v = proxy.var
+    ctx.sharp_edge(entry, f"{what} tensor {v.name} ({v.type_string()}) needs its data in Python "
+                          f"while tracing '{ctx.fn_name}'; the compiled code would freeze one "
+                          f"call's value", user_location())
+    return convert(concrete_value(ctx, proxy))
+
+
+def concrete_value(ctx: TraceContext, proxy: TensorProxy) -> torch.Tensor:
+    """Permissive modes: run the trace so far on this call's inputs to get a value."""
+    trace = Trace(ctx.fn_name, ctx.inputs, list(ctx.scopes[0]), proxy.var, dict(ctx.consts),
+                  stage="replay", namespace=ctx.namespace)
+    with torch._C.DisableTorchFunction():
+        return trace.python_callable()(*ctx.real_inputs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Functionalization
+# ----------------------------------------------------------------------------------------------
+
+def _functionalize(ctx: TraceContext, func, args, kwargs):
+    if kwargs.get("out") is not None:
+        out = kwargs["out"]
+        value = dispatch(func, args, {k: v for k, v in kwargs.items() if k != "out"})
+        targets, values = (out, value) if isinstance(out, (tuple, list)) else ((out,), (value,))
+        for t, v in zip(targets, values):
+            _write(ctx, t, _conform(v, t), func, "FJ102_out_argument", "out=")
+        return out
+    if kwargs.get("inplace") is True:
+        value = dispatch(func, args, {**kwargs, "inplace": False})
+        _write(ctx, args[0], value, func, "FJ102_inplace_input", "inplace=True")
+        return args[0]
+    target = args[0]
+    if not isinstance(target, TensorProxy):
+        return trace_call(ctx, torch_symbol(func), func, args, kwargs)   # captured tensor: FJ101
+    if func is torch.Tensor.__setitem__:
+        value = trace_call(ctx, _SETITEM, setitem, args, kwargs)
+        _write(ctx, target, value, func, "FJ102_setitem_input", "item assignment")
+        return None
+    oop = _OUT_OF_PLACE.get(func)
+    if oop is not None:
+        _check_inplace_allowed(func, args, kwargs)
+        value = _conform(dispatch(oop, args, kwargs), target)
+    else:
+        sym = _FUNCTIONAL_INPLACE_RANDOM if func in RANDOM_OPS else _FUNCTIONAL_INPLACE
+        value = trace_call(ctx, sym, functional_inplace, (func, *args), kwargs)
+    _write(ctx, target, value, func, "FJ102_inplace_input", f"{_op_name(func)}")
+    return target
+
+
+def _check_inplace_allowed(func, args, kwargs):
+    """Eager raises for some in-place ops (an int tensor += a float): so does tracing."""
+    def to_meta(x):
+        if isinstance(x, TensorProxy):
+            v = x.var
+            return torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta")
+        return float.__float__(x) if isinstance(x, NumberProxy) else x
+    with torch._C.DisableTorchFunction():
+        margs, mkwargs = map_values(to_meta, (args, kwargs))
+        func(*margs, **mkwargs)
+
+
+def _conform(value, target: TensorProxy):
+    """In-place results keep the target's dtype and shape."""
+    if value.var.dtype != target.var.dtype:
+        value = dispatch(torch.Tensor.to, (value, target.var.dtype), {})
+    if value.var.shape != target.var.shape:
+        value = dispatch(torch.Tensor.expand, (value, target.var.shape), {})
+    return value
+
+
+def _write(ctx: TraceContext, target: TensorProxy, value: TensorProxy, func, entry: str, how: str):
+    """Point `target` (and whatever it aliases) at `value`."""
+    base = target.base_input()
+    if base is not None:
+        if target.root is not None and entry == "FJ102_inplace_input":
+            entry = "FJ102_view_of_input"
+        label = ctx.input_labels.get(id(base), "an input")
+        through = " through a view of it" if target.root is not None else ""
+        ctx.sharp_edge(entry, f"{how} writes to input {label} of '{ctx.fn_name}'{through}; "
+                              f"the compiled function does not mutate its inputs", user_location())
+    root = target.root
+    if root is None:
+        target._var = value.var
+        target.epoch += 1
+        return
+    if target.chain is None:
+        raise UnsupportedOpError(located(
+            "FJ202", f"{_op_name(func)} writes into a view fjit cannot replay", *user_location(),
+            "clone() the tensor before writing into it"))
+    new_root = trace_call(ctx, _VIEW_SCATTER, view_scatter, (root, value, target.chain), {})
+    root._var = new_root.var
+    root.epoch += 1
+    target._var = value.var
+    target.seen_epoch = root.epoch

@@ -1,0 +1,138 @@
+"""Signature inputs: validation (FJ201), the cache key, and the proxies a trace runs on.
+
+One walk over the call's arguments yields both the cache key (the metadata that a compiled program
+depends on) and the flat list of runtime values (tensors and floats) that the program takes.
+"""
+from __future__ import annotations
+
+import keyword
+import re
+
+import torch
+
+from fjit.core.ir import NumberVar, TensorVar
+from fjit.errors import UnsupportedInputError, located
+from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
+
+ACCEPTED = ("torch.Tensor, int, float, bool, str, None, torch.dtype, torch.device, slice, Ellipsis, "
+            "torch.Size, and tuple/list/dict/namedtuple of these")
+
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_CONSTANT_TYPES = (int, bool, str, type(None), torch.dtype, torch.device, torch.Size,
+                   type(Ellipsis))
+
+
+def _is_namedtuple(x) -> bool:
+    return isinstance(x, tuple) and hasattr(type(x), "_fields")
+
+
+def call_key(args: tuple, kwargs: dict, specialized: frozenset) -> tuple[tuple, list]:
+    """(cache key, flat runtime values).  Floats are runtime values unless a trace specialized on
+    the one at that position, in which case its value is part of the key."""
+    parts: list = [torch.is_grad_enabled(), torch.is_autocast_enabled()]
+    leaves: list = []
+    for a in args:
+        t = type(a)
+        if t is torch.Tensor:
+            parts.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
+            leaves.append(a)
+        else:
+            _walk(a, parts, leaves, specialized, "argument")
+    if kwargs:
+        for k, v in kwargs.items():
+            parts.append(k)
+            _walk(v, parts, leaves, specialized, f"argument {k!r}")
+    return tuple(parts), leaves
+
+
+def _walk(x, parts, leaves, specialized, where):
+    t = type(x)
+    if t in _TENSOR_TYPES:
+        parts.append((x.shape, x.stride(), x.dtype, x.device, x.requires_grad))
+        leaves.append(x)
+    elif t is float:
+        parts.append(("f", x) if len(leaves) in specialized else float)
+        leaves.append(x)
+    elif t in _CONSTANT_TYPES:
+        parts.append((t, x))
+    elif t is slice:
+        parts.append((slice, x.start, x.stop, x.step))
+    elif t is tuple or t is list or _is_namedtuple(x):
+        parts.append((t, len(x)))
+        for y in x:
+            _walk(y, parts, leaves, specialized, where)
+    elif t is dict:
+        for k in x:
+            if type(k) not in (int, bool, str, type(None)):
+                raise _unsupported(k, f"a key of a dict {where}")
+        parts.append((dict, tuple(x)))
+        for y in x.values():
+            _walk(y, parts, leaves, specialized, where)
+    else:
+        raise _unsupported(x, where)
+
+
+def _unsupported(x, where: str) -> UnsupportedInputError:
+    t = type(x)
+    name = f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else t.__qualname__
+    fix = f"pass only {ACCEPTED}"
+    if isinstance(x, torch.Tensor):
+        fix = ("pass x.as_subclass(torch.Tensor); fjit traces plain tensors only "
+               "(see sharp_edges_catalog/FJ201_tensor_subclass.py)")
+    elif isinstance(x, torch.nn.Module):
+        fix = "pass dict(module.named_parameters()) and call torch.func.functional_call inside"
+    return UnsupportedInputError(located("FJ201", f"{where} of type {name} cannot be proxied; fjit "
+                                                  f"accepts {ACCEPTED}", None, None, fix))
+
+
+# ----------------------------------------------------------------------------------------------
+# Proxies for a trace
+# ----------------------------------------------------------------------------------------------
+
+_RESERVED = {"torch", "operator", "prims", "fjit_ops", "inf", "nan", "computation"}
+_GENERATED = re.compile(r"^([tng]\d+|_c\d+_*)$")
+
+
+def _var_name(label: str, used: set) -> str:
+    name = re.sub(r"\W", "_", label)
+    if not name.isidentifier() or keyword.iskeyword(name) or name in _RESERVED or \
+            _GENERATED.match(name):
+        name = f"in_{name}" if name.isidentifier() else "in_"
+    while name in used:
+        name += "_"
+    used.add(name)
+    return name
+
+
+def make_proxies(ctx, params: list[tuple[str, object]], leaves: list):
+    """Proxied values for the named parameters; fills ctx.inputs, ctx.real_inputs, input labels."""
+    used: set = set()
+    counter = iter(range(len(leaves)))
+
+    def build(x, label):
+        t = type(x)
+        if t in _TENSOR_TYPES:
+            i = next(counter)
+            var = TensorVar(_var_name(label, used), x.shape, x.dtype, x.device, x.stride(),
+                            x.requires_grad)
+            ctx.inputs.append(var)
+            p = TensorProxy(var, is_input=True)
+            ctx.input_labels[id(p)] = f"'{label}'"
+            return p
+        if t is float:
+            i = next(counter)
+            var = NumberVar(_var_name(label, used))
+            ctx.inputs.append(var)
+            return NumberProxy(x, var, frozenset({i}))
+        if t is list:
+            return InputList(build(y, f"{label}_{j}") for j, y in enumerate(x))
+        if t is dict:
+            return InputDict((k, build(v, f"{label}_{j}")) for j, (k, v) in enumerate(x.items()))
+        if t is tuple:
+            return tuple(build(y, f"{label}_{j}") for j, y in enumerate(x))
+        if _is_namedtuple(x):
+            return t(*(build(y, f"{label}_{f}") for f, y in zip(x._fields, x)))
+        return x
+
+    ctx.real_inputs = list(leaves)
+    return [build(v, name) for name, v in params]

@@ -1,0 +1,173 @@
+"""Tracing: run the user's function on proxies and return the trace it recorded.
+
+Torch functions are intercepted by a TorchFunctionMode (it sees factories, which have no proxy
+argument, as well as ops on proxies); Tensor methods and operators reach the dispatcher through the
+proxy itself.  Globals and closure variables are read once, here, and recorded as bindings.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from fjit.core.ir import Binding, Trace, map_values
+from fjit.frontend.context import Mode, TraceContext
+from fjit.frontend.dispatch import _capture, dispatch
+from fjit.frontend.inputs import make_proxies
+from fjit.frontend.observer import observe
+from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
+
+
+class _Intercept(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return dispatch(func, args, kwargs or {})
+
+
+@dataclasses.dataclass
+class TraceResult:
+    trace: Trace
+    specialized: frozenset     # float input positions the trace depends on the value of
+    edges: list                # sharp edges found (permissive modes)
+
+
+def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
+                   namespace: dict) -> TraceResult:
+    ctx = TraceContext(fn, mode, dispatch, namespace)
+    ctx.tensor_origins, bindings = scan_bindings(fn)
+    names = _positional_names(fn, len(args))
+    with ctx:
+        proxied = make_proxies(ctx, [(n, a) for n, a in zip(names, args)] +
+                               [(k, v) for k, v in kwargs.items()], leaves)
+        pargs, pkwargs = proxied[:len(args)], dict(zip(kwargs, proxied[len(args):]))
+        with observe(ctx, fn), _Intercept():
+            result = fn(*pargs, **pkwargs)
+            output = _output_structure(ctx, result)
+        trace = Trace(ctx.fn_name, list(ctx.inputs), list(ctx.scopes[0]), output, dict(ctx.consts),
+                      stage="traced", bindings=bindings, namespace=namespace)
+    return TraceResult(trace, frozenset(ctx.specialized), list(ctx.edges))
+
+
+def _positional_names(fn, n: int) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for i in range(n):
+        if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY,
+                                                  params[i].POSITIONAL_OR_KEYWORD):
+            names.append(params[i].name)
+        else:
+            star = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), "arg")
+            names.append(f"{star}_{i}")
+    return names
+
+
+def _output_structure(ctx: TraceContext, result):
+    def leaf(x):
+        if isinstance(x, (TensorProxy, NumberProxy)):
+            return x.var
+        if isinstance(x, torch.Tensor):
+            return _capture(ctx, x).var
+        return x
+    if isinstance(result, (InputList, InputDict)):
+        result = list(result) if isinstance(result, list) else dict(result)
+    return map_values(leaf, _plain_containers(result))
+
+
+def _plain_containers(x):
+    if isinstance(x, InputList):
+        return [_plain_containers(y) for y in x]
+    if isinstance(x, InputDict):
+        return {k: _plain_containers(v) for k, v in x.items()}
+    if type(x) in (list, tuple):
+        return type(x)(_plain_containers(y) for y in x)
+    if type(x) is dict:
+        return {k: _plain_containers(v) for k, v in x.items()}
+    return x
+
+
+# ----------------------------------------------------------------------------------------------
+# Globals, closures and defaults: bound as constants at trace time
+# ----------------------------------------------------------------------------------------------
+
+def _code_objects(code):
+    yield code
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from _code_objects(c)
+
+
+def scan_bindings(fn) -> tuple[dict, list]:
+    """(id(tensor) -> (catalog entry, where it came from), [Binding]) for what `fn` can read."""
+    origins: dict = {}
+    bindings: list = []
+    seen_fns: set = set()
+
+    def note_tensors(obj, describe, entry):
+        if isinstance(obj, torch.Tensor):
+            origins.setdefault(id(obj), (entry, describe))
+        elif isinstance(obj, torch.nn.Module):
+            for n, t in list(obj.named_parameters()) + list(obj.named_buffers()):
+                origins.setdefault(id(t), ("FJ101_attribute_tensor", f"attribute '{n}' of {describe}"))
+        elif isinstance(obj, types.ModuleType) or callable(obj):
+            return
+        elif hasattr(obj, "__dict__"):
+            for n, t in vars(obj).items():
+                if isinstance(t, torch.Tensor):
+                    origins.setdefault(id(t), ("FJ101_attribute_tensor", f"attribute '{n}' of {describe}"))
+        elif isinstance(obj, (list, tuple, dict)):
+            items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+            for k, t in items:
+                if isinstance(t, torch.Tensor):
+                    origins.setdefault(id(t), ("FJ101_attribute_tensor", f"item {k!r} of {describe}"))
+
+    def visit(f, top: bool):
+        f = inspect.unwrap(f) if callable(f) else f
+        code = getattr(f, "__code__", None)
+        if code is None or id(f) in seen_fns:
+            return
+        seen_fns.add(id(f))
+        names = set()
+        for c in _code_objects(code):
+            names.update(c.co_names)
+        g = getattr(f, "__globals__", {})
+        for name in sorted(names):
+            if name not in g:
+                continue
+            value = g[name]
+            if top:
+                bindings.append(Binding(name, "global", type(value).__qualname__))
+            note_tensors(value, f"global '{name}'", "FJ101_global_tensor")
+            if isinstance(value, types.ModuleType):
+                for attr in names:
+                    t = getattr(value, attr, None) if attr in vars(value) else None
+                    if isinstance(t, torch.Tensor):
+                        origins.setdefault(id(t), ("FJ101_attribute_tensor",
+                                                   f"attribute '{attr}' of module '{name}'"))
+            elif isinstance(value, types.FunctionType) and value.__module__ == f.__module__:
+                visit(value, False)
+        for name, cell in zip(code.co_freevars, f.__closure__ or ()):
+            try:
+                value = cell.cell_contents
+            except ValueError:   # an empty cell: a name assigned later in the enclosing scope
+                continue
+            if top:
+                bindings.append(Binding(name, "closure", type(value).__qualname__))
+            note_tensors(value, f"closure variable '{name}'", "FJ101_closure_tensor")
+            if isinstance(value, types.FunctionType):
+                visit(value, False)
+        try:
+            params = inspect.signature(f).parameters.values()
+        except (TypeError, ValueError):
+            params = ()
+        for p in params:
+            if isinstance(p.default, torch.Tensor):
+                origins.setdefault(id(p.default), ("FJ101_default_arg_tensor", f"default argument '{p.name}'"))
+
+    visit(fn, True)
+    return origins, bindings
+

@@ -1,0 +1,270 @@
+"""Torch-level views, indexing, joins and splits, and factories as decompositions into prims."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fjit.frontend.proxies import NumberProxy, TensorProxy
+from fjit.ops.math_ops import _methods, register
+from fjit.ops.prims import Prim, prim
+
+
+def _sizes(size) -> tuple:
+    """`f(2, 3)` and `f((2, 3))` both mean shape (2, 3)."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        return tuple(size[0])
+    return tuple(size)
+
+
+# ----------------------------------------------------------------------------------------------
+# Views
+# ----------------------------------------------------------------------------------------------
+
+@register(*_methods("reshape"), torch.Tensor.view)
+def _reshape(x, *shape):
+    shape = _sizes(shape)
+    if any(isinstance(s, torch.dtype) for s in shape):
+        raise NotImplementedError   # view(dtype) reinterprets bits
+    return prim(Prim.RESHAPE, x, shape)
+
+
+@register(torch.Tensor.view_as, torch.Tensor.reshape_as)
+def _reshape_as(x, other):
+    return prim(Prim.RESHAPE, x, tuple(other.shape))
+
+
+@register(*_methods("permute"))
+def _permute(x, *dims):
+    return prim(Prim.PERMUTE, x, tuple(d % x.ndim for d in _sizes(dims)))
+
+
+def _swap(x, d0, d1):
+    dims = list(range(x.ndim))
+    if x.ndim:
+        d0, d1 = d0 % x.ndim, d1 % x.ndim
+        dims[d0], dims[d1] = dims[d1], dims[d0]
+    return prim(Prim.PERMUTE, x, tuple(dims))
+
+
+register(*_methods("transpose"), *_methods("swapaxes"), *_methods("swapdims"))(_swap)
+
+
+@register(*_methods("t"))
+def _t(x):
+    return prim(Prim.PERMUTE, x, tuple(reversed(range(x.ndim))))
+
+
+register(torch.Tensor.T.__get__)(_t)
+register(torch.Tensor.mT.__get__)(lambda x: _swap(x, -2, -1))
+
+
+@register(torch.Tensor.expand)
+def _expand(x, *sizes):
+    return prim(Prim.EXPAND, x, _sizes(sizes))
+
+
+@register(torch.Tensor.expand_as)
+def _expand_as(x, other):
+    return prim(Prim.EXPAND, x, tuple(other.shape))
+
+
+@register(*_methods("squeeze"))
+def _squeeze(x, dim=None):
+    dims = tuple(range(x.ndim)) if dim is None else ((dim,) if isinstance(dim, int) else tuple(dim))
+    return prim(Prim.SQUEEZE, x, dims)
+
+
+@register(*_methods("unsqueeze"))
+def _unsqueeze(x, dim):
+    return prim(Prim.UNSQUEEZE, x, dim)
+
+
+@register(*_methods("flatten"))
+def _flatten(x, start_dim=0, end_dim=-1):
+    if x.ndim == 0:
+        return prim(Prim.RESHAPE, x, (1,))
+    s, e = start_dim % x.ndim, end_dim % x.ndim
+    shape = x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:]
+    return prim(Prim.RESHAPE, x, tuple(shape))
+
+
+@register(*_methods("unflatten"))
+def _unflatten(x, dim, sizes):
+    d = dim % x.ndim
+    sizes = list(sizes)
+    if -1 in sizes:
+        known = math.prod(s for s in sizes if s != -1)
+        sizes[sizes.index(-1)] = x.shape[d] // known if known else 0
+    return prim(Prim.RESHAPE, x, tuple(x.shape[:d]) + tuple(sizes) + tuple(x.shape[d + 1:]))
+
+
+@register(*_methods("contiguous"))
+def _contiguous(x, memory_format=torch.contiguous_format):
+    if memory_format is not torch.contiguous_format:
+        raise NotImplementedError
+    return prim(Prim.CONTIGUOUS, x)
+
+
+@register(*_methods("clone"))
+def _clone(x, *, memory_format=torch.preserve_format):
+    return prim(Prim.CLONE, x)
+
+
+# ----------------------------------------------------------------------------------------------
+# Indexing
+# ----------------------------------------------------------------------------------------------
+
+def _is_basic(i) -> bool:
+    return i is None or i is Ellipsis or type(i) in (int, bool, slice) and not isinstance(i, NumberProxy)
+
+
+@register(torch.Tensor.__getitem__)
+def _getitem(x, index):
+    index = index if isinstance(index, tuple) else (index,)
+    if all(_is_basic(i) and type(i) is not bool for i in index):
+        if any(isinstance(v, (TensorProxy, NumberProxy)) for i in index if type(i) is slice
+               for v in (i.start, i.stop, i.step)):
+            raise NotImplementedError
+        return prim(Prim.SLICE, x, index)
+    if len(index) == 1 and isinstance(index[0], TensorProxy) and index[0].dtype in (torch.int64, torch.int32):
+        idx = index[0]
+        flat = prim(Prim.RESHAPE, idx, (-1,)) if idx.ndim != 1 else idx
+        rows = prim(Prim.INDEX_SELECT, x, 0, flat)
+        return prim(Prim.RESHAPE, rows, tuple(idx.shape) + tuple(x.shape[1:])) if idx.ndim != 1 else rows
+    raise NotImplementedError   # other advanced indexing: one torch call
+
+
+@register(*_methods("narrow"))
+def _narrow(x, dim, start, length):
+    d = dim % x.ndim
+    start = start % x.shape[d] if start < 0 else start
+    return prim(Prim.SLICE, x, (slice(None),) * d + (slice(start, start + length),))
+
+
+@register(*_methods("select"))
+def _select(x, dim, index):
+    return prim(Prim.SLICE, x, (slice(None),) * (dim % x.ndim) + (index,))
+
+
+# ----------------------------------------------------------------------------------------------
+# Joins and splits
+# ----------------------------------------------------------------------------------------------
+
+@register(torch.cat, torch.concat, torch.concatenate)
+def _cat(tensors, dim=0):
+    return prim(Prim.CAT, list(tensors), dim)
+
+
+@register(torch.stack)
+def _stack(tensors, dim=0):
+    if not tensors:
+        raise NotImplementedError
+    d = dim % (tensors[0].ndim + 1)
+    return prim(Prim.CAT, [prim(Prim.UNSQUEEZE, t, d) for t in tensors], d)
+
+
+def _slices(x, dim, sizes):
+    d = dim % x.ndim
+    out, start = [], 0
+    for n in sizes:
+        out.append(prim(Prim.SLICE, x, (slice(None),) * d + (slice(start, start + n),)))
+        start += n
+    return tuple(out)
+
+
+@register(*_methods("split"))
+def _split(x, split_size_or_sections, dim=0):
+    n = x.shape[dim % x.ndim]
+    if isinstance(split_size_or_sections, int):
+        s = split_size_or_sections
+        sizes = [min(s, n - i) for i in range(0, n, s)] if n else [0]
+    else:
+        sizes = list(split_size_or_sections)
+    return _slices(x, dim, sizes)
+
+
+@register(*_methods("chunk"))
+def _chunk(x, chunks, dim=0):
+    n = x.shape[dim % x.ndim]
+    size = -(-n // chunks) if n else 0
+    sizes = [min(size, n - i) for i in range(0, n, size)] if size else [0] * (0 if n else 1)
+    return _slices(x, dim, sizes)
+
+
+@register(*_methods("unbind"))
+def _unbind(x, dim=0):
+    d = dim % x.ndim
+    return tuple(prim(Prim.SLICE, x, (slice(None),) * d + (i,)) for i in range(x.shape[d]))
+
+
+# ----------------------------------------------------------------------------------------------
+# Factories
+# ----------------------------------------------------------------------------------------------
+
+def _factory_kwargs(kwargs) -> dict:
+    out = {"dtype": kwargs.pop("dtype", None), "device": kwargs.pop("device", None)}
+    if kwargs.pop("requires_grad", False) or kwargs.pop("layout", torch.strided) is not torch.strided \
+            or kwargs.pop("pin_memory", False) or kwargs:
+        raise NotImplementedError
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _filled(value):
+    def decomposition(*size, **kwargs):
+        return prim(Prim.FULL, _sizes(size), value, **_factory_kwargs(kwargs))
+    return decomposition
+
+
+register(torch.zeros)(_filled(0))
+register(torch.ones)(_filled(1))
+
+
+@register(torch.full)
+def _full(size, fill_value, **kwargs):
+    return prim(Prim.FULL, tuple(size), fill_value, **_factory_kwargs(kwargs))
+
+
+def _filled_like(value):
+    def decomposition(x, *args, **kwargs):
+        kwargs.pop("memory_format", None)
+        fill = args[0] if value is None else value
+        kw = _factory_kwargs(kwargs)
+        kw.setdefault("dtype", x.dtype)
+        kw.setdefault("device", x.device)
+        return prim(Prim.FULL, tuple(x.shape), fill, **kw)
+    return decomposition
+
+
+register(torch.zeros_like)(_filled_like(0))
+register(torch.ones_like)(_filled_like(1))
+register(torch.full_like)(_filled_like(None))
+
+
+@register(torch.arange)
+def _arange(*args, **kwargs):
+    return prim(Prim.IOTA, *args, **_factory_kwargs(kwargs))
+
+
+def _random(p):
+    def decomposition(*size, generator=None, **kwargs):
+        if generator is not None:
+            raise NotImplementedError
+        return prim(p, _sizes(size), **_factory_kwargs(kwargs))
+    return decomposition
+
+
+def _random_like(p):
+    def decomposition(x, **kwargs):
+        kwargs.pop("memory_format", None)
+        kw = _factory_kwargs(kwargs)
+        kw.setdefault("dtype", x.dtype)
+        kw.setdefault("device", x.device)
+        return prim(p, tuple(x.shape), **kw)
+    return decomposition
+
+
+register(torch.rand)(_random(Prim.UNIFORM))
+register(torch.randn)(_random(Prim.NORMAL))
+register(torch.rand_like)(_random_like(Prim.UNIFORM))
+register(torch.randn_like)(_random_like(Prim.NORMAL))

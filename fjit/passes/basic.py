@@ -1,0 +1,130 @@
+"""Trace -> Trace cleanups: dead code elimination, common subexpression elimination, constant
+folding, and freeing each intermediate after its last use.  Each pass stamps its name on the trace
+it returns."""
+from __future__ import annotations
+
+import torch
+
+from fjit.core.ir import DEL, BoundSymbol, Tag, TensorVar, Trace, Var, flatten_values, map_values
+
+# Torch-level ops and prims whose result may share memory with their input.
+VIEW_OPS = {"reshape", "view", "view_as", "reshape_as", "permute", "transpose", "swapaxes", "t",
+            "expand", "expand_as", "squeeze", "unsqueeze", "__getitem__", "narrow", "select",
+            "split", "chunk", "unbind", "flatten", "unflatten", "detach", "alias", "as_strided",
+            "diagonal", "contiguous", "slice", "movedim", "__get__", "to", "type_as", "float",
+            "half", "bfloat16", "double", "int", "long", "bool", "view_as_real", "real", "imag",
+            "dropout", "convert_element_type", "broadcast_to", "unfold"}
+
+
+def _output_vars(trace: Trace) -> set[str]:
+    return {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}
+
+
+def dce(trace: Trace) -> Trace:
+    live = _output_vars(trace)
+    kept = []
+    for b in reversed(trace.bsyms):
+        if b.sym.has(Tag.IMPURE) or any(v.name in live for v in b.outputs()):
+            kept.append(b)
+            live.update(v.name for v in b.inputs())
+    return trace.with_stage("dce", reversed(kept))
+
+
+def _rename(mapping: dict, b: BoundSymbol) -> BoundSymbol:
+    if not mapping:
+        return b
+    sub = lambda x: mapping.get(x.name, x) if isinstance(x, Var) else x  # noqa: E731
+    args, kwargs = map_values(sub, (b.args, b.kwargs))
+    return b.replace(args=args, kwargs=kwargs,
+                     subsymbols=tuple(_rename(mapping, s) for s in b.subsymbols))
+
+
+def _hashable(x):
+    if isinstance(x, Var):
+        return ("var", x.name)
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__,) + tuple(_hashable(y) for y in x)
+    if isinstance(x, dict):
+        return ("dict",) + tuple((k, _hashable(v)) for k, v in x.items())
+    if isinstance(x, slice):
+        return ("slice", _hashable(x.start), _hashable(x.stop), _hashable(x.step))
+    try:
+        hash(x)
+    except TypeError:
+        return ("id", id(x))
+    return (type(x).__name__, x)
+
+
+def cse(trace: Trace) -> Trace:
+    seen: dict = {}
+    mapping: dict = {}
+    out = []
+    for b in trace.bsyms:
+        b = _rename(mapping, b)
+        if b.sym.has(Tag.RANDOM) or b.sym.has(Tag.IMPURE):
+            out.append(b)
+            continue
+        key = (b.sym.qualname, id(b.sym.fn), _hashable(b.args), _hashable(b.kwargs))
+        first = seen.get(key)
+        if first is None:
+            seen[key] = b
+            out.append(b)
+        else:
+            for mine, theirs in zip(b.outputs(), first.outputs()):
+                mapping[mine.name] = theirs
+    output = map_values(lambda x: mapping.get(x.name, x) if isinstance(x, Var) else x, trace.output)
+    return trace.with_stage("cse", out, output=output)
+
+
+def constant_fold(trace: Trace) -> Trace:
+    """Evaluate, once at compile time, ops that read only compile-time constants (a causal mask
+    built with torch.ones(n, n).tril(), say).  Random ops are never folded, nor any value an output
+    could alias, since every call must return fresh tensors."""
+    aliasable = _output_vars(trace)
+    for b in reversed(trace.bsyms):
+        if b.sym.name in VIEW_OPS and any(v.name in aliasable for v in b.outputs()):
+            aliasable.update(v.name for v in b.inputs())
+    consts = dict(trace.consts)
+    captured = set(trace.consts)      # tensors captured in permissive mode stay references
+    folded: set[str] = set()
+    kept = []
+    for b in trace.bsyms:
+        ins, outs = b.inputs(), b.outputs()
+        foldable = (outs and not b.sym.has(Tag.RANDOM) and not b.sym.has(Tag.IMPURE)
+                    and not b.sym.has(Tag.NUMBER)
+                    and all(v.name in folded for v in ins) and not any(v.name in captured for v in ins)
+                    and not any(v.name in aliasable for v in outs)
+                    and all(isinstance(v, TensorVar) and v.numel() <= 1 << 20 for v in outs))
+        if not foldable:
+            kept.append(b)
+            continue
+        args, kwargs = map_values(lambda x: consts[x.name] if isinstance(x, Var) else x, (b.args, b.kwargs))
+        with torch.no_grad():
+            value = b.sym.fn(*args, **kwargs)
+        for var, val in zip(flatten_values(b.output), flatten_values(value)):
+            if isinstance(var, Var):
+                consts[var.name] = val
+                folded.add(var.name)
+    return trace.with_stage("constant_fold", kept, consts=consts)
+
+
+def free_dead_values(trace: Trace) -> Trace:
+    """Insert `del` after each intermediate's last use so its memory returns to the allocator."""
+    keep = _output_vars(trace) | set(trace.consts)
+    last_use: dict[str, int] = {}
+    for i, b in enumerate(trace.bsyms):
+        for v in b.inputs():
+            last_use[v.name] = i
+        for v in b.outputs():
+            last_use.setdefault(v.name, i)
+    dead_after: dict[int, list] = {}
+    by_name = {v.name: v for b in trace.bsyms for v in b.inputs() + b.outputs()}
+    for name, i in last_use.items():
+        if name not in keep:
+            dead_after.setdefault(i, []).append(by_name[name])
+    out = []
+    for i, b in enumerate(trace.bsyms):
+        out.append(b)
+        if i in dead_after:
+            out.append(BoundSymbol(DEL, tuple(sorted(dead_after[i], key=lambda v: v.name)), {}, None))
+    return trace.with_stage("free_dead_values", out)
