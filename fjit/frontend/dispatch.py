@@ -114,12 +114,31 @@ _FUNCTIONAL_INPLACE_RANDOM = Symbol("fjit_ops.functional_inplace", functional_in
 # ----------------------------------------------------------------------------------------------
 
 _SYMBOLS: dict = {}
+_MODULES = {"torch": torch, "torch.nn.functional": torch.nn.functional, "torch.special": torch.special,
+            "torch.linalg": torch.linalg, "torch.fft": torch.fft}
+
+
+def qualified_name(func) -> str:
+    """How a printed trace names a torch callable (torch.add, torch.Tensor.add, ...).  Cheaper than
+    torch.overrides.resolve_name, whose first call indexes all of torch (seconds)."""
+    name = getattr(func, "__name__", None)
+    owner = getattr(func, "__self__", None)
+    if name == "__get__" and owner is not None and hasattr(owner, "__name__"):   # a property
+        return f"torch.Tensor.{owner.__name__}.__get__"
+    if name is None:
+        return repr(func)
+    if getattr(torch.Tensor, name, None) is func:
+        return f"torch.Tensor.{name}"
+    for prefix, module in _MODULES.items():
+        if getattr(module, name, None) is func:
+            return f"{prefix}.{name}"
+    return f"{getattr(func, '__module__', None) or '?'}.{getattr(func, '__qualname__', name)}"
 
 
 def torch_symbol(func) -> Symbol:
     sym = _SYMBOLS.get(func)
     if sym is None:
-        name = torch.overrides.resolve_name(func) or getattr(func, "__qualname__", "op")
+        name = qualified_name(func)
         tags = set()
         if func in RANDOM_OPS:
             tags.add(Tag.RANDOM)
@@ -130,7 +149,7 @@ def torch_symbol(func) -> Symbol:
 
 
 def _op_name(func) -> str:
-    name = torch.overrides.resolve_name(func) or getattr(func, "__name__", repr(func))
+    name = qualified_name(func)
     return name.replace("torch.Tensor.", "Tensor.").replace(".__get__", "")
 
 
@@ -194,7 +213,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
             if "device" in mkwargs:
                 mkwargs["device"] = "meta"
             mout = func(*margs, **mkwargs)
-    except (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException) as e:
+    except NotImplementedError as e:   # how meta kernels refuse data-dependent output shapes
         raise UnsupportedOpError(located(
             "FJ202", f"{_op_name(func)} cannot be traced: its output shape depends on tensor data "
                      f"or it has no shape rule ({str(e).splitlines()[0][:120]})",

@@ -245,7 +245,10 @@ def observe(ctx: TraceContext, fn):
     try:
         yield
     finally:
-        sys.setprofile(previous)
+        try:
+            sys.setprofile(previous)
+        except TypeError:   # cProfile's C-level profiler cannot be reinstalled from Python
+            sys.setprofile(None)
     for entry, name, what in state.changes():
         if name in reported:
             continue

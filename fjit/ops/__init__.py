@@ -2,9 +2,7 @@
 decomposition with the dispatcher; anything not registered is traced as a torch fallback."""
 from __future__ import annotations
 
-import torch
-
-from fjit.frontend.dispatch import DECOMPOSITIONS, FJIT_OPS
+from fjit.frontend.dispatch import DECOMPOSITIONS, FJIT_OPS, qualified_name
 from fjit.ops import math_ops, nn_ops, shape_ops  # noqa: F401  (they register decompositions)
 from fjit.ops.prims import NAMESPACE as PRIMS_NAMESPACE
 
@@ -14,4 +12,4 @@ TRACE_NAMESPACE = {"prims": PRIMS_NAMESPACE, "fjit_ops": FJIT_OPS}
 
 def claimed_ops() -> set[str]:
     """Qualified names of the torch-level ops fjit decomposes into prims."""
-    return {torch.overrides.resolve_name(f) or f.__qualname__ for f in DECOMPOSITIONS}
+    return {qualified_name(f) for f in DECOMPOSITIONS}

@@ -29,7 +29,8 @@ def register(*funcs):
 
 def _methods(name):
     """torch.<name> and Tensor.<name>, where they exist."""
-    return [f for f in (getattr(torch, name, None), getattr(torch.Tensor, name, None)) if f is not None]
+    in_torch = None if name.startswith("__") else getattr(torch, name, None)
+    return [f for f in (in_torch, getattr(torch.Tensor, name, None)) if f is not None]
 
 
 def _dims(x, dim) -> tuple:
