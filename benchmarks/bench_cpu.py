@@ -125,7 +125,33 @@ def bench_cold(quick: bool) -> dict:
     }
 
 
-def report(rows: list[dict], cold: dict) -> list[H.Target]:
+FIRST_IN_PROCESS = """
+import json, time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+import fjit
+t2 = time.perf_counter()
+x = torch.randn(1024)
+f = {wrap}(lambda a, b: torch.sin(a) * b + 1.0)
+t3 = time.perf_counter()
+f(x, x)
+t4 = time.perf_counter()
+print(json.dumps({{"import_torch_ms": (t1 - t0) * 1e3, "import_fjit_ms": (t2 - t1) * 1e3,
+                  "first_call_ms": (t4 - t3) * 1e3}}))
+"""
+
+
+def bench_first_in_process(quick: bool) -> dict:
+    """The first call of a 3-op function in a new interpreter: what a user waits for on the first
+    call of a script, one-time initialisation of the compiler included. No target."""
+    out = {"fjit": H.run_in_fresh_process(FIRST_IN_PROCESS.format(wrap="fjit.jit"))}
+    if not quick:
+        out["compile"] = H.run_in_fresh_process(FIRST_IN_PROCESS.format(wrap="torch.compile"))
+    return out
+
+
+def report(rows: list[dict], cold: dict, first: dict) -> list[H.Target]:
     table = []
     for r in rows:
         med = {k: s["median_us"] for k, s in r["stats"].items()}
@@ -146,6 +172,10 @@ def report(rows: list[dict], cold: dict) -> list[H.Target]:
                            H.fmt(cold["compile_over_fjit"], ".1f")]]))
     for who, err in cold["errors"].items():
         print(f"  ! cold {who}: {err}")
+    for who, r in first.items():
+        print(f"first call of a 3-op function in a new process, {who}: " + (
+            f"{r['first_call_ms']:.0f} ms (import torch {r['import_torch_ms']:.0f} ms, "
+            f"import fjit {r['import_fjit_ms']:.0f} ms)" if "error" not in r else f"! {r['error']}"))
 
     by_size = {r["size"]: r for r in rows}
     targets = [
@@ -165,11 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = bench_elementwise(args.quick)
     cold = bench_cold(args.quick)
-    targets = report(rows, cold)
+    first = bench_first_in_process(args.quick)
+    targets = report(rows, cold, first)
     path = H.write_json("cpu.json", {
         "suite": "cpu", "quick": args.quick, "environment": H.environment(),
         "fjit_options": FJIT_OPTIONS, "timer": H.CpuTimer.name,
-        "elementwise10": rows, "cold": cold, "targets": [t.to_json() for t in targets],
+        "elementwise10": rows, "cold": cold,
+        "first_call_in_new_process": first, "targets": [t.to_json() for t in targets],
     })
     print(f"\nwrote {path.relative_to(H.REPO_ROOT)}")
     return 0

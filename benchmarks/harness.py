@@ -167,6 +167,26 @@ def isolate_compiler_caches() -> str:
     return root
 
 
+def run_in_fresh_process(source: str, timeout_s: float = 600) -> dict:
+    """Run ``source`` in a new interpreter (repository root on its path, fresh compiler caches)
+    and return the JSON object it prints on its last line of output."""
+    root = tempfile.mkdtemp(prefix="fjit-bench-proc-")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
+        str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"),
+        TRITON_CACHE_DIR=os.path.join(root, "triton"))
+    try:
+        proc = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True,
+                              text=True, timeout=timeout_s)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit status {proc.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
 # --------------------------------------------------------------------------------------------
 # candidates: eager, fjit and torch.compile of one function, each checked before it is timed
 

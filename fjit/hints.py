@@ -8,7 +8,7 @@ HINTS = {
     'FJ101_external_tensor': 'create the tensor with torch inside the function or pass it in',
     'FJ101_global_tensor': 'pass the tensor as an argument of the function',
     'FJ102_inplace_input':
-        'use the out-of-place op (x.mul(2), not x.mul_(2)) and return the result',
+        'use the out-of-place op (e.g. y = x.mul(2), not x.mul_(2)) and return the result',
     'FJ102_out_argument': 'drop out= and return the result',
     'FJ102_setitem_input': 'clone the input, assign into the clone, and return it',
     'FJ102_view_of_input':

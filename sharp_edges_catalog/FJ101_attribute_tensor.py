@@ -13,7 +13,7 @@ CODE = "FJ101"
 ERROR = fjit.UnproxiedTensorError
 TITLE = "A tensor attribute of a global object"
 FIX = "pass the object's tensors (or a dict of them) as arguments"
-EXPECTED = "'model.weight' is a torch.Tensor that is not an input of 'bad'"
+EXPECTED = "attribute 'weight' of global 'model' is a torch.Tensor that is not an input of 'bad'"
 
 
 class TinyLinear:

@@ -14,7 +14,10 @@ CODE = "FJ101"
 ERROR = fjit.UnproxiedTensorError
 TITLE = "A tensor created from outside data (torch.from_numpy of a global array)"
 FIX = "create the tensor with torch inside the function or pass it in"
-EXPECTED = "a torch.Tensor created outside the trace is not an input of 'bad'"
+EXPECTED = (
+    "a cpu tensor of shape (4,) that no traced op created (e.g. from torch.from_numpy) is "
+    "used, and it is not an input of 'bad'"
+)
 
 lookup = np.linspace(0.0, 1.0, 4, dtype=np.float32)
 

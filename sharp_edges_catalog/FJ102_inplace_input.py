@@ -12,8 +12,11 @@ import fjit
 CODE = "FJ102"
 ERROR = fjit.InputMutationError
 TITLE = "An in-place operation on an input tensor"
-FIX = "use the out-of-place op (x.mul(2), not x.mul_(2)) and return the result"
-EXPECTED = "in-place 'mul_' writes to input 'x' of 'bad'"
+FIX = "use the out-of-place op (e.g. y = x.mul(2), not x.mul_(2)) and return the result"
+EXPECTED = (
+    "Tensor.mul_ writes to input 'x' of 'bad'; the compiled function does not mutate its "
+    "inputs"
+)
 
 
 def bad(x):

@@ -12,7 +12,7 @@ CODE = "FJ102"
 ERROR = fjit.InputMutationError
 TITLE = "out= writes into an input tensor"
 FIX = "drop out= and return the result"
-EXPECTED = "out= of 'mul' writes to input 'out' of 'bad'"
+EXPECTED = "out= writes to input 'out' of 'bad'; the compiled function does not mutate its inputs"
 
 
 def bad(x, out):

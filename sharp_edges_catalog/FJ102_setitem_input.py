@@ -12,7 +12,10 @@ CODE = "FJ102"
 ERROR = fjit.InputMutationError
 TITLE = "Item assignment into an input tensor"
 FIX = "clone the input, assign into the clone, and return it"
-EXPECTED = "setitem writes to input 'x' of 'bad'"
+EXPECTED = (
+    "item assignment writes to input 'x' of 'bad'; the compiled function does not mutate its "
+    "inputs"
+)
 
 
 def bad(x):

@@ -13,7 +13,10 @@ CODE = "FJ102"
 ERROR = fjit.InputMutationError
 TITLE = "An in-place operation on a view of an input"
 FIX = "clone the input before writing into a view of it, and return the result"
-EXPECTED = "in-place 'add_' writes to a view of input 'x' of 'bad'"
+EXPECTED = (
+    "Tensor.add_ writes to input 'x' of 'bad' through a view of it; the compiled function "
+    "does not mutate its inputs"
+)
 
 
 def bad(x):

@@ -12,7 +12,10 @@ CODE = "FJ103"
 ERROR = fjit.InputMutationError
 TITLE = "Storing into an input dict"
 FIX = "build a new dict ({**d, k: v}) and return it"
-EXPECTED = "setitem mutates input dict 'batch' of 'bad'"
+EXPECTED = (
+    "__setitem__() on an input dict of 'bad'; compiled code would not see the change on later"
+    " calls"
+)
 
 
 def bad(batch):

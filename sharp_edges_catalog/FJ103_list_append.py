@@ -13,7 +13,10 @@ CODE = "FJ103"
 ERROR = fjit.InputMutationError
 TITLE = "Appending to an input list"
 FIX = "build a new list (xs + [v]) and return it"
-EXPECTED = "append() mutates input list 'xs' of 'bad'"
+EXPECTED = (
+    "append() on an input list of 'bad'; compiled code would not see the change on later "
+    "calls"
+)
 
 
 def bad(xs):

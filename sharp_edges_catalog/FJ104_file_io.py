@@ -15,7 +15,7 @@ CODE = "FJ104"
 ERROR = fjit.SideEffectError
 TITLE = "File I/O inside the function"
 FIX = "do the I/O outside the compiled function"
-EXPECTED = "open() in 'bad' would run only while tracing"
+EXPECTED = "open() in 'bad' runs once, while tracing, and never in compiled calls"
 
 
 def bad(x, path):

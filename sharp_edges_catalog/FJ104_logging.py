@@ -14,7 +14,7 @@ CODE = "FJ104"
 ERROR = fjit.SideEffectError
 TITLE = "logging inside the function"
 FIX = "return the value and log it outside the compiled function"
-EXPECTED = "logging call in 'bad' would run only while tracing"
+EXPECTED = "logging.warning() in 'bad' runs once, while tracing, and never in compiled calls"
 
 log = logging.getLogger("sharp_edges_catalog.demo")
 

@@ -13,7 +13,7 @@ CODE = "FJ104"
 ERROR = fjit.SideEffectError
 TITLE = "torch.manual_seed inside the function"
 FIX = "seed outside the compiled function"
-EXPECTED = "torch.manual_seed() in 'bad' would run only while tracing"
+EXPECTED = "torch.manual_seed() in 'bad' runs once, while tracing, and never in compiled calls"
 RANDOM = "dropout draws new numbers on every call, so only shapes are compared"
 
 

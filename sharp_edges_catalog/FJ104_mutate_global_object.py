@@ -12,7 +12,10 @@ CODE = "FJ104"
 ERROR = fjit.SideEffectError
 TITLE = "Mutating a global object"
 FIX = "return the new value; do not mutate objects the function does not own"
-EXPECTED = "append() mutates global 'seen_batch_sizes', which 'bad' does not own"
+EXPECTED = (
+    "append() on 'seen_batch_sizes', a list that existed before the call in 'bad'; a compiled"
+    " call would not repeat it"
+)
 
 seen_batch_sizes = []
 

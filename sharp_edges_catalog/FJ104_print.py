@@ -13,7 +13,7 @@ CODE = "FJ104"
 ERROR = fjit.SideEffectError
 TITLE = "print() inside the function"
 FIX = "return the value and print it outside the compiled function"
-EXPECTED = "print() in 'bad' would run only while tracing"
+EXPECTED = "print() in 'bad' runs once, while tracing, and never in compiled calls"
 
 
 def bad(x):

@@ -14,7 +14,9 @@ CODE = "FJ105"
 ERROR = fjit.NondeterminismError
 TITLE = "random.* inside the function"
 FIX = "draw with torch (torch.rand) inside, or pass the number in as an argument"
-EXPECTED = "random.uniform() in 'bad' would be frozen into the trace as a constant"
+EXPECTED = (
+    "random.uniform() in 'bad' would be frozen into the compiled code as one trace-time value"
+)
 
 
 def bad(x):

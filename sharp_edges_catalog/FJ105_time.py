@@ -14,7 +14,7 @@ CODE = "FJ105"
 ERROR = fjit.NondeterminismError
 TITLE = "Reading the clock inside the function"
 FIX = "read the clock outside the compiled function and pass the value in"
-EXPECTED = "time.time() in 'bad' would be frozen into the trace as a constant"
+EXPECTED = "time.time() in 'bad' would be frozen into the compiled code as one trace-time value"
 
 
 def bad(x):

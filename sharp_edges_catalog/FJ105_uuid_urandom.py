@@ -13,7 +13,7 @@ CODE = "FJ105"
 ERROR = fjit.NondeterminismError
 TITLE = "os.urandom / uuid / secrets inside the function"
 FIX = "generate the value outside the compiled function and pass it in"
-EXPECTED = "os.urandom() in 'bad' would be frozen into the trace as a constant"
+EXPECTED = "os.urandom() in 'bad' runs once, while tracing, and never in compiled calls"
 
 
 def bad(x):

@@ -13,7 +13,10 @@ CODE = "FJ106"
 ERROR = fjit.DataDependentError
 TITLE = "Python if on a tensor value"
 FIX = "use torch.where(cond, a, b) instead of Python if on a tensor"
-EXPECTED = "bool() of a tensor decides control flow in 'bad'"
+EXPECTED = (
+    "bool() of tensor t1 (cpu b8[]) needs its data in Python while tracing 'bad'; the "
+    "compiled code would freeze one call's value"
+)
 
 
 def bad(x):

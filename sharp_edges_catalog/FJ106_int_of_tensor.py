@@ -12,7 +12,10 @@ CODE = "FJ106"
 ERROR = fjit.DataDependentError
 TITLE = "int() or float() of a tensor"
 FIX = "keep the value as a tensor, or pass the number in as an argument"
-EXPECTED = "int() reads tensor data in 'bad'"
+EXPECTED = (
+    "int() of tensor n (cpu i64[]) needs its data in Python while tracing 'bad'; the compiled"
+    " code would freeze one call's value"
+)
 
 
 def bad(x, n):

@@ -12,7 +12,10 @@ CODE = "FJ106"
 ERROR = fjit.DataDependentError
 TITLE = ".item() on a tensor"
 FIX = "keep the value as a 0-d tensor instead of calling .item()"
-EXPECTED = ".item() reads tensor data in 'bad'"
+EXPECTED = (
+    ".item() of tensor t1 (cpu f32[]) needs its data in Python while tracing 'bad'; the "
+    "compiled code would freeze one call's value"
+)
 
 
 def bad(x):

@@ -11,7 +11,10 @@ CODE = "FJ106"
 ERROR = fjit.DataDependentError
 TITLE = ".tolist() on a tensor"
 FIX = "keep the values as a tensor; convert after the compiled call"
-EXPECTED = ".tolist() reads tensor data in 'bad'"
+EXPECTED = (
+    ".tolist() of tensor weights (cpu f32[3]) needs its data in Python while tracing 'bad'; "
+    "the compiled code would freeze one call's value"
+)
 
 
 def bad(x, weights):

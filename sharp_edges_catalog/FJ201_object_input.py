@@ -15,7 +15,7 @@ CODE = "FJ201"
 ERROR = fjit.UnsupportedInputError
 TITLE = "An arbitrary object as input"
 FIX = "pass the object's tensors and numbers as arguments, or a dict or namedtuple of them"
-EXPECTED = "Params"
+EXPECTED = "argument of type sharp_edges_catalog.FJ201_object_input.Params cannot be proxied"
 
 
 class Params:
@@ -28,7 +28,7 @@ ParamsTuple = collections.namedtuple("ParamsTuple", ["weight", "bias"])
 
 
 def bad(x, p):
-    return x * p.weight + p.bias  # sharp edge
+    return x * p.weight + p.bias
 
 
 def good(x, p):

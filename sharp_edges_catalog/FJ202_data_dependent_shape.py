@@ -13,7 +13,7 @@ CODE = "FJ202"
 ERROR = fjit.UnsupportedOpError
 TITLE = "Output shape depends on data (x[x > 0], torch.nonzero)"
 FIX = "keep shapes fixed: use torch.where(mask, x, 0) and reduce"
-EXPECTED = "boolean mask"
+EXPECTED = "Tensor.__getitem__ cannot be traced: its output shape depends on tensor data"
 
 
 def bad(x):

@@ -400,7 +400,8 @@ PY_BINARY = {
 }
 for _sym, (_f, _d, _dtypes, _kw) in PY_BINARY.items():
     op(f"operator.{_f.__name__}", lambda x, y, _f=_f: _f(x, y), _dtypes, binary_samples(**_kw),
-       variant=_sym, aliases=(f"torch.Tensor.__{_d}__",))
+       variant=_sym, aliases=(f"torch.Tensor.__{_d}__",) +
+       (("torch._tensor.TensorBase.pow",) if _sym == "**" else ()))
 
 op("operator.matmul", lambda x, y: x @ y, (F32, BF16, I64),
    lambda m: [(m((3, 4)), m((4, 5))), (m((4,)), m((4,))), (m((2, 3, 4)), m((4, 2)))],
@@ -425,6 +426,8 @@ REFLECTED = [
     ("s + x", lambda x, s: s + x, NUMERIC, "radd", "float_arg"),
     ("s - x", lambda x, s: s - x, NUMERIC, "rsub", "float_arg"),
     ("1 / x", lambda x: 1 / x, NUMERIC, "rtruediv", "nonzero"),
+    ("x.__rdiv__(3)", lambda x: x.__rdiv__(3), NUMERIC, "rdiv", "nonzero"),
+    ("x.__rmatmul__(y)", lambda x: x.__rmatmul__(x.mT), NUMERIC, "rmatmul", "matrix"),
     ("s / x", lambda x, s: s / x, NUMERIC, "rtruediv", "nonzero_float_arg"),
     ("7 // x", lambda x: 7 // x, NUMERIC, "rfloordiv", "nonzero"),
     ("7 % x", lambda x: 7 % x, NUMERIC, "rmod", "nonzero"),
@@ -450,6 +453,8 @@ def _reflected_samples(kind):
             xs = [m.nonzero((3, 4)), m.nonzero(()), m.nonzero((0, 2)), m.nonzero((3, 4), nc=True)]
         elif kind == "shift":
             xs = [m((3, 4), 0, 9), m((), 0, 9)]
+        elif kind == "matrix":
+            xs = [m((3, 4)), m((2, 3, 4), nc=True)]
         elif kind == "grid":
             xs = [m((3, 4), -2, 2, grid=True), m((), -2, 2, grid=True)]
         elif kind == "pos_float_arg":
@@ -657,7 +662,7 @@ for _r in ("any", "all"):
     op(f"torch.{_r}", lambda x, d, k, _r=_r: (getattr(torch, _r)(x) if d is None and not k
                                                else getattr(torch, _r)(x, dim=d, keepdim=k)),
        (BOOL, F32, I64, BF16), _anyall_samples)
-    op(f"torch.Tensor.{_r}", lambda x, _r=_r: getattr(x, _r)(), (BOOL,), lambda m: [(m(),)])
+    op(f"torch.Tensor.{_r}", lambda x, _r=_r: getattr(x, _r)(), (BOOL, F32), lambda m: [(m(),)])
 
 for _r in ("max", "min"):
     op(f"torch.{_r}", lambda x, _r=_r: getattr(torch, _r)(x), NUMERIC + (BOOL,),
@@ -710,8 +715,8 @@ VIEWS = [
     ("torch.t", lambda x: torch.t(x), lambda m: [(m((3, 4)),), (m((5,)),), (m(()),),
                                                  (m((3, 4), nc=True),), (m((0, 2)),)]),
     ("torch.Tensor.t", lambda x: x.t(), lambda m: [(m((3, 4)),)]),
-    ("torch.Tensor.T", lambda x: x.T, lambda m: [(m((3, 4)),)]),
-    ("torch.Tensor.mT", lambda x: x.mT, lambda m: [(m((2, 3, 4)),)]),
+    ("torch.Tensor.T.__get__", lambda x: x.T, lambda m: [(m((3, 4)),), (m((3, 4), nc=True),)]),
+    ("torch.Tensor.mT.__get__", lambda x: x.mT, lambda m: [(m((2, 3, 4)),), (m((3, 4)),)]),
     ("torch.Tensor.expand", lambda x, s: x.expand(s), lambda m: [
         (m((3, 1)), (3, 4)), (m((4,)), (2, 3, 4)), (m((3, 1)), (-1, 5)), (m(()), (2, 3)),
         (m((1, 4), nc=True), (2, 3, 4)), (m((3, 1)), (3, 1)), (m((1, 2)), (0, 2))]),
@@ -1062,6 +1067,79 @@ op(f"{NNF}.conv1d", lambda x, w, b: F.conv1d(x, w, b, padding=1), (F32,),
    fallback=True)
 op("torch.cumsum", lambda x: torch.cumsum(x.exp(), 0) + 1, (F32,), lambda m: [(m((4, 3)),)],
    variant="between_decomposed", fallback=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Aliases and alternative spellings fjit claims: a few samples each
+
+def _two(make_args):
+    return lambda m: [make_args(m, (3, 4)), make_args(m, (2, 3))]
+
+
+_x = lambda m, s: (m(s),)                                        # noqa: E731
+_xy = lambda m, s: (m(s), m(s))                                  # noqa: E731
+_xg = lambda m, s: (m(s, -2, 2, grid=True), m(s, -2, 2, grid=True))  # noqa: E731
+_xnz = lambda m, s: (m(s), m.nonzero(s))                         # noqa: E731
+ALIASES = [
+    # (name, fn, dtypes, make)
+    ("torch.arctan2", lambda x, y: torch.arctan2(x, y), (F32, BF16), _two(_xy)),
+    ("torch.Tensor.arctan2", lambda x, y: x.arctan2(y), (F32,), _two(_xy)),
+    ("torch.clip", lambda x: torch.clip(x, -1, 1), NUMERIC, _two(_x)),
+    ("torch.Tensor.clip", lambda x: x.clip(max=0.5), (F32, BF16), _two(_x)),
+    ("torch.divide", lambda x, y: torch.divide(x, y), NUMERIC, _two(_xnz)),
+    ("torch.divide", lambda x, y: torch.divide(x, y, rounding_mode="floor"), (F32, I64), _two(_xnz)),
+    ("torch.Tensor.divide", lambda x, y: x.divide(y), (F32, I64), _two(_xnz)),
+    ("torch.multiply", lambda x, y: torch.multiply(x, y), NUMERIC, _two(_xy)),
+    ("torch.Tensor.multiply", lambda x, y: x.multiply(y), (F32, I64), _two(_xy)),
+    ("torch.subtract", lambda x, y: torch.subtract(x, y, alpha=2), NUMERIC, _two(_xy)),
+    ("torch.Tensor.subtract", lambda x, y: x.subtract(y), (F32, I64), _two(_xy)),
+    ("torch.greater", lambda x, y: torch.greater(x, y), NUMERIC, _two(_xg)),
+    ("torch.greater_equal", lambda x, y: torch.greater_equal(x, y), NUMERIC, _two(_xg)),
+    ("torch.less", lambda x, y: torch.less(x, y), NUMERIC, _two(_xg)),
+    ("torch.less_equal", lambda x, y: torch.less_equal(x, y), NUMERIC, _two(_xg)),
+    ("torch.not_equal", lambda x, y: torch.not_equal(x, y), NUMERIC, _two(_xg)),
+    ("torch.Tensor.greater", lambda x, y: x.greater(y), (F32, I64), _two(_xg)),
+    ("torch.Tensor.greater_equal", lambda x, y: x.greater_equal(y), (F32, I64), _two(_xg)),
+    ("torch.Tensor.less", lambda x, y: x.less(y), (F32, I64), _two(_xg)),
+    ("torch.Tensor.less_equal", lambda x, y: x.less_equal(y), (F32, I64), _two(_xg)),
+    ("torch.Tensor.not_equal", lambda x, y: x.not_equal(y), (F32, I64), _two(_xg)),
+    ("torch.Tensor.pow", lambda x: x.pow(2), NUMERIC, _two(_x)),
+    ("torch.Tensor.pow", lambda x, y: x.abs().pow(y), (F32, BF16), _two(_xy)),
+    ("torch.Tensor.amax", lambda x: x.amax(-1), NUMERIC, _two(_x)),
+    ("torch.Tensor.amin", lambda x: x.amin((0, 1), keepdim=True), NUMERIC, _two(_x)),
+    ("torch.Tensor.prod", lambda x: x.prod(1), NUMERIC, _two(_x)),
+    ("torch.Tensor.relu", lambda x: x.relu(), NUMERIC, _two(_x)),
+    ("torch.relu", lambda x: torch.relu(x), NUMERIC, _two(_x)),
+    ("torch.Tensor.log_softmax", lambda x: x.log_softmax(-1), FLOATS, _two(_x)),
+    ("torch.Tensor.mm", lambda x: x.mm(x.t()), (F32, BF16, I64), _two(_x)),
+    ("torch.Tensor.bmm", lambda x: x.bmm(x.transpose(1, 2)), (F32, BF16, I64),
+     lambda m: [(m((2, 3, 4)),), (m((1, 2, 2), nc=True),)]),
+    ("torch.Tensor.byte", lambda x: x.byte(), (F32, I64, BOOL), lambda m: [(m((3, 4), 0, 9),)]),
+    ("torch.Tensor.char", lambda x: x.char(), (F32, I64, BOOL), lambda m: [(m((3, 4), -9, 9),)]),
+    ("torch.Tensor.short", lambda x: x.short(), (F32, I64, BOOL), lambda m: [(m((3, 4), -9, 9),)]),
+    ("torch.Tensor.reshape_as", lambda x, y: x.reshape_as(y), (F32, I64),
+     lambda m: [(m((3, 4)), m((2, 6))), (m((3, 4), nc=True), m((12,)))]),
+    ("torch.Tensor.view_as", lambda x, y: x.view_as(y), (F32, I64),
+     lambda m: [(m((3, 4)), m((2, 6))), (m(()), m((1, 1)))]),
+    ("torch.swapaxes", lambda x: torch.swapaxes(x, 0, -1), (F32, I64), _two(_x)),
+    ("torch.swapdims", lambda x: torch.swapdims(x, 1, 0), (F32, I64), _two(_x)),
+    ("torch.Tensor.swapaxes", lambda x: x.swapaxes(0, 1), (F32, I64), _two(_x)),
+    ("torch.Tensor.swapdims", lambda x: x.swapdims(-1, -2), (F32, I64), _two(_x)),
+    ("torch.concatenate", lambda x, y: torch.concatenate([x, y], 1), (F32, I64), _two(_xy)),
+    ("torch._C._special.special_erf", lambda x: torch.special.erf(x), FLOATS, _two(_x)),
+    ("torch._C._special.special_expit", lambda x: torch.special.expit(x), FLOATS, _two(_x)),
+    ("torch._C._special.special_softmax", lambda x: torch.special.softmax(x, 1), FLOATS,
+     _two(_x)),
+    ("torch._C._special.special_log_softmax", lambda x: torch.special.log_softmax(x, 0), FLOATS,
+     _two(_x)),
+    ("torch.dropout", lambda x: torch.dropout(x, 0.3, False), FLOATS, _two(_x)),
+    ("torch.layer_norm", lambda x, w, b: torch.layer_norm(x, (4,), w, b, 1e-5), FLOATS,
+     lambda m: [(m((3, 4)), m((4,)), m((4,))), (m((2, 3, 4), nc=True), None, None)]),
+    ("torch.rms_norm", lambda x, w: torch.rms_norm(x, (4,), w, 1e-6), FLOATS,
+     lambda m: [(m((3, 4)), m((4,))), (m((2, 3, 4), nc=True), None)]),
+]
+for _name, _fn, _dtypes, _make in ALIASES:
+    op(_name, _fn, _dtypes, _make)
 
 
 # --------------------------------------------------------------------------------------------------

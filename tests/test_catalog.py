@@ -241,7 +241,7 @@ def test_ok_entry_has_no_sharp_edges(name):
         assert binding in bound, f"{binding} not in {report.bindings}"
 
 
-# ----------------------------------------------------------------------------- several edges at once
+# ----------------------------------------------------------------------------- several edges
 
 def several_edges(x):
     print("x:", x.shape)

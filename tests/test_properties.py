@@ -186,6 +186,9 @@ class Program:
         body = "".join(f"    {line}\n" for line in self.lines)
         return f"def program({', '.join(self.params)}):\n{body}    return {ret}\n"
 
+    def _repr_pretty_(self, printer, cycle):   # hypothesis prints the runnable form
+        printer.text(repr(self))
+
     def __repr__(self):
         ins = "".join(f"#   {s.describe()}\n" for s in self.inputs)
         scs = "".join(f"#   {n} = {v!r}\n" for n, v in self.scalars)

@@ -5,7 +5,7 @@ CODE, ERROR, TITLE, FIX, EXPECTED, docstring, bad() and good() become one entry 
 the FIX of every entry with a CODE becomes the hint that fjit's errors print for it.
 
     python tools/gen_sharp_edges.py           # rewrite both files
-    python tools/gen_sharp_edges.py --check   # exit 1 if either file differs from what it would write
+    python tools/gen_sharp_edges.py --check   # exit 1 if a file differs from what it would write
 
 The output depends only on the catalog's source (never on timestamps, paths or fjit's runtime
 behaviour), so --check is stable across machines.
@@ -35,6 +35,7 @@ SCRIPT = "tools/gen_sharp_edges.py"
 ENTRY_RE = re.compile(r"^(FJ\d{3}|OK)_[A-Za-z0-9_]+$")
 MARK_RE = re.compile(r"#\s*sharp edge\s*$")
 # Module attributes that describe the entry rather than the program: never shown as program text.
+INPUT_CODES = {"FJ201"}  # entries whose docs show inputs() too
 METADATA = {"CODE", "ERROR", "TITLE", "FIX", "EXPECTED", "RANDOM", "BINDINGS",
             "inputs", "good_inputs", "fjit"}
 
@@ -156,7 +157,7 @@ def program_source(mod, attr: str, shown: set[int] | None = None) -> str:
     queue, chosen = [root, attr], {}
     while queue:
         n = queue.pop()
-        if n in METADATA or n not in defs:
+        if (n in METADATA and n != attr) or n not in defs:
             continue
         for stmt in defs[n]:
             if id(stmt) not in chosen:
@@ -277,12 +278,18 @@ def render_entry(name: str, mod) -> str:
         parts.append(_fence(program_source(mod, "good", shown)))
     else:
         parts.append("**Bad:**\n")
-        parts.append(_fence(program_source(mod, "bad", shown)))
+        bad = program_source(mod, "bad", shown)
+        if mod.CODE in INPUT_CODES:  # the input is the problem: show how bad is called
+            bad += "\n\n" + program_source(mod, "inputs", shown)
+        parts.append(_fence(bad))
         parts.append("**Error:**\n")
         parts.append(_fence(documented_error(name, mod), "text"))
         parts.append(f"**Fix:** {mod.FIX}.\n")
         parts.append("**Good:**\n")
-        parts.append(_fence(program_source(mod, "good", shown)))
+        good = program_source(mod, "good", shown)
+        if mod.CODE in INPUT_CODES and hasattr(mod, "good_inputs"):
+            good += "\n\n" + program_source(mod, "good_inputs", shown)
+        parts.append(_fence(good))
     if getattr(mod, "RANDOM", None):
         parts.append(f"*The test compares shapes only: {mod.RANDOM}.*\n")
     return "\n".join(parts)

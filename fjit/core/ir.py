@@ -280,7 +280,7 @@ class TracePrinter:
     def bsym_lines(self, b: BoundSymbol, indent: str) -> list[str]:
         lines = []
         if b.comment:
-            lines.append(f"{indent}# {b.comment}")
+            lines += [f"{indent}# {line}".rstrip() for line in b.comment.splitlines()]
         if b.sym.qualname == "del":
             return lines + [f"{indent}del {', '.join(v.name for v in b.args)}"]
         types = "  ".join(f"{v.name}: \"{v.type_string()}\"" for v in b.outputs())

@@ -1,0 +1,293 @@
+"""Region -> Triton kernel source.
+
+The kernel reads like Triton's vector-add tutorial: program id, offsets, mask, loads, compute,
+stores.  Shapes and strides are literals (a trace is specialized to them), so the source itself is
+the cache key: identical regions over identical layouts share one kernel.  Half-precision values are
+computed in float32 and rounded after every op, as torch's eager kernels round each op's result.
+Only `tl.*` math is used (no libdevice), so the same source runs under TRITON_INTERPRET=1.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
+from fjit.ops.prims import PRIM_OF_QUALNAME, Prim
+from fjit.passes.fusion import Region
+
+TL_DTYPE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
+            torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32",
+            torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
+            torch.bool: "tl.int1"}
+_HALF = (torch.float16, torch.bfloat16)
+
+# prim -> expression over operand expressions (already in the computation dtype)
+_FLOAT_ONLY = {
+    Prim.EXP: "tl.exp({0})", Prim.EXP2: "tl.exp2({0})", Prim.EXPM1: "(tl.exp({0}) - 1)",
+    Prim.LOG: "tl.log({0})", Prim.LOG2: "tl.log2({0})", Prim.LOG10: "(tl.log2({0}) * 0.30102999566398120)",
+    Prim.LOG1P: "tl.log(1 + {0})", Prim.SQRT: "tl.sqrt({0})", Prim.RSQRT: "(1 / tl.sqrt({0}))",
+    Prim.SIN: "tl.sin({0})", Prim.COS: "tl.cos({0})", Prim.TAN: "(tl.sin({0}) / tl.cos({0}))",
+    Prim.TANH: "(1 - 2 / (tl.exp(2 * {0}) + 1))", Prim.SIGMOID: "(1 / (1 + tl.exp(-{0})))",
+    Prim.ERF: "tl.erf({0})", Prim.FLOOR: "tl.floor({0})", Prim.CEIL: "tl.ceil({0})",
+    Prim.TRUNC: "tl.where({0} >= 0, tl.floor({0}), tl.ceil({0}))",
+    Prim.SINH: "((tl.exp({0}) - tl.exp(-{0})) * 0.5)", Prim.COSH: "((tl.exp({0}) + tl.exp(-{0})) * 0.5)",
+    Prim.RECIPROCAL: "(1 / {0})", Prim.DIV: "({0} / {1})",
+    Prim.ROUND: "_round_half_even({0})", Prim.ISNAN: "({0} != {0})",
+    Prim.ISINF: "(tl.abs({0}) == float('inf'))", Prim.ISFINITE: "(tl.abs({0}) < float('inf'))",
+}
+_ANY = {
+    Prim.ABS: "tl.abs({0})", Prim.NEG: "(-{0})", Prim.CLONE: "{0}",
+    Prim.ADD: "({0} + {1})", Prim.SUB: "({0} - {1})", Prim.MUL: "({0} * {1})",
+    Prim.MAXIMUM: "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+    Prim.MINIMUM: "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+    Prim.CLAMP_MIN: "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+    Prim.CLAMP_MAX: "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+    Prim.SIGN: "(({0} > 0).to({t}) - ({0} < 0).to({t}))",
+    Prim.EQ: "({0} == {1})", Prim.NE: "({0} != {1})", Prim.LT: "({0} < {1})", Prim.LE: "({0} <= {1})",
+    Prim.GT: "({0} > {1})", Prim.GE: "({0} >= {1})",
+    Prim.LOGICAL_AND: "(({0} != 0) & ({1} != 0))", Prim.LOGICAL_OR: "(({0} != 0) | ({1} != 0))",
+    Prim.LOGICAL_XOR: "(({0} != 0) ^ ({1} != 0))", Prim.LOGICAL_NOT: "({0} == 0)",
+    Prim.WHERE: "tl.where({0}, {1}, {2})",
+}
+_INT_ONLY = {Prim.BITWISE_AND: "({0} & {1})", Prim.BITWISE_OR: "({0} | {1})",
+             Prim.BITWISE_XOR: "({0} ^ {1})", Prim.BITWISE_NOT: "(~{0})"}
+_COMPARE = {Prim.EQ, Prim.NE, Prim.LT, Prim.LE, Prim.GT, Prim.GE, Prim.LOGICAL_AND, Prim.LOGICAL_OR,
+            Prim.LOGICAL_XOR, Prim.LOGICAL_NOT, Prim.ISNAN, Prim.ISINF, Prim.ISFINITE}
+_REDUCE = {Prim.SUM: "tl.sum", Prim.AMAX: "tl.max", Prim.AMIN: "tl.min"}
+
+_HELPERS = '''
+@triton.jit
+def _round_half_even(x):
+    f = tl.floor(x)
+    d = x - f
+    odd = (f - 2 * tl.floor(f * 0.5)) != 0
+    return tl.where(d > 0.5, f + 1, tl.where(d < 0.5, f, tl.where(odd, f + 1, f)))
+
+
+@triton.jit
+def _round_to_bf16(x):
+    # float32 -> nearest bfloat16 (ties to even), kept in float32.  Spelled out in bits because the
+    # interpreter's own conversion truncates.
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+'''
+
+
+def _prim(b: BoundSymbol):
+    return PRIM_OF_QUALNAME.get(b.sym.qualname)
+
+
+def _compute_dtype(b: BoundSymbol, p: Prim) -> torch.dtype:
+    """The dtype torch computes `b` in (before rounding to the output dtype)."""
+    out = b.outputs()[0]
+    if p in _COMPARE or p is Prim.WHERE:
+        operands = [a for a in (b.args[1:] if p is Prim.WHERE else b.args)]
+        metas = [torch.empty((), dtype=a.dtype) if isinstance(a, TensorVar) else
+                 (1.0 if isinstance(a, NumberVar) else a) for a in operands]
+        dt = torch.result_type(*metas) if len(metas) == 2 else (
+            metas[0].dtype if isinstance(metas[0], torch.Tensor) else torch.float32)
+        if p is Prim.WHERE:
+            dt = out.dtype
+    else:
+        dt = out.dtype
+    return torch.float32 if dt in _HALF else dt
+
+
+def supported(b: BoundSymbol) -> bool:
+    """Whether this generator can emit `b` inside a region."""
+    p = _prim(b)
+    if p is None or len(b.outputs()) != 1 or not isinstance(b.outputs()[0], TensorVar):
+        return False
+    out = b.outputs()[0]
+    tensors = [v for v in b.inputs() if isinstance(v, TensorVar)]
+    if not tensors or any(v.dtype not in TL_DTYPE for v in tensors + [out]):
+        return False
+    if any(isinstance(a, (complex, str)) for a in b.args):
+        return False
+    if p in _REDUCE:
+        return tensors[0].dtype != torch.bool or p is not Prim.SUM
+    if p is Prim.CONVERT:
+        return True
+    try:
+        dt = _compute_dtype(b, p)
+    except (TypeError, RuntimeError):
+        return False
+    if p in _FLOAT_ONLY:
+        return dt.is_floating_point or p in (Prim.ISNAN, Prim.ISINF, Prim.ISFINITE) and \
+            all(v.dtype.is_floating_point for v in tensors)
+    if p in _INT_ONLY:
+        return not dt.is_floating_point
+    return p in _ANY
+
+
+@dataclasses.dataclass
+class Kernel:
+    name: str
+    source: str
+    grid: tuple
+    block: int
+    num_warps: int
+    scalar_args: list      # NumberVars and non-finite literals, in kernel-argument order
+
+
+class _Emitter:
+    def __init__(self, region: Region, interpret: bool):
+        self.r = region
+        self.interpret = interpret
+        self.lines: list[str] = []
+        self.values: dict[str, tuple[str, torch.dtype]] = {}   # var name -> (expr, compute dtype)
+        self.params: list[str] = []
+        self.scalars: list = []
+        self.counter = 0
+
+    def fresh(self) -> str:
+        self.counter += 1
+        return f"v{self.counter}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " + line)
+
+    # -- indexing -------------------------------------------------------------------------------
+    def index_terms(self, shape: tuple, strides: tuple, rows_only: bool = False) -> str:
+        dom, n_outer = self.r.domain, len(self.r.outer)
+        terms = []
+        for j in range(len(dom)):
+            t = j - (len(dom) - len(shape))
+            if rows_only:
+                t = j if j < n_outer and j < len(shape) else -1
+            if t < 0 or shape[t] == 1 or (rows_only and j >= n_outer):
+                continue
+            idx = f"o{j}" if j < n_outer else f"i{j - n_outer}"
+            terms.append(f"{idx} * {strides[t]}" if strides[t] != 1 else idx)
+        return " + ".join(terms) if terms else ("0" if rows_only else "c * 0")
+
+    def operand(self, a, ct: torch.dtype) -> str:
+        if isinstance(a, (TensorVar, NumberVar)):
+            expr, dt = self.values[a.name]
+            return expr if dt == ct or ct is None else f"{expr}.to({TL_DTYPE[ct]})"
+        if isinstance(a, bool):
+            return "1" if a else "0"
+        if isinstance(a, float) and not math.isfinite(a):
+            name = f"k{len(self.scalars)}"
+            self.params.append(name)
+            self.scalars.append(a)
+            self.values[f"__lit{name}"] = (name, torch.float32)
+            return name
+        return repr(a)
+
+    # -- the kernel ------------------------------------------------------------------------------
+    def generate(self, name: str) -> Kernel:
+        r = self.r
+        rows, width = math.prod(r.outer), math.prod(r.inner)
+        big = any(math.prod(v.shape) >= 2**31 for v in r.inputs + r.outputs
+                  if isinstance(v, TensorVar))
+        pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
+        if r.has_reduction:
+            block = 1 << max(width - 1, 0).bit_length()
+            self.emit(f"r = {pid}")
+            self.emit("c = tl.arange(0, BLOCK)")
+            self.emit(f"mask = c < {width}")
+            grid = (rows,)
+        else:
+            cap = 1 << 16 if self.interpret else 1024 if width < 1 << 22 else 4096
+            block = min(1 << max(width - 1, 0).bit_length(), cap)
+            self.emit(f"c = {pid} * BLOCK + tl.arange(0, BLOCK)")
+            self.emit(f"mask = c < {width}")
+            grid = (-(-width // block),)
+        for k, size in enumerate(r.inner):
+            below = math.prod(r.inner[k + 1:])
+            expr = "c" if below == 1 else f"(c // {below})"
+            self.emit(f"i{k} = {expr} % {size}" if k else f"i{k} = {expr}")
+        for j, size in enumerate(r.outer):
+            below = math.prod(r.outer[j + 1:])
+            expr = "r" if below == 1 else f"(r // {below})"
+            self.emit(f"o{j} = {expr} % {size}" if j else f"o{j} = {expr}")
+        for k, v in enumerate(r.inputs):
+            if isinstance(v, NumberVar):
+                self.params.append(f"s{k}")
+                self.scalars.append(v)
+                self.values[v.name] = (f"s{k}", torch.float32)
+                continue
+            self.params.append(f"in{k}")
+            val = self.fresh()
+            off = self.index_terms(v.shape, v.strides)
+            load = f"tl.load(in{k} + {off}, mask=mask, other=0)"
+            ct = torch.float32 if v.dtype in _HALF else v.dtype
+            self.emit(f"{val} = {load}" + (".to(tl.float32)" if v.dtype in _HALF else ""))
+            self.values[v.name] = (val, ct)
+        for b in r.bsyms:
+            self.emit_bsym(b)
+        for k, v in enumerate(r.outputs):
+            self.params.append(f"out{k}")
+            expr, dt = self.values[v.name]
+            value = expr if dt == v.dtype else f"{expr}.to({TL_DTYPE[v.dtype]})"
+            if v.name in r.row_vars:
+                self.emit(f"tl.store(out{k} + {self.index_terms(v.shape, v.strides, rows_only=True)}, {value})")
+            else:
+                self.emit(f"tl.store(out{k} + {self.index_terms(v.shape, v.strides)}, {value}, mask=mask)")
+        warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
+        head = f"@triton.jit\ndef {name}({', '.join(self.params + ['BLOCK: tl.constexpr'])}):"
+        source = f"import triton\nimport triton.language as tl\n{_HELPERS}\n\n{head}\n" + \
+            "\n".join(self.lines) + "\n"
+        return Kernel(name, source, grid, block, warps, self.scalars)
+
+    def emit_bsym(self, b: BoundSymbol) -> None:
+        p = _prim(b)
+        out = b.outputs()[0]
+        val = self.fresh()
+        if p in _REDUCE:
+            x = b.args[0]
+            expr, dt = self.values[x.name]
+            ct = torch.float32 if out.dtype in _HALF else out.dtype
+            if dt != ct:
+                expr = f"{expr}.to({TL_DTYPE[ct]})"
+            if p is Prim.SUM:
+                neutral = "0"
+            else:
+                inf = "float('inf')" if ct.is_floating_point else str(
+                    torch.iinfo(ct).max if ct != torch.bool else 1)
+                neutral = ("-" + inf if not inf.startswith("-") else inf[1:]) if p is Prim.AMAX else inf
+                if not ct.is_floating_point:
+                    neutral = str(torch.iinfo(ct).min) if p is Prim.AMAX else str(torch.iinfo(ct).max)
+            self.emit(f"{val} = {_REDUCE[p]}(tl.where(mask, {expr}, {neutral}), axis=0)")
+            if p is not Prim.SUM and ct.is_floating_point:   # torch's max/min propagate NaN
+                nan = self.fresh()
+                self.emit(f"{nan} = tl.sum(tl.where(mask & ({expr} != {expr}), {expr}, 0), axis=0)")
+                self.emit(f"{val} = tl.where({nan} != {nan}, {nan}, {val})")
+            self.finish(out, val, ct)
+            return
+        if p is Prim.CONVERT:
+            expr, dt = self.values[b.args[0].name]
+            target = b.args[1]
+            if target == torch.bool:
+                self.emit(f"{val} = {expr} != 0")
+                self.finish(out, val, torch.bool)
+            else:
+                ct = torch.float32 if target in _HALF else target
+                self.emit(f"{val} = {expr}.to({TL_DTYPE[ct]})" if dt != ct else f"{val} = {expr}")
+                self.finish(out, val, ct)
+            return
+        ct = _compute_dtype(b, p)
+        if p is Prim.WHERE:
+            ops = [self.operand(b.args[0], None)] + [self.operand(a, ct) for a in b.args[1:]]
+        else:
+            ops = [self.operand(a, ct) for a in b.args]
+        template = _FLOAT_ONLY.get(p) or _ANY.get(p) or _INT_ONLY[p]
+        self.emit(f"{val} = {template.format(*ops, t=TL_DTYPE[ct])}")
+        self.finish(out, val, torch.bool if p in _COMPARE else ct)
+
+    def finish(self, out: TensorVar, val: str, ct: torch.dtype) -> None:
+        if out.dtype in _HALF:   # round to the half type as torch does, keep computing in f32
+            if out.dtype == torch.bfloat16:
+                self.emit(f"{val} = _round_to_bf16({val})")
+            else:
+                self.emit(f"{val} = {val}.to(tl.float16).to(tl.float32)")
+            ct = torch.float32
+        self.values[out.name] = (val, ct)
+
+
+def generate(region: Region, name: str, interpret: bool) -> Kernel:
+    return _Emitter(region, interpret).generate(name)

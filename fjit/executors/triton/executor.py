@@ -1,0 +1,131 @@
+"""The Triton executor: claims fusion regions, compiles their kernels once, and launches them.
+
+It runs where Triton can: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1 (how the tests run
+the generated kernels).  Autograd needs torch's ops, so a trace whose inputs require grad under grad
+mode stays with the torch executor.
+
+The launch path is thin: a region becomes one call of a closure holding the kernel, the grid and
+the output layouts; per call it allocates outputs and launches, nothing else.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import tempfile
+import threading
+
+import torch
+import triton  # noqa: F401  (a missing triton makes this executor unavailable)
+
+from fjit.core.ir import BoundSymbol, NumberVar, Symbol, TensorVar, Trace
+from fjit.executors.triton.codegen import Kernel, generate, supported
+from fjit.passes.fusion import Partitioner, Region
+
+_KERNELS: dict[str, object] = {}      # source hash -> triton.jit function
+_LOCK = threading.Lock()
+_PARTITIONER = Partitioner(supported)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _usable(trace: Trace, leaves: list) -> bool:
+    tensors = [v for v in trace.inputs if isinstance(v, TensorVar)]
+    if not tensors:
+        return False
+    device = tensors[0].device
+    if any(v.device != device for v in tensors):
+        return False
+    if device.type != "cuda" and not (device.type == "cpu" and interpreting()):
+        return False
+    return not (torch.is_grad_enabled() and any(v.requires_grad for v in tensors))
+
+
+def claim(trace: Trace, leaves: list) -> Trace | None:
+    """The trace with each fusion region replaced by one kernel launch, or None if not applicable."""
+    if not _usable(trace, leaves):
+        return None
+    items = _PARTITIONER.partition(trace)
+    if not any(isinstance(i, Region) and i.outputs for i in items):
+        return None
+    bsyms = []
+    for item in items:
+        if isinstance(item, Region):
+            if item.outputs:
+                bsyms.append(_region_bsym(item))
+        else:
+            bsyms.append(item)
+    return trace.with_stage("triton_fusion", bsyms)
+
+
+def _region_bsym(region: Region) -> BoundSymbol:
+    kernel = generate(region, "fused", interpreting())
+    digest = hashlib.sha1(kernel.source.encode()).hexdigest()[:12]
+    name = f"fjit_kernel_{digest}"
+    kernel.source = kernel.source.replace("def fused(", f"def {name}(")
+    kernel.name = name
+    launch = _launcher(region, kernel, _compiled(kernel))
+    sym = Symbol(f"triton.{name}", launch)
+    comment = f"Triton kernel {name}, grid {kernel.grid}, BLOCK={kernel.block}\n{kernel.source}"
+    args = tuple(v for v in region.inputs)
+    outs = tuple(region.outputs)
+    return BoundSymbol(sym, args, {}, outs if len(outs) > 1 else outs[0], comment=comment)
+
+
+def _cache_dir() -> str:
+    path = os.environ.get("FJIT_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "fjit", "kernels")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        path = tempfile.mkdtemp(prefix="fjit-kernels-")
+    return path
+
+
+def _compiled(kernel: Kernel):
+    """triton.jit needs its source in a file; identical sources share one module and one binary."""
+    with _LOCK:
+        fn = _KERNELS.get(kernel.name)
+        if fn is None:
+            path = os.path.join(_cache_dir(), f"{kernel.name}.py")
+            if not os.path.exists(path):
+                tmp = f"{path}.{os.getpid()}.tmp"
+                with open(tmp, "w") as f:
+                    f.write(kernel.source)
+                os.replace(tmp, path)
+            spec = importlib.util.spec_from_file_location(kernel.name, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            fn = _KERNELS[kernel.name] = getattr(module, kernel.name)
+    return fn
+
+
+def _launcher(region: Region, kernel: Kernel, fn):
+    """The per-call work, with everything that can be decided at compile time decided here."""
+    outputs = [(tuple(v.shape), tuple(v.strides), v.dtype, v.device) for v in region.outputs]
+    n_in = len(region.inputs)
+    literal = [s for s in kernel.scalar_args if not isinstance(s, NumberVar)]
+    order = []   # kernel argument order as ("in", i) / ("lit", j) / ("out", k)
+    n_lit = 0
+    for p in kernel.source.split(f"def {kernel.name}(", 1)[1].split(")", 1)[0].split(", "):
+        if p.startswith(("in", "s")):
+            order.append(("in", int(p.lstrip("ins"))))
+        elif p.startswith("k"):
+            order.append(("lit", n_lit))
+            n_lit += 1
+        elif p.startswith("out"):
+            order.append(("out", int(p[3:])))
+    launch = fn[kernel.grid]
+    block, warps = kernel.block, kernel.num_warps
+    single = len(outputs) == 1
+
+    def run(*inputs):
+        assert len(inputs) == n_in
+        outs = [torch.empty_strided(s, st, dtype=dt, device=dev) for s, st, dt, dev in outputs]
+        args = [inputs[i] if kind == "in" else literal[i] if kind == "lit" else outs[i]
+                for kind, i in order]
+        launch(*args, BLOCK=block, num_warps=warps)
+        return outs[0] if single else tuple(outs)
+    return run

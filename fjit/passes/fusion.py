@@ -1,0 +1,148 @@
+"""Fusion partitioning: split a trace's prims into regions a kernel generator can claim.
+
+Torch-level ops are first replaced by their prims.  A region is a run of prims over one iteration
+domain `outer + inner`: elementwise prims over the whole domain, and reductions over exactly the inner
+dims (so softmax, layer norm and RMS norm are one region each: a row of `inner` per program).  A pure
+elementwise region has no outer dims.  Prims a region cannot take (matmul, factories, views, ...)
+stay torch calls; they are emitted before the open region when they do not read from it, so the
+regions on either side of them still fuse.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+from fjit.core.ir import BoundSymbol, Tag, TensorVar, Trace, Var, flatten_values
+
+# Rows of at most this many elements are reduced by one program holding the whole row.
+MAX_ROW = 1 << 16
+
+
+@dataclasses.dataclass
+class Region:
+    bsyms: list
+    outer: tuple
+    inner: tuple
+    row_vars: set = dataclasses.field(default_factory=set)      # names of per-row values
+    keepdim_rows: set = dataclasses.field(default_factory=set)  # row values shaped outer+[1]*k
+    inputs: list = dataclasses.field(default_factory=list)      # external Vars, in first-use order
+    outputs: list = dataclasses.field(default_factory=list)     # Vars used after the region
+
+    @property
+    def domain(self) -> tuple:
+        return self.outer + self.inner
+
+    @property
+    def has_reduction(self) -> bool:
+        return bool(self.row_vars)
+
+
+def _broadcasts_to(shape: tuple, domain: tuple) -> bool:
+    if len(shape) > len(domain):
+        return False
+    return all(s == d or s == 1 for s, d in zip(reversed(shape), reversed(domain)))
+
+
+class Partitioner:
+    """Greedy, in trace order.  `supported(bsym)` says whether the kernel generator can emit a prim."""
+
+    def __init__(self, supported: Callable[[BoundSymbol], bool]):
+        self.supported = supported
+
+    def _try_add(self, region: Region | None, b: BoundSymbol) -> Region | None:
+        """`region` extended by `b`, a new region for `b` when region is None, or None."""
+        if not self.supported(b):
+            return None
+        out = b.outputs()[0]
+        tensors = [v for v in b.inputs() if isinstance(v, TensorVar)]
+        if b.sym.has(Tag.REDUCTION):
+            x = tensors[0]
+            dims, keepdim = tuple(b.args[1]), b.args[2]
+            k = len(dims)
+            if dims != tuple(range(x.ndim - k, x.ndim)) or math.prod(x.shape[x.ndim - k:]) > MAX_ROW:
+                return None
+            outer, inner = x.shape[:x.ndim - k], x.shape[x.ndim - k:]
+            if region is None:
+                region = Region([], outer, inner)
+            elif region.has_reduction and (region.outer, region.inner) != (outer, inner):
+                return None
+            elif not region.has_reduction and region.domain != outer + inner:
+                return None
+            elif x.name in region.row_vars:
+                return None
+            region.outer, region.inner = outer, inner
+            region.bsyms.append(b)
+            region.row_vars.add(out.name)
+            if keepdim:
+                region.keepdim_rows.add(out.name)
+            return region
+        # elementwise
+        if region is None:
+            if math.prod(out.shape) == 0:
+                return None
+            return Region([b], (), tuple(out.shape))
+        rows = [v for v in tensors if v.name in region.row_vars]
+        if rows and len(rows) == len(tensors) and out.shape != region.domain:
+            region.bsyms.append(b)
+            region.row_vars.add(out.name)
+            if all(v.name in region.keepdim_rows for v in rows):
+                region.keepdim_rows.add(out.name)
+            return region
+        if out.shape != region.domain:
+            return None
+        if any(v.name in region.row_vars and v.name not in region.keepdim_rows for v in tensors):
+            return None   # torch would broadcast an [M] value along the last dim, not per row
+        if not all(v.name in region.row_vars or _broadcasts_to(v.shape, region.domain) for v in tensors):
+            return None
+        region.bsyms.append(b)
+        return region
+
+    def partition(self, trace: Trace) -> list:
+        """Items in execution order: BoundSymbols (torch) and Regions."""
+        flat = []
+        for b in trace.bsyms:
+            flat.extend(b.subsymbols if b.subsymbols else (b,))
+        items: list = []
+        region: Region | None = None
+        produced: set = set()
+        for b in flat:
+            grown = self._try_add(region, b) if region is not None else None
+            if grown is not None:
+                produced.update(v.name for v in b.outputs())
+                continue
+            fresh = self._try_add(None, b)
+            if fresh is not None:
+                if region is not None:
+                    items.append(region)
+                region, produced = fresh, {v.name for v in b.outputs()}
+                continue
+            if region is not None and any(v.name in produced for v in b.inputs()):
+                items.append(region)
+                region, produced = None, set()
+            items.append(b)
+        if region is not None:
+            items.append(region)
+        _connect(items, trace)
+        return items
+
+
+def _connect(items: list, trace: Trace) -> None:
+    """Fill each region's external inputs and the outputs anything after it reads."""
+    needed_later: set = {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}
+    for item in reversed(items):
+        if isinstance(item, Region):
+            made = {v.name for b in item.bsyms for v in b.outputs()}
+            item.outputs = [v for b in item.bsyms for v in b.outputs() if v.name in needed_later]
+            seen, inputs = set(), []
+            for b in item.bsyms:
+                for v in b.inputs():
+                    if v.name not in made and v.name not in seen:
+                        seen.add(v.name)
+                        inputs.append(v)
+            item.inputs = inputs
+            needed_later -= made
+            needed_later.update(v.name for v in inputs)
+        else:
+            needed_later.update(v.name for v in item.inputs())
+
