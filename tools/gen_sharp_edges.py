@@ -138,9 +138,10 @@ def _statement_refs(stmt: ast.stmt, scopes: dict[str, symtable.SymbolTable]) -> 
             isinstance(n.ctx, ast.Load)}
 
 
-def program_source(mod, attr: str, shown: set[int] | None = None) -> str:
-    """The source of mod.<attr> with the module-level code it needs (imports, globals, classes,
-    the factory that made it), in file order, so the snippet reads as a complete program.
+def program_source(mod, attrs: str | tuple[str, ...], shown: set[int] | None = None) -> str:
+    """The source of mod.<attr> (of each of attrs) with the module-level code it needs (imports,
+    globals, classes, the factory that made it), in file order, so the snippet reads as a
+    complete program.
     Statements whose first line is in `shown` (already printed) are left out; the first lines of
     the statements printed are added to it."""
     shown = set() if shown is None else shown
@@ -153,11 +154,13 @@ def program_source(mod, attr: str, shown: set[int] | None = None) -> str:
         for n in _defined_names(stmt):
             defs.setdefault(n, []).append(stmt)
 
-    root = getattr(mod, attr).__qualname__.split(".")[0]
-    queue, chosen = [root, attr], {}
+    attrs = (attrs,) if isinstance(attrs, str) else attrs
+    queue, chosen = [], {}
+    for attr in attrs:
+        queue += [getattr(mod, attr).__qualname__.split(".")[0], attr]
     while queue:
         n = queue.pop()
-        if (n in METADATA and n != attr) or n not in defs:
+        if (n in METADATA and n not in attrs) or n not in defs:
             continue
         for stmt in defs[n]:
             if id(stmt) not in chosen:
@@ -278,18 +281,15 @@ def render_entry(name: str, mod) -> str:
         parts.append(_fence(program_source(mod, "good", shown)))
     else:
         parts.append("**Bad:**\n")
-        bad = program_source(mod, "bad", shown)
-        if mod.CODE in INPUT_CODES:  # the input is the problem: show how bad is called
-            bad += "\n\n" + program_source(mod, "inputs", shown)
-        parts.append(_fence(bad))
+        # For FJ201 the input is the problem: show how bad is called too.
+        show = ("bad", "inputs") if mod.CODE in INPUT_CODES else "bad"
+        parts.append(_fence(program_source(mod, show, shown)))
         parts.append("**Error:**\n")
         parts.append(_fence(documented_error(name, mod), "text"))
         parts.append(f"**Fix:** {mod.FIX}.\n")
         parts.append("**Good:**\n")
-        good = program_source(mod, "good", shown)
-        if mod.CODE in INPUT_CODES and hasattr(mod, "good_inputs"):
-            good += "\n\n" + program_source(mod, "good_inputs", shown)
-        parts.append(_fence(good))
+        show = ("good", "good_inputs") if mod.CODE in INPUT_CODES else "good"
+        parts.append(_fence(program_source(mod, show, shown)))
     if getattr(mod, "RANDOM", None):
         parts.append(f"*The test compares shapes only: {mod.RANDOM}.*\n")
     return "\n".join(parts)

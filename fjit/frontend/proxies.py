@@ -33,7 +33,7 @@ class TensorProxy:
                  is_input: bool = False):
         self._var = var
         self.root = root            # the handle this is a view of (None: not a view)
-        self.chain = chain          # ((func, args_after_self, kwargs), ...) from root to here
+        self.chain = chain          # ((func, other_args, kwargs, base_position, output_index), ...)
         self.epoch = 0              # bumped whenever this root handle is written
         self.seen_epoch = root.epoch if root is not None else 0
         self.is_input = is_input
@@ -45,9 +45,15 @@ class TensorProxy:
         if root is not None and self.seen_epoch != root.epoch:
             # The root was written since this view was taken: re-derive the view from it.
             self.seen_epoch = root.epoch
+            if self.chain is None:
+                raise UnsupportedOpError(
+                    "fjit cannot re-derive this view after its base was written; clone() the "
+                    "tensor before taking the view")
             value = root
-            for func, args, kwargs in self.chain:
-                value = current().dispatch(func, (value, *args), kwargs)
+            for func, args, kwargs, pos, index in self.chain:
+                value = current().dispatch(func, (*args[:pos], value, *args[pos:]), kwargs)
+                if index is not None:
+                    value = value[index]
             self._var = value.var
         return self._var
 

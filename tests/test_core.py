@@ -1,0 +1,253 @@
+"""Unit tests of the core layers: IR printing, passes, functionalization, the cache, inputs."""
+import collections
+import gc
+import threading
+import weakref
+
+import pytest
+import torch
+
+import fjit
+from fjit.core.ir import Trace
+
+
+def _eager_and_jit(fn, *args, **kwargs):
+    jf = fjit.jit(fn, executors=("torch",))
+    torch.testing.assert_close(jf(*args, **kwargs), fn(*args, **kwargs))
+    return jf
+
+
+# -- traces --------------------------------------------------------------------------------------
+
+def test_every_stage_prints_runnable_python_that_agrees():
+    def f(x, y, s):
+        z = torch.sin(x) + y * s
+        return z.softmax(-1), (z * z).sum(), x.shape[0] * s
+    x, y = torch.randn(3, 4), torch.randn(4)
+    jf = _eager_and_jit(f, x, y, 0.5)
+    traces = fjit.last_traces(jf)
+    assert [t.stage for t in traces][0] == "traced" and traces[-1].stage == "torch_executor"
+    expected = f(x, y, 0.5)
+    for t in traces:
+        src = str(t)
+        assert src.startswith("# fjit trace") and "def computation(x, y, s):" in src
+        torch.testing.assert_close(t.python_callable()(x, y, 0.5), expected)
+
+
+def test_torch_level_op_is_printed_above_its_prims():
+    jf = _eager_and_jit(lambda a, b: torch.add(a, b), torch.ones(2, 2), torch.ones(2, 2))
+    src = str(fjit.last_traces(jf)[0])
+    assert "= torch.add(a, b)" in src and "#" in src.split("torch.add(a, b)")[1].split("\n")[1]
+    assert "prims.add(a, b)" in src
+
+
+def test_unknown_op_is_a_marked_torch_fallback():
+    jf = _eager_and_jit(lambda x: torch.cumsum(x, 0) * 2, torch.randn(5))
+    assert "torch.cumsum(x, 0)" in str(fjit.last_traces(jf)[0])
+    assert "# torch fallback" in str(fjit.last_traces(jf)[0])
+
+
+def test_data_dependent_output_shape_is_fj202():
+    with pytest.raises(fjit.UnsupportedOpError, match="FJ202"):
+        fjit.jit(lambda x: x[x > 0])(torch.randn(5))
+
+
+def test_passes_remove_dead_and_common_code_and_fold_constants():
+    def f(x):
+        unused = torch.exp(x)  # noqa: F841
+        a, b = torch.sin(x), torch.sin(x)
+        mask = torch.ones(4, 4).tril()
+        return a + b + mask
+    jf = _eager_and_jit(f, torch.randn(4, 4))
+    final = str(fjit.last_traces(jf)[-1])
+    assert "exp" not in final and final.count("torch.sin") == 1 and "tril" not in final
+    out1, out2 = jf(torch.zeros(4, 4)), jf(torch.zeros(4, 4))
+    assert out1.data_ptr() != out2.data_ptr()
+
+
+def test_free_dead_values_deletes_intermediates():
+    jf = _eager_and_jit(lambda x: torch.exp(torch.sin(x)).sum(), torch.randn(3))
+    assert "del " in str(fjit.last_traces(jf)[-1])
+
+
+# -- functionalization ---------------------------------------------------------------------------
+
+def test_inplace_on_created_values_and_their_views():
+    def f(x):
+        y = x.clone()
+        v = y.t()[1]
+        v.mul_(3)           # writes through a view into y
+        y[0] += 1           # setitem with an in-place op
+        w = y[:, :2]        # a view taken before the next write sees it
+        y.add_(1)
+        return y, w, v
+    _eager_and_jit(f, torch.randn(3, 3))
+
+
+def test_out_argument_on_created_value():
+    def f(x):
+        buf = torch.empty(3)
+        torch.mul(x, 2, out=buf)
+        return buf
+    _eager_and_jit(f, torch.randn(3))
+
+
+# -- the cache -----------------------------------------------------------------------------------
+
+def test_cache_hits_misses_and_floats_do_not_recompile():
+    jf = fjit.jit(lambda x, s: x * s)
+    x = torch.randn(3)
+    for s in (0.1, 0.2, 0.3):
+        torch.testing.assert_close(jf(x, s), x * s)
+    assert fjit.cache_info(jf) == fjit.CacheInfo(hits=2, misses=1, entries=1)
+    jf(torch.randn(4), 0.5)                      # new shape
+    jf(x.double(), 0.5)                          # new dtype
+    jf(torch.randn(3, 2)[:, 0], 0.5)             # new strides
+    assert fjit.cache_info(jf).misses == 4
+
+
+def test_float_deciding_control_flow_is_specialized_and_guarded():
+    def f(x, s):
+        return x * 2 if s > 0.5 else x * 3
+    jf = fjit.jit(f)
+    x = torch.ones(2)
+    assert jf(x, 0.9).tolist() == [2, 2]
+    assert jf(x, 0.1).tolist() == [3, 3]
+    assert jf(x, 0.9).tolist() == [2, 2]
+
+
+def test_ints_and_strings_are_constants_in_the_key():
+    jf = fjit.jit(lambda x, n, mode: x.sum() if mode == "sum" else x[:n])
+    x = torch.arange(5.0)
+    assert jf(x, 2, "sum").item() == 10
+    assert jf(x, 2, "slice").tolist() == [0, 1]
+    assert jf(x, 3, "slice").tolist() == [0, 1, 2]
+    assert fjit.cache_info(jf).misses == 3
+
+
+def test_cache_is_bounded():
+    from fjit.api import CACHE_SIZE
+    jf = fjit.jit(lambda x: x + 1)
+    for n in range(CACHE_SIZE + 5):
+        jf(torch.ones(n + 1))
+    assert fjit.cache_info(jf).entries == CACHE_SIZE
+
+
+def test_cache_holds_no_reference_to_the_callers_tensors():
+    jf = fjit.jit(lambda x: x * 2)
+    x = torch.randn(8)
+    ref = weakref.ref(x)
+    jf(x)
+    del x
+    gc.collect()
+    assert ref() is None
+
+
+def test_thread_safety():
+    jf = fjit.jit(lambda x, s: torch.tanh(x) * s)
+    inputs = [torch.randn(16) for _ in range(8)]
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(50):
+                torch.testing.assert_close(jf(inputs[i], 0.5), torch.tanh(inputs[i]) * 0.5)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert fjit.cache_info(jf).misses == 1
+
+
+# -- inputs --------------------------------------------------------------------------------------
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def test_containers_and_constants_as_inputs_and_outputs():
+    def f(d, pair, xs, size, dtype, sl, ell, none):
+        total = d["w"] * pair.a + xs[1]
+        return {"out": total[sl][ell].to(dtype), "shape": size, "pair": Pair(pair.b, none)}
+    args = ({"w": torch.randn(4)}, Pair(torch.randn(4), 2.0), [torch.randn(4), torch.randn(4)],
+            torch.Size([4]), torch.float64, slice(1, 3), Ellipsis, None)
+    _eager_and_jit(f, *args)
+
+
+class Opaque:
+    pass
+
+
+class MyTensor(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize("bad", [Opaque(), object(), 1 + 2j, {1, 2}, b"bytes", torch.nn.Linear(2, 2),
+                                 torch.randn(2).as_subclass(MyTensor), lambda: 0, [Opaque()],
+                                 {(1, 2): torch.ones(1)}])
+def test_unsupported_inputs_are_fj201_naming_the_type(bad):
+    with pytest.raises(fjit.UnsupportedInputError) as info:
+        fjit.jit(lambda x: x)(bad)
+    message = str(info.value)
+    assert "FJ201" in message
+    shown = type(bad) if not isinstance(bad, (list, dict)) else (
+        Opaque if isinstance(bad, list) else tuple)
+    assert shown.__qualname__ in message
+    assert isinstance(info.value, TypeError)
+
+
+def test_adversarial_strings_are_never_executed():
+    evil = "__import__('os').system('echo pwned > /tmp/fjit_pwned')"
+    keys = {evil: torch.ones(2), "a'b\"c\n": torch.ones(2), "def": torch.ones(2)}
+
+    def f(d, s):
+        return {k + "!": v * 2 for k, v in d.items()}, s, len(s)
+    jf = fjit.jit(f)
+    out = jf(keys, evil)
+    assert set(out[0]) == {k + "!" for k in keys} and out[1] == evil
+    for t in fjit.last_traces(jf):
+        assert isinstance(t.python_callable(), type(f))
+    import os
+    assert not os.path.exists("/tmp/fjit_pwned")
+
+
+# -- options and API -----------------------------------------------------------------------------
+
+def test_bad_option_lists_allowed_values():
+    with pytest.raises(ValueError, match="'error', 'warn', 'allow'"):
+        fjit.jit(lambda x: x, sharp_edges="strict")
+    with pytest.raises(ValueError, match="'triton', 'torch'"):
+        fjit.jit(lambda x: x, executors=("cuda",))
+
+
+def test_wraps_metadata_and_alias():
+    def documented(x):
+        """Docs."""
+        return x
+    jf = fjit.fjit(documented)
+    assert jf.__name__ == "documented" and jf.__doc__ == "Docs." and jf.__wrapped__ is documented
+    assert fjit.fjit is fjit.jit
+
+
+def test_nested_jitted_function_is_inlined():
+    inner = fjit.jit(lambda x: torch.sin(x) * 2)
+    outer = fjit.jit(lambda x: inner(x) + 1)
+    x = torch.randn(3)
+    torch.testing.assert_close(outer(x), torch.sin(x) * 2 + 1)
+    assert fjit.cache_info(inner).misses == 0
+
+
+def test_cache_none_retraces():
+    jf = fjit.jit(lambda x: x + 1, cache=None)
+    jf(torch.ones(1))
+    jf(torch.ones(1))
+    assert fjit.cache_info(jf).misses == 2
+
+
+def test_trace_type_is_public():
+    jf = fjit.jit(lambda x: x + 1)
+    jf(torch.ones(1))
+    assert all(isinstance(t, Trace) for t in fjit.last_traces(jf))
