@@ -98,8 +98,8 @@ def run_case(case: Case, s: Settings) -> dict:
     row = {
         "name": case.name, "shape": case.shape(s.smoke), "timer": timer.name,
         "stats": {k: v.to_json() for k, v in stats.items()},
-        "fjit_speedup_vs_eager": H.ratio(med_ns.get("eager"), med_ns.get("fjit")),
-        "fjit_speed_vs_compile": H.ratio(med_ns.get("compile"), med_ns.get("fjit")),
+        "fjit_speedup_vs_eager": H.paired_ratio(stats, "eager", "fjit"),
+        "fjit_speed_vs_compile": H.paired_ratio(stats, "compile", "fjit"),
         "errors": prep.errors, "fjit_final_trace": final_trace(prep.jitted),
     }
     if case.traffic:
@@ -111,8 +111,8 @@ def run_case(case: Case, s: Settings) -> dict:
         row["flops"] = flops
         row["tflops"] = {k: flops / ns / 1e3 for k, ns in med_ns.items()}
     if case.name == "tiny_add":
-        row["fjit_over_raw_triton"] = H.ratio(med_ns.get("fjit"), med_ns.get("raw_triton"))
-        row["fjit_over_compile"] = H.ratio(med_ns.get("fjit"), med_ns.get("compile"))
+        row["fjit_over_raw_triton"] = H.paired_ratio(stats, "fjit", "raw_triton")
+        row["fjit_over_compile"] = H.paired_ratio(stats, "fjit", "compile")
     return row
 
 

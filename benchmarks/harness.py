@@ -100,6 +100,7 @@ class Stats:
     p90_ns: float
     samples: int
     iters: int
+    values_ns: tuple[float, ...] = ()    # the samples, in round order
 
     @property
     def median_us(self) -> float:
@@ -109,11 +110,21 @@ class Stats:
     def of(cls, samples: Sequence[float], iters: int) -> "Stats":
         s = sorted(samples)
         pick = lambda q: s[min(len(s) - 1, int(q * len(s)))]  # noqa: E731
-        return cls(statistics.median(s), pick(0.1), pick(0.9), len(s), iters)
+        return cls(statistics.median(s), pick(0.1), pick(0.9), len(s), iters, tuple(samples))
 
     def to_json(self) -> dict:
         return {"median_us": self.median_us, "p10_us": self.p10_ns / 1e3,
-                "p90_us": self.p90_ns / 1e3, "samples": self.samples, "iters": self.iters}
+                "p90_us": self.p90_ns / 1e3, "samples": self.samples, "iters": self.iters,
+                "samples_us": [round(v / 1e3, 4) for v in self.values_ns]}
+
+
+def paired_ratio(stats: Mapping[str, Stats], a: str, b: str) -> float | None:
+    """Median over rounds of a's sample divided by b's sample of the same round: the two samples
+    of a round are taken back to back, so this cancels drift of the machine better than a ratio
+    of medians. None if either candidate was not measured."""
+    if a not in stats or b not in stats:
+        return None
+    return statistics.median(x / y for x, y in zip(stats[a].values_ns, stats[b].values_ns))
 
 
 def measure(candidates: Mapping[str, Thunk], timer, *, rounds: int, iters: int,
@@ -158,23 +169,26 @@ def fresh_function(source: str, name: str, namespace: Mapping[str, Any]) -> Call
 
 
 def isolate_compiler_caches() -> str:
-    """Point Inductor's and Triton's disk caches at a fresh temporary directory (removed at exit),
-    so compile times are cold for both fjit and torch.compile, whatever earlier runs left."""
+    """Point fjit's, Inductor's and Triton's disk caches at a fresh temporary directory (removed
+    at exit), so compile times are cold for fjit and torch.compile, whatever earlier runs left."""
     root = tempfile.mkdtemp(prefix="fjit-bench-cache-")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(root, "triton")
+    os.environ.update(fresh_cache_env(root))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     return root
+
+
+def fresh_cache_env(root: str) -> dict[str, str]:
+    return {"FJIT_CACHE_DIR": os.path.join(root, "fjit"),
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"),
+            "TRITON_CACHE_DIR": os.path.join(root, "triton")}
 
 
 def run_in_fresh_process(source: str, timeout_s: float = 600) -> dict:
     """Run ``source`` in a new interpreter (repository root on its path, fresh compiler caches)
     and return the JSON object it prints on its last line of output."""
     root = tempfile.mkdtemp(prefix="fjit-bench-proc-")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
-        str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-        TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"),
-        TRITON_CACHE_DIR=os.path.join(root, "triton"))
+    env = dict(os.environ, **fresh_cache_env(root), PYTHONPATH=os.pathsep.join(filter(None, [
+        str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     try:
         proc = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True,
                               text=True, timeout=timeout_s)

@@ -153,10 +153,10 @@ def _flatten_into(x, out):
 
 def map_values(fn, x):
     """Rebuild nested args with every leaf replaced by fn(leaf)."""
-    if type(x) in (tuple, list):
-        return type(x)(map_values(fn, y) for y in x)
     if isinstance(x, tuple) and hasattr(x, "_fields"):
         return type(x)(*(map_values(fn, y) for y in x))
+    if isinstance(x, (tuple, list)):   # subclasses (fjit's read-only input lists) become plain
+        return (tuple if isinstance(x, tuple) else list)(map_values(fn, y) for y in x)
     if isinstance(x, dict):
         return {k: map_values(fn, v) for k, v in x.items()}
     if isinstance(x, slice):

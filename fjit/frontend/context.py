@@ -89,6 +89,7 @@ class TraceContext:
         self.specialized: set[int] = set()  # float input positions whose value the trace depends on
         self.tensor_origins: dict[int, tuple[str, str]] = {}  # id(tensor) -> (entry, description)
         self.input_labels: dict[int, str] = {}  # id(input handle) -> how the user names it
+        self.raised: SharpEdge | None = None
 
     # -- names and recording -------------------------------------------------------------------
     def new_name(self, prefix: str = "t") -> str:
@@ -112,6 +113,7 @@ class TraceContext:
         filename, lineno = location or user_location(sys._getframe(1))
         edge = SharpEdge.of(entry, message, filename, lineno)
         if self.mode is Mode.ERROR:
+            self.raised = edge   # re-raised after the run if the user's own `except` swallows it
             raise error_for(edge)
         if any(e.entry == edge.entry and e.lineno == lineno and e.filename == filename
                for e in self.edges):

@@ -195,7 +195,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
 
     def to_meta(x):
         if isinstance(x, TensorProxy):
-            v = x.var
+            v = x.ir
             m = torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta",
                                     requires_grad=v.requires_grad and v.dtype.is_floating_point)
             metas[id(m)] = x
@@ -213,7 +213,11 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
             if "device" in mkwargs:
                 mkwargs["device"] = "meta"
             mout = func(*margs, **mkwargs)
-    except NotImplementedError as e:   # how meta kernels refuse data-dependent output shapes
+    except (NotImplementedError, RuntimeError) as e:
+        # How meta kernels refuse data-dependent output shapes, or values (x[i] with a 0-d index).
+        # Any other error is the user's (a shape mismatch, say): re-raised as eager would.
+        if not isinstance(e, NotImplementedError) and "meta" not in str(e):
+            raise
         raise UnsupportedOpError(located(
             "FJ202", f"{_op_name(func)} cannot be traced: its output shape depends on tensor data "
                      f"or it has no shape rule ({str(e).splitlines()[0][:120]})",
@@ -240,12 +244,12 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         if dout is not None and _same_metadata(dout, mout):
             subsymbols = tuple(scope)
             produced = {id(v) for b in scope for v in b.outputs()}
-            if not all(id(p.var) in produced for p in _tensor_leaves(dout)):
+            if not all(id(p.ir) in produced for p in _tensor_leaves(dout)):
                 subsymbols = ()
     if subsymbols:
         for p, m in zip(_tensor_leaves(dout), _tensor_leaves(mout)):
-            p.var.strides = tuple(m.stride())
-        out_vars = map_values(lambda p: p.var if isinstance(p, TensorProxy) else p, dout)
+            p.ir.strides = tuple(m.stride())
+        out_vars = map_values(lambda p: p.ir if isinstance(p, TensorProxy) else p, dout)
     else:
         out_vars = map_values(lambda m: make_var(m) if isinstance(m, torch.Tensor) else m, mout)
         if sym.has(Tag.FALLBACK) and decomposition is not None:
@@ -287,7 +291,7 @@ def _tensor_leaves(x) -> list:
 def _same_metadata(dout, mout) -> bool:
     a, b = _tensor_leaves(dout), _tensor_leaves(mout)
     return len(a) == len(b) and all(
-        isinstance(p, TensorProxy) and p.var.shape == tuple(m.shape) and p.var.dtype == m.dtype
+        isinstance(p, TensorProxy) and p.ir.shape == tuple(m.shape) and p.ir.dtype == m.dtype
         for p, m in zip(a, b))
 
 
@@ -299,16 +303,16 @@ def _structure(out):
 
 def _to_ir(x):
     if isinstance(x, TensorProxy):
-        return x.var
+        return x.ir
     if isinstance(x, NumberProxy):
-        return x.var
+        return x.ir
     return x
 
 
 def _first_device(args, kwargs):
     for x in flatten_values((args, kwargs)):
         if isinstance(x, TensorProxy):
-            return x.var.device
+            return x.ir.device
     return torch.get_default_device()
 
 
@@ -317,7 +321,7 @@ def _requested_device(func, args, kwargs):
     if func is torch.Tensor.to:
         for x in args[1:]:
             if isinstance(x, TensorProxy):
-                return x.var.device
+                return x.ir.device
         device = torch._C._nn._parse_to(*args[1:], **kwargs)[0]
         return device
     if func is torch.Tensor.cuda:
@@ -353,7 +357,7 @@ def _const_var(name, tensor):
 
 def _data_dependent(ctx: TraceContext, func, proxy):
     entry, what, convert = DATA_DEPENDENT[func]
-    v = proxy.var
+    v = proxy.ir
     ctx.sharp_edge(entry, f"{what} tensor {v.name} ({v.type_string()}) needs its data in Python "
                           f"while tracing '{ctx.fn_name}'; the compiled code would freeze one "
                           f"call's value", user_location())
@@ -362,7 +366,7 @@ def _data_dependent(ctx: TraceContext, func, proxy):
 
 def concrete_value(ctx: TraceContext, proxy: TensorProxy) -> torch.Tensor:
     """Permissive modes: run the trace so far on this call's inputs to get a value."""
-    trace = Trace(ctx.fn_name, ctx.inputs, list(ctx.scopes[0]), proxy.var, dict(ctx.consts),
+    trace = Trace(ctx.fn_name, ctx.inputs, list(ctx.scopes[0]), proxy.ir, dict(ctx.consts),
                   stage="replay", namespace=ctx.namespace)
     with torch._C.DisableTorchFunction():
         return trace.python_callable()(*ctx.real_inputs)
@@ -406,7 +410,7 @@ def _check_inplace_allowed(func, args, kwargs):
     """Eager raises for some in-place ops (an int tensor += a float): so does tracing."""
     def to_meta(x):
         if isinstance(x, TensorProxy):
-            v = x.var
+            v = x.ir
             return torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta")
         return float.__float__(x) if isinstance(x, NumberProxy) else x
     with torch._C.DisableTorchFunction():
@@ -416,10 +420,10 @@ def _check_inplace_allowed(func, args, kwargs):
 
 def _conform(value, target: TensorProxy):
     """In-place results keep the target's dtype and shape."""
-    if value.var.dtype != target.var.dtype:
-        value = dispatch(torch.Tensor.to, (value, target.var.dtype), {})
-    if value.var.shape != target.var.shape:
-        value = dispatch(torch.Tensor.expand, (value, target.var.shape), {})
+    if value.ir.dtype != target.ir.dtype:
+        value = dispatch(torch.Tensor.to, (value, target.ir.dtype), {})
+    if value.ir.shape != target.ir.shape:
+        value = dispatch(torch.Tensor.expand, (value, target.ir.shape), {})
     return value
 
 
@@ -435,7 +439,7 @@ def _write(ctx: TraceContext, target: TensorProxy, value: TensorProxy, func, ent
                               f"the compiled function does not mutate its inputs", user_location())
     root = target.root
     if root is None:
-        target._var = value.var
+        target._var = value.ir
         target.epoch += 1
         return
     if target.chain is None:
@@ -443,7 +447,7 @@ def _write(ctx: TraceContext, target: TensorProxy, value: TensorProxy, func, ent
             "FJ202", f"{_op_name(func)} writes into a view fjit cannot replay", *user_location(),
             "clone() the tensor before writing into it"))
     new_root = trace_call(ctx, _VIEW_SCATTER, view_scatter, (root, value, target.chain), {})
-    root._var = new_root.var
+    root._var = new_root.ir
     root.epoch += 1
-    target._var = value.var
+    target._var = value.ir
     target.seen_epoch = root.epoch

@@ -48,6 +48,8 @@ def _classify_builtin(fn) -> tuple[str, str] | None:
     owner = getattr(fn, "__self__", None)
     if fn is print:
         return "FJ104_print", "print()"
+    if name == "warn" and getattr(fn, "__module__", "") in ("warnings", "_warnings"):
+        return "FJ104_logging", "warnings.warn()"
     if fn in (open, input):
         return "FJ104_file_io", f"{name}()"
     if isinstance(owner, types.ModuleType):
@@ -79,6 +81,8 @@ def _classify_builtin(fn) -> tuple[str, str] | None:
 def _classify_python(code, frame) -> tuple[str, str] | None:
     """(catalog entry, what) for a Python function called from user code, if it is a sharp edge."""
     module = frame.f_globals.get("__name__", "")
+    if module == "random" and code.co_name == "seed":
+        return "FJ104_manual_seed", "random.seed()"
     if module == "random" and frame.f_locals.get("self") is random._inst:
         return "FJ105_random", f"random.{code.co_name}()"
     if module in ("uuid", "secrets"):
@@ -184,6 +188,12 @@ def _line_of(entry: str, name: str, codes: list) -> tuple[str, int] | None:
     """Where, in user code that ran, `name` was assigned (or, for objects, written into)."""
     for code in codes:
         line = None
+        if entry == "FJ105_numpy_random":
+            for ins in dis.get_instructions(code):
+                line = ins.starts_line if ins.starts_line is not None else line
+                if ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL") and ins.argval == name:
+                    return code.co_filename, line
+            continue
         loaded_line = None
         for ins in dis.get_instructions(code):
             if ins.starts_line is not None:
@@ -217,13 +227,13 @@ def observe(ctx: TraceContext, fn):
             if code in _GLOBAL_STATE_FUNCS:
                 where = user_location(frame)
                 if where[1]:
-                    ctx.sharp_edge("FJ104_manual_seed", _message(f"torch.{code.co_name}()", ctx), where)
+                    ctx.sharp_edge("FJ104_manual_seed", _message(("FJ104_manual_seed", f"torch.{code.co_name}()"), ctx), where)
                 return
             caller = frame.f_back
             if caller is not None and is_user_file(caller.f_code.co_filename):
                 found = _classify_python(code, frame)
                 if found:
-                    ctx.sharp_edge(found[0], _message(found[1], ctx),
+                    ctx.sharp_edge(found[0], _message(found, ctx),
                                    (caller.f_code.co_filename, caller.f_lineno))
         elif event == "c_call" and is_user_file(frame.f_code.co_filename):
             found = _classify_builtin(arg)
@@ -237,9 +247,10 @@ def observe(ctx: TraceContext, fn):
                 ctx.sharp_edge(found[0], f"{found[1]} in '{ctx.fn_name}'; a compiled call would not "
                                          f"repeat it", (frame.f_code.co_filename, frame.f_lineno))
             elif found:
-                ctx.sharp_edge(found[0], _message(found[1], ctx),
+                ctx.sharp_edge(found[0], _message(found, ctx),
                                (frame.f_code.co_filename, frame.f_lineno))
 
+    numpy_state = _numpy_rng_state()
     previous = sys.getprofile()
     sys.setprofile(profiler)
     try:
@@ -249,6 +260,12 @@ def observe(ctx: TraceContext, fn):
             sys.setprofile(previous)
         except TypeError:   # cProfile's C-level profiler cannot be reinstalled from Python
             sys.setprofile(None)
+    if numpy_state is not None and _numpy_rng_state() != numpy_state:
+        # numpy.random's Cython functions raise no profile events: its global RNG moving tells.
+        where = _line_of("FJ105_numpy_random", "random", ran) or (
+            fn.__code__.co_filename, fn.__code__.co_firstlineno)
+        ctx.sharp_edge("FJ105_numpy_random", _message(
+            ("FJ105_numpy_random", "numpy.random"), ctx), where)
     for entry, name, what in state.changes():
         if name in reported:
             continue
@@ -257,7 +274,16 @@ def observe(ctx: TraceContext, fn):
                               f"never in compiled calls", where)
 
 
-def _message(what: str, ctx: TraceContext) -> str:
-    if what.startswith(("print", "sys.std", "logging", "open", "input", "os.", "file", "torch.")):
+def _numpy_rng_state():
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    _, keys, pos, *_ = np.random.get_state()
+    return hash(keys.tobytes()), pos
+
+
+def _message(found: tuple[str, str], ctx: TraceContext) -> str:
+    entry, what = found
+    if entry.startswith("FJ104"):
         return f"{what} in '{ctx.fn_name}' runs once, while tracing, and never in compiled calls"
     return f"{what} in '{ctx.fn_name}' would be frozen into the compiled code as one trace-time value"

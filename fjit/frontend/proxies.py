@@ -40,7 +40,7 @@ class TensorProxy:
 
     # -- the current value ---------------------------------------------------------------------
     @property
-    def var(self) -> TensorVar:
+    def ir(self) -> TensorVar:
         root = self.root
         if root is not None and self.seen_epoch != root.epoch:
             # The root was written since this view was taken: re-derive the view from it.
@@ -54,7 +54,7 @@ class TensorProxy:
                 value = current().dispatch(func, (*args[:pos], value, *args[pos:]), kwargs)
                 if index is not None:
                     value = value[index]
-            self._var = value.var
+            self._var = value.ir
         return self._var
 
     def base_input(self) -> "TensorProxy | None":
@@ -63,21 +63,21 @@ class TensorProxy:
         return r if r.is_input else None
 
     # -- static metadata -----------------------------------------------------------------------
-    shape = property(lambda self: torch.Size(self.var.shape))
-    dtype = property(lambda self: self.var.dtype)
-    device = property(lambda self: self.var.device)
-    ndim = property(lambda self: len(self.var.shape))
-    requires_grad = property(lambda self: self.var.requires_grad)
-    is_cuda = property(lambda self: self.var.device.type == "cuda")
-    is_cpu = property(lambda self: self.var.device.type == "cpu")
+    shape = property(lambda self: torch.Size(self.ir.shape))
+    dtype = property(lambda self: self.ir.dtype)
+    device = property(lambda self: self.ir.device)
+    ndim = property(lambda self: len(self.ir.shape))
+    requires_grad = property(lambda self: self.ir.requires_grad)
+    is_cuda = property(lambda self: self.ir.device.type == "cuda")
+    is_cpu = property(lambda self: self.ir.device.type == "cpu")
     layout = property(lambda self: torch.strided)
     is_leaf = property(lambda self: True)
     grad = property(lambda self: None)
 
     def __len__(self):
-        if not self.var.shape:
+        if not self.ir.shape:
             raise TypeError("len() of a 0-d tensor")
-        return self.var.shape[0]
+        return self.ir.shape[0]
 
     def __iter__(self):
         return iter(self.unbind(0))
@@ -86,7 +86,7 @@ class TensorProxy:
         return id(self)
 
     def __repr__(self):
-        v = self.var
+        v = self.ir
         return f"TensorProxy({v.name}: {v.type_string()})"
 
     __str__ = __repr__
@@ -133,12 +133,12 @@ class TensorProxy:
     mT = property(lambda self: current().dispatch(torch.Tensor.mT.__get__, (self,), {}))
     real = property(lambda self: current().dispatch(torch.Tensor.real.__get__, (self,), {}))
     imag = property(lambda self: current().dispatch(torch.Tensor.imag.__get__, (self,), {}))
-    data = property(lambda self: current().dispatch(torch.Tensor.detach, (self,), {}))
+    data = property(lambda self: self)   # shares storage: writes through .data are writes to self
 
 
 def _static_method(proxy: TensorProxy, name: str):
     def static(*args, **kwargs):
-        v = proxy.var
+        v = proxy.ir
         if name == "get_device":
             return v.device.index if v.device.type != "cpu" else -1
         with torch._C.DisableTorchFunction():
@@ -180,11 +180,11 @@ def _number_symbol(op) -> Symbol:
 class NumberProxy(float):
     """A runtime float: its trace-time value plus the input positions it was computed from."""
 
-    __slots__ = ("var", "sources")
+    __slots__ = ("ir", "sources")
 
     def __new__(cls, value: float, var: NumberVar, sources: frozenset):
         self = float.__new__(cls, value)
-        self.var = var
+        self.ir = var
         self.sources = sources
         return self
 
@@ -196,7 +196,7 @@ class NumberProxy(float):
         return float.__float__(self)
 
     def __repr__(self):
-        return f"NumberProxy({self.var.name}={float.__repr__(self)})"
+        return f"NumberProxy({self.ir.name}={float.__repr__(self)})"
 
     def __bool__(self):
         return bool(self.concrete())
@@ -240,7 +240,7 @@ def _number_op(sym: Symbol, op, *operands):
     if ctx is None or not isinstance(result, float):
         return result
     var = NumberVar(ctx.new_name("n"))
-    args = tuple(x.var if isinstance(x, NumberProxy) else x for x in operands)
+    args = tuple(x.ir if isinstance(x, NumberProxy) else x for x in operands)
     ctx.record(BoundSymbol(sym, args, {}, var))
     sources = frozenset().union(*(x.sources for x in operands if isinstance(x, NumberProxy)))
     return NumberProxy(result, var, sources)

@@ -14,6 +14,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from fjit.core.ir import Binding, Trace, map_values
+from fjit.errors import error_for
 from fjit.frontend.context import Mode, TraceContext
 from fjit.frontend.dispatch import _capture, dispatch
 from fjit.frontend.inputs import make_proxies
@@ -44,6 +45,8 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
         pargs, pkwargs = proxied[:len(args)], dict(zip(kwargs, proxied[len(args):]))
         with observe(ctx, fn), _Intercept():
             result = fn(*pargs, **pkwargs)
+            if ctx.raised is not None:   # a try/except in the user's code caught a sharp edge
+                raise error_for(ctx.raised)
             output = _output_structure(ctx, result)
         trace = Trace(ctx.fn_name, list(ctx.inputs), list(ctx.scopes[0]), output, dict(ctx.consts),
                       stage="traced", bindings=bindings, namespace=namespace)
@@ -69,9 +72,9 @@ def _positional_names(fn, n: int) -> list[str]:
 def _output_structure(ctx: TraceContext, result):
     def leaf(x):
         if isinstance(x, (TensorProxy, NumberProxy)):
-            return x.var
+            return x.ir
         if isinstance(x, torch.Tensor):
-            return _capture(ctx, x).var
+            return _capture(ctx, x).ir
         return x
     if isinstance(result, (InputList, InputDict)):
         result = list(result) if isinstance(result, list) else dict(result)

@@ -108,6 +108,9 @@ def supported(b: BoundSymbol) -> bool:
     if any(isinstance(a, (complex, str)) for a in b.args):
         return False
     if p in _REDUCE:
+        # Known gap: float max/min do not yet propagate NaN as torch does, so they stay with torch.
+        if p is not Prim.SUM and tensors[0].dtype.is_floating_point:
+            return False
         return tensors[0].dtype != torch.bool or p is not Prim.SUM
     if p is Prim.CONVERT:
         return True
@@ -255,8 +258,8 @@ class _Emitter:
             self.emit(f"{val} = {_REDUCE[p]}(tl.where(mask, {expr}, {neutral}), axis=0)")
             if p is not Prim.SUM and ct.is_floating_point:   # torch's max/min propagate NaN
                 nan = self.fresh()
-                self.emit(f"{nan} = tl.sum(tl.where(mask & ({expr} != {expr}), {expr}, 0), axis=0)")
-                self.emit(f"{val} = tl.where({nan} != {nan}, {nan}, {val})")
+                self.emit(f"{nan} = tl.max(tl.where(mask & ({expr} != {expr}), 1, 0), axis=0)")
+                self.emit(f"{val} = tl.where({nan} > 0, float('nan'), {val})")
             self.finish(out, val, ct)
             return
         if p is Prim.CONVERT:

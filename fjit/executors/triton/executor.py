@@ -28,7 +28,8 @@ _PARTITIONER = Partitioner(supported)
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    """Whether CPU tensors go to Triton's interpreter (TRITON_INTERPRET=1, unless FJIT_TRITON_CPU=0)."""
+    return os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("FJIT_TRITON_CPU") != "0"
 
 
 def _usable(trace: Trace, leaves: list) -> bool:
