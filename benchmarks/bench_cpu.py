@@ -160,7 +160,8 @@ def report(rows: list[dict], cold: dict, first: dict) -> list[H.Target]:
         table.append([r["size"], f"{r['numel']:,}", H.fmt(med.get("eager")), H.fmt(med.get("fjit")),
                       H.fmt(med.get("compile")), H.fmt(r["fjit_over_eager"], ".3f"),
                       H.fmt(r["fjit_over_compile"], ".3f")])
-    print("\n10-op elementwise, float32, median us per cached call")
+    print("\n10-op elementwise, float32: median us per cached call; ratios are medians of the "
+          "per-round paired ratios (see README)")
     print(H.format_table(["size", "elements", "eager us", "fjit us", "compile us", "fjit/eager",
                           "fjit/compile"], table))
     for r in rows:

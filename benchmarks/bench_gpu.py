@@ -179,7 +179,8 @@ def report(rows: list[dict], copy: dict, cold: dict, smoke: bool) -> list[H.Targ
             H.fmt(pct_of_copy(r, "fjit", copy["gbps"]), ".1f"),
             H.fmt(pct_of_copy(r, "compile", copy["gbps"]), ".1f"),
             H.fmt(r.get("tflops", {}).get("fjit"), ".1f"), r["shape"]])
-    print(f"\nmedian {unit} per call; speed ratios > 1 mean fjit is faster")
+    print(f"\nmedian {unit} per call; speed ratios (medians of the per-round paired ratios) "
+          "> 1 mean fjit is faster")
     print(H.format_table(["function", "eager", "compile", "fjit", "fjit x eager", "fjit x compile",
                           "fjit GB/s", "fjit %copy", "compile %copy", "fjit TFLOP/s", "shape"],
                          table))

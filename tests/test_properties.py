@@ -32,7 +32,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: F401 - used by generated programs
 import torch.utils._pytree as pytree
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 import fjit
@@ -53,7 +53,9 @@ CAST_DTYPES = (F32, F64, BF16, F16, I64, I32, BOOL)
 _COARSE = {F64: 0, F32: 1, F16: 2, BF16: 3}
 _TOL = {F64: (1e-7, 1e-7), F32: (1.3e-6, 1e-5), F16: (1e-3, 1e-5), BF16: (1.6e-2, 1e-5)}
 
+# no "explain" phase: it reruns many variations of a failing program, which is slow here
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
+                phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.filter_too_much])
 

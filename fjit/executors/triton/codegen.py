@@ -108,9 +108,6 @@ def supported(b: BoundSymbol) -> bool:
     if any(isinstance(a, (complex, str)) for a in b.args):
         return False
     if p in _REDUCE:
-        # Known gap: float max/min do not yet propagate NaN as torch does, so they stay with torch.
-        if p is not Prim.SUM and tensors[0].dtype.is_floating_point:
-            return False
         return tensors[0].dtype != torch.bool or p is not Prim.SUM
     if p is Prim.CONVERT:
         return True
@@ -165,7 +162,11 @@ class _Emitter:
                 continue
             idx = f"o{j}" if j < n_outer else f"i{j - n_outer}"
             terms.append(f"{idx} * {strides[t]}" if strides[t] != 1 else idx)
-        return " + ".join(terms) if terms else ("0" if rows_only else "c * 0")
+        if rows_only:
+            return " + ".join(terms) if terms else "0"
+        if not any(t.startswith("i") for t in terms):
+            terms.append("c * 0")   # constant along the row: still a block of pointers
+        return " + ".join(terms)
 
     def operand(self, a, ct: torch.dtype) -> str:
         if isinstance(a, (TensorVar, NumberVar)):
