@@ -14,7 +14,7 @@ ERROR = fjit.NondeterminismError
 TITLE = "numpy.random inside the function"
 FIX = "draw with torch inside, or pass the array in as a tensor argument"
 EXPECTED = (
-    "numpy.random.normal() in 'bad' would be frozen into the compiled code as one trace-time "
+    "numpy.random in 'bad' would be frozen into the compiled code as one trace-time "
     "value"
 )
 RANDOM = "torch.randn_like draws new numbers on every call, so only shapes are compared"

@@ -105,7 +105,7 @@ class Maker:
         return torch.randint(-size, size, tuple(shape), generator=self.gen, dtype=I64)
 
     def specials(self, dtype=None):
-        """Special values (for float dtypes): signed zeros, infinities, NaN, halves, tiny numbers."""
+        """Special float values: signed zeros, infinities, NaN, halves, tiny numbers."""
         dtype = dtype or self.dtype
         vals = [0.0, -0.0, INF, -INF, NAN, 0.5, -0.5, 1.5, -2.5, 2.5, 1e-3, -1e-3, 3.0, -7.25]
         return torch.tensor(vals, dtype=F32).to(dtype)
@@ -620,7 +620,8 @@ _VAR_SAMPLES = [
     ((1, 4), 0, 0, False, False), ((3, 4), None, 0.5, False, False), ((4, 6), 1, 0, True, True),
 ]
 for _r in ("var", "std"):
-    op(f"torch.{_r}", lambda x, d, c, k, _r=_r: getattr(torch, _r)(x, dim=d, correction=c, keepdim=k),
+    op(f"torch.{_r}",
+       lambda x, d, c, k, _r=_r: getattr(torch, _r)(x, dim=d, correction=c, keepdim=k),
        FLOATS, lambda m: [(m(s, nc=nc), d, c, k) for s, d, c, k, nc in _VAR_SAMPLES])
     op(f"torch.{_r}", lambda x, u, _r=_r: getattr(torch, _r)(x, unbiased=u), FLOATS,
        lambda m: [(m(), True), (m(), False), (m((3, 4), nc=True), False)], variant="unbiased")
@@ -1087,7 +1088,8 @@ ALIASES = [
     ("torch.clip", lambda x: torch.clip(x, -1, 1), NUMERIC, _two(_x)),
     ("torch.Tensor.clip", lambda x: x.clip(max=0.5), (F32, BF16), _two(_x)),
     ("torch.divide", lambda x, y: torch.divide(x, y), NUMERIC, _two(_xnz)),
-    ("torch.divide", lambda x, y: torch.divide(x, y, rounding_mode="floor"), (F32, I64), _two(_xnz)),
+    ("torch.divide", lambda x, y: torch.divide(x, y, rounding_mode="floor"), (F32, I64),
+     _two(_xnz)),
     ("torch.Tensor.divide", lambda x, y: x.divide(y), (F32, I64), _two(_xnz)),
     ("torch.multiply", lambda x, y: torch.multiply(x, y), NUMERIC, _two(_xy)),
     ("torch.Tensor.multiply", lambda x, y: x.multiply(y), (F32, I64), _two(_xy)),

@@ -1,9 +1,10 @@
 """The op test suite: every (op, dtype, sample) of tests/op_samples.py, fjit against eager.
 
 For each case: `jf = fjit.jit(fn)` with the default sharp_edges="error" (so a pass also proves there
-is no false alarm), `jf(*args)` must match `fn(*args)` under torch.testing.assert_close (exact dtype,
-shape and container structure; default tolerances, bfloat16 included), the inputs must be left
-untouched, a second call with the same metadata must be a cache hit, and the last trace must print.
+is no false alarm), `jf(*args)` must match `fn(*args)` under torch.testing.assert_close (exact
+dtype, shape and container structure; default tolerances, bfloat16 included), the inputs must be
+left untouched, a second call with the same metadata must be a cache hit, and the last trace
+must print.
 
 FJIT_OP_SAMPLES=quick runs the float32 samples plus the first two samples of every other dtype.
 """
@@ -127,7 +128,7 @@ def test_registry_covers_claimed_ops():
 
 
 def test_registry_runs_eagerly():
-    """Every sample is valid for eager torch (no error, no warning): the registry itself is sound."""
+    """Every sample is valid for eager torch (no error, no warning): the registry is sound."""
     for info, dtype, i, args in op_samples.cases():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -138,8 +139,8 @@ def test_registry_runs_eagerly():
 
 
 def test_registry_dtypes():
-    """Every entry has samples for each of its dtypes; every torch-level name is covered in float32
-    (int64 for integer-only ops) and, where it is not float32-only, in another dtype."""
+    """Every entry has samples for each of its dtypes, and every name is covered in float32 or (for
+    integer-only ops) int64."""
     by_name: dict = {}
     for info in OP_SAMPLES:
         assert info.dtypes, info.id
@@ -150,7 +151,7 @@ def test_registry_dtypes():
         assert torch.float32 in dtypes or torch.int64 in dtypes, name
 
 
-# Data-dependent output shapes: fjit cannot trace them, and says so ---------------------------------
+# Data-dependent output shapes: fjit cannot trace them, and says so -------------------------------
 
 def _mask_args():
     g = torch.Generator().manual_seed(0)

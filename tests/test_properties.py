@@ -146,7 +146,8 @@ class InputSpec:
         extra = f", {self.layout}{list(self.param) if self.param else ''}" \
             if self.layout != "contiguous" else ""
         vals = f", values={self.values}" + (f"[-{self.bound},{self.bound})" if self.bound else "")
-        return f"{self.name}: {str(self.dtype)[6:]}{list(self.shape)}{extra}{vals}, seed={self.seed}"
+        dtype = str(self.dtype).replace("torch.", "")
+        return f"{self.name}: {dtype}{list(self.shape)}{extra}{vals}, seed={self.seed}"
 
 
 @dataclasses.dataclass
@@ -576,7 +577,8 @@ class Builder:
         tensors = d(st.booleans())   # bounds are both numbers or both tensors (or None)
 
         def bound():
-            kind = d(st.sampled_from(["none", "tensor"] if tensors else ["none", "num", "num", "arg"]))
+            kinds = ["none", "tensor"] if tensors else ["none", "num", "num", "arg"]
+            kind = d(st.sampled_from(kinds))
             if kind == "none":
                 return "None"
             if kind == "num":
@@ -726,7 +728,8 @@ class Builder:
                 else f"torch.permute({x}, {perm!r})"
         elif kind == "transpose":
             a, b = d(st.integers(-rank, rank - 1)), d(st.integers(-rank, rank - 1))
-            expr = f"{x}.transpose({a}, {b})" if d(st.booleans()) else f"torch.transpose({x}, {a}, {b})"
+            expr = f"{x}.transpose({a}, {b})" if d(st.booleans()) else \
+                f"torch.transpose({x}, {a}, {b})"
         elif kind == "t":
             expr = f"{x}.t()" if d(st.booleans()) else f"{x}.T" if rank == 2 else f"torch.t({x})"
         elif kind == "unsqueeze":
@@ -880,7 +883,8 @@ def programs(draw, lowp_approx=False, float_args=False, max_steps=6):
     for i in extra:
         if b.vals[i] not in outs:
             outs.append(b.vals[i])
-    return Program(b.inputs, b.scalars, b.lines, outs, single=len(outs) == 1 and draw(st.booleans()))
+    single = len(outs) == 1 and draw(st.booleans())
+    return Program(b.inputs, b.scalars, b.lines, outs, single)
 
 
 # --------------------------------------------------------------------------------------------------
