@@ -481,18 +481,19 @@ class Builder:
                 return self.float_arg()          # nonzero in the main property
         return repr(d(st.sampled_from([2.5, -0.5, 1.5, 0.25])))
 
-    def tensor_partner(self, v, dom, exact_needed):
-        """An existing value or a new input that broadcasts with v."""
+    def tensor_partner(self, v, dom, exact_needed, shape=None):
+        """An existing value or a new input that broadcasts with v (or with `shape`)."""
         d = self.draw
+        shape = v.shape if shape is None else shape
         if d(st.booleans()):
             other = self.pick(lambda o: in_domain(o.dtype, dom) and (o.exact or not exact_needed)
-                              and broadcast(o.shape, v.shape) is not None)
+                              and broadcast(o.shape, shape) is not None)
             if other is not None:
                 return other
         dtypes = [t for t in INPUT_DTYPES if in_domain(t, dom)]
         if not dtypes:
             return None
-        return self.new_input(self.partner_shape(v.shape), d(st.sampled_from(dtypes)))
+        return self.new_input(self.partner_shape(shape), d(st.sampled_from(dtypes)))
 
     DIVISIONS = ("div", "floordiv", "mod", "fmod")
 
@@ -586,7 +587,7 @@ class Builder:
                                               [-1.5, 0.0, 0.5, 2.0])))
             if kind == "arg":
                 return self.float_arg()
-            other = self.tensor_partner(v, "nonbool", False)
+            other = self.tensor_partner(v, "nonbool", False, broadcast(*[o.shape for o in srcs]))
             srcs.append(other)
             return other.name
 
