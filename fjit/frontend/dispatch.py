@@ -179,6 +179,12 @@ def _is_mutation(func, kwargs) -> bool:
         or func is torch.Tensor.__setitem__
 
 
+def meta_tensor(v: TensorVar) -> torch.Tensor:
+    """A meta tensor with `v`'s metadata (callers disable torch-function tracing around it)."""
+    return torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta",
+                               requires_grad=v.requires_grad and v.dtype.is_floating_point)
+
+
 def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, decomposition=None):
     """Record `func(*args, **kwargs)` as `sym`; returns proxies shaped like func's result."""
     leaves = flatten_values((args, kwargs))
@@ -195,9 +201,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
 
     def to_meta(x):
         if isinstance(x, TensorProxy):
-            v = x.ir
-            m = torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta",
-                                    requires_grad=v.requires_grad and v.dtype.is_floating_point)
+            m = meta_tensor(x.ir)
             metas[id(m)] = x
             return m
         if isinstance(x, NumberProxy):
@@ -252,7 +256,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         out_vars = map_values(lambda p: p.ir if isinstance(p, TensorProxy) else p, dout)
     else:
         out_vars = map_values(lambda m: make_var(m) if isinstance(m, torch.Tensor) else m, mout)
-        if sym.has(Tag.FALLBACK) and decomposition is not None:
+        if not sym.has(Tag.FALLBACK) and decomposition is not None:   # it declined this call
             sym = Symbol(sym.qualname, sym.fn, sym.tags | {Tag.FALLBACK})
 
     # An op that returns one of its inputs unchanged (x.contiguous() of a contiguous x) is no op.
@@ -410,8 +414,7 @@ def _check_inplace_allowed(func, args, kwargs):
     """Eager raises for some in-place ops (an int tensor += a float): so does tracing."""
     def to_meta(x):
         if isinstance(x, TensorProxy):
-            v = x.ir
-            return torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta")
+            return meta_tensor(x.ir)
         return float.__float__(x) if isinstance(x, NumberProxy) else x
     with torch._C.DisableTorchFunction():
         margs, mkwargs = map_values(to_meta, (args, kwargs))
