@@ -61,6 +61,11 @@ def hint_for(entry: str) -> str:
         raise AssertionError(f"fjit: no sharp-edges catalog entry {entry!r}") from None
 
 
+def catalog_fix(entry: str) -> str:
+    """The fix an error prints for a catalog entry, with the entry to read."""
+    return f"{hint_for(entry)} (see {CATALOG_DIR}/{entry}.py)"
+
+
 def _short_path(filename: str) -> str:
     try:
         rel = os.path.relpath(filename)

@@ -13,7 +13,7 @@ CODE = "FJ105"
 ERROR = fjit.NondeterminismError
 TITLE = "os.urandom / uuid / secrets inside the function"
 FIX = "generate the value outside the compiled function and pass it in"
-EXPECTED = "os.urandom() in 'bad' runs once, while tracing, and never in compiled calls"
+EXPECTED = "os.urandom() in 'bad' would be frozen into the compiled code as one trace-time value"
 
 
 def bad(x):

@@ -14,8 +14,8 @@ ERROR = fjit.DataDependentError
 TITLE = "Python if on a tensor value"
 FIX = "use torch.where(cond, a, b) instead of Python if on a tensor"
 EXPECTED = (
-    "bool() of tensor t1 (cpu b8[]) needs its data in Python while tracing 'bad'; the "
-    "compiled code would freeze one call's value"
+    "bool() of a cpu b8[] tensor computed from input 'x' needs its data in Python while tracing 'bad'"
+    "; the compiled code would freeze one call's value"
 )
 
 

@@ -13,8 +13,8 @@ ERROR = fjit.DataDependentError
 TITLE = "int() or float() of a tensor"
 FIX = "keep the value as a tensor, or pass the number in as an argument"
 EXPECTED = (
-    "int() of tensor n (cpu i64[]) needs its data in Python while tracing 'bad'; the compiled"
-    " code would freeze one call's value"
+    "int() of input 'n' (a cpu i64[] tensor) needs its data in Python while tracing 'bad'"
+    "; the compiled code would freeze one call's value"
 )
 
 

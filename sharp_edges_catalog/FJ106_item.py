@@ -13,8 +13,8 @@ ERROR = fjit.DataDependentError
 TITLE = ".item() on a tensor"
 FIX = "keep the value as a 0-d tensor instead of calling .item()"
 EXPECTED = (
-    ".item() of tensor t1 (cpu f32[]) needs its data in Python while tracing 'bad'; the "
-    "compiled code would freeze one call's value"
+    ".item() of a cpu f32[] tensor computed from input 'x' needs its data in Python while tracing 'bad'"
+    "; the compiled code would freeze one call's value"
 )
 
 

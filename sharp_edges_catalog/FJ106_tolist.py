@@ -12,8 +12,8 @@ ERROR = fjit.DataDependentError
 TITLE = ".tolist() on a tensor"
 FIX = "keep the values as a tensor; convert after the compiled call"
 EXPECTED = (
-    ".tolist() of tensor weights (cpu f32[3]) needs its data in Python while tracing 'bad'; "
-    "the compiled code would freeze one call's value"
+    ".tolist() of input 'weights' (a cpu f32[3] tensor) needs its data in Python while tracing 'bad'"
+    "; the compiled code would freeze one call's value"
 )
 
 

@@ -151,10 +151,17 @@ def _flatten_into(x, out):
         out.append(x)
 
 
+def is_structseq(x) -> bool:
+    """torch.return_types.* (what max(dim), sort, topk return): tuples built from one tuple."""
+    return isinstance(x, tuple) and hasattr(type(x), "n_sequence_fields")
+
+
 def map_values(fn, x):
     """Rebuild nested args with every leaf replaced by fn(leaf)."""
     if isinstance(x, tuple) and hasattr(x, "_fields"):
         return type(x)(*(map_values(fn, y) for y in x))
+    if is_structseq(x):
+        return type(x)(tuple(map_values(fn, y) for y in x))
     if isinstance(x, (tuple, list)):   # subclasses (fjit's read-only input lists) become plain
         return (tuple if isinstance(x, tuple) else list)(map_values(fn, y) for y in x)
     if isinstance(x, dict):
@@ -259,6 +266,8 @@ class TracePrinter:
             return "{" + ", ".join(f"{self.value(k)}: {self.value(v)}" for k, v in x.items()) + "}"
         if isinstance(x, tuple) and hasattr(x, "_fields"):
             return f"{self.const(type(x))}({', '.join(self.value(y) for y in x)})"
+        if is_structseq(x):
+            return f"{self.const(type(x))}({self.value(tuple(x))})"
         return self.const(x)
 
     def call(self, b: BoundSymbol) -> str:

@@ -14,8 +14,9 @@ import types
 
 import torch
 
-from fjit.core.ir import (BoundSymbol, Symbol, Tag, TensorVar, Trace, flatten_values, map_values)
-from fjit.errors import UnsupportedOpError, located
+from fjit.core.ir import (BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Trace, flatten_values,
+                          map_values)
+from fjit.errors import UnsupportedOpError, catalog_fix, located
 from fjit.frontend.context import TraceContext, current, user_location
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 
@@ -196,13 +197,15 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         args, kwargs = map_values(lambda x: _capture(ctx, x) if isinstance(x, torch.Tensor) else x,
                                   (args, kwargs))
 
-    metas: dict[int, tuple] = {}   # id(meta tensor) -> (position in args, handle)
+    metas: dict[int, TensorProxy] = {}   # id(meta tensor) -> the handle it stands for
+    alive = []   # the meta tensors themselves, so no id in `metas` is reused by a later tensor
     out_device = _requested_device(func, args, kwargs)
 
     def to_meta(x):
         if isinstance(x, TensorProxy):
             m = meta_tensor(x.ir)
             metas[id(m)] = x
+            alive.append(m)
             return m
         if isinstance(x, NumberProxy):
             return float.__float__(x)
@@ -214,6 +217,8 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
     try:
         with torch._C.DisableTorchFunction():   # meta tensors are real tensors, not traced ones
             margs, mkwargs = map_values(to_meta, (args, kwargs))
+            if func is torch.Tensor.__getitem__:
+                margs = (margs[0], _scalar_indices_as_ints(margs[1]))
             if "device" in mkwargs:
                 mkwargs["device"] = "meta"
             mout = func(*margs, **mkwargs)
@@ -224,10 +229,9 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
             raise
         raise UnsupportedOpError(located(
             "FJ202", f"{_op_name(func)} cannot be traced: its output shape depends on tensor data "
-                     f"or it has no shape rule ({str(e).splitlines()[0][:120]})",
-            *user_location(), "compute with a fixed output shape (e.g. torch.where instead of "
-                              "boolean-mask indexing), or call it outside the compiled function "
-                              "(see sharp_edges_catalog/FJ202_data_dependent_shape.py)")) from None
+                     f"or torch has no shape rule for it (torch: {_first_sentence(e)})",
+            *user_location(), catalog_fix("FJ202_data_dependent_shape") + "; or call it outside "
+                                                                           "the compiled function")) from None
 
     if not any(isinstance(m, torch.Tensor) for m in flatten_values(mout)):
         return mout   # metadata-only result (a dtype, a size): static for this trace
@@ -286,6 +290,23 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
     proxies = [handle(m, v, i) if isinstance(m, torch.Tensor) else m
                for i, (m, v) in enumerate(zip(mout, out_vars))]
     return type(mout)(proxies) if isinstance(mout, tuple) and type(mout) is not tuple else type(mout)(proxies)
+
+
+def _first_sentence(e: Exception) -> str:
+    text = " ".join(str(e).split())
+    end = text.find(". ")
+    return text if end < 0 else text[:end]
+
+
+def _scalar_indices_as_ints(index):
+    """x[i] with a 0-d integer tensor i selects like an int (the result is a view of x): its meta
+    result is the same for every value of i, so 0 stands in for it."""
+    def one(i):
+        if isinstance(i, torch.Tensor) and i.ndim == 0 and not i.dtype.is_floating_point \
+                and i.dtype is not torch.bool:
+            return 0
+        return i
+    return tuple(one(i) for i in index) if type(index) is tuple else one(index)
 
 
 def _tensor_leaves(x) -> list:
@@ -361,11 +382,35 @@ def _const_var(name, tensor):
 
 def _data_dependent(ctx: TraceContext, func, proxy):
     entry, what, convert = DATA_DEPENDENT[func]
-    v = proxy.ir
-    ctx.sharp_edge(entry, f"{what} tensor {v.name} ({v.type_string()}) needs its data in Python "
-                          f"while tracing '{ctx.fn_name}'; the compiled code would freeze one "
-                          f"call's value", user_location())
+    ctx.sharp_edge(entry, f"{what} {_describe(ctx, proxy)} needs its data in Python while "
+                          f"tracing '{ctx.fn_name}'; the compiled code would freeze one call's "
+                          f"value", user_location())
     return convert(concrete_value(ctx, proxy))
+
+
+def _describe(ctx: TraceContext, proxy: TensorProxy) -> str:
+    """A tensor as the user knows it: an input by name, else what it was computed from."""
+    v = proxy.ir
+    what = f"a {v.type_string()} tensor"
+    if id(proxy) in ctx.input_labels:
+        return f"input {ctx.input_labels[id(proxy)]} ({what})"
+    inputs = {id(i): i.name for i in ctx.inputs}
+    producers = {id(o): b for b in ctx.scopes[0] for o in b.outputs()}
+    found, stack, seen = [], [v], set()
+    while stack:
+        u = stack.pop()
+        if id(u) in seen:
+            continue
+        seen.add(id(u))
+        if id(u) in inputs:
+            found.append(inputs[id(u)])
+        elif id(u) in producers:
+            stack += [a for a in flatten_values((producers[id(u)].args, producers[id(u)].kwargs))
+                      if isinstance(a, (TensorVar, NumberVar))]
+    if not found:
+        return f"{what} created inside the function"
+    return f"{what} computed from input{'s' if len(found) > 1 else ''} " + \
+        ", ".join(f"'{n}'" for n in sorted(found))
 
 
 def concrete_value(ctx: TraceContext, proxy: TensorProxy) -> torch.Tensor:

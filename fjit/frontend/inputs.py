@@ -11,7 +11,8 @@ import re
 import torch
 
 from fjit.core.ir import NumberVar, TensorVar
-from fjit.errors import UnsupportedInputError, located
+from fjit.errors import UnsupportedInputError, catalog_fix, located
+from fjit.frontend.context import user_location
 from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
 
 ACCEPTED = ("torch.Tensor, int, float, bool, str, None, torch.dtype, torch.device, slice, Ellipsis, "
@@ -75,14 +76,13 @@ def _walk(x, parts, leaves, specialized, where):
 def _unsupported(x, where: str) -> UnsupportedInputError:
     t = type(x)
     name = f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else t.__qualname__
-    fix = f"pass only {ACCEPTED}"
-    if isinstance(x, torch.Tensor):
-        fix = ("pass x.as_subclass(torch.Tensor); fjit traces plain tensors only "
-               "(see sharp_edges_catalog/FJ201_tensor_subclass.py)")
-    elif isinstance(x, torch.nn.Module):
-        fix = "pass dict(module.named_parameters()) and call torch.func.functional_call inside"
+    if isinstance(x, torch.nn.Module):
+        fix = ("pass dict(module.named_parameters()) and call torch.func.functional_call inside "
+               "(see sharp_edges_catalog/FJ201_object_input.py)")
+    else:
+        fix = catalog_fix("FJ201_tensor_subclass" if isinstance(x, torch.Tensor) else "FJ201_object_input")
     return UnsupportedInputError(located("FJ201", f"{where} of type {name} cannot be proxied; fjit "
-                                                  f"accepts {ACCEPTED}", None, None, fix))
+                                                  f"accepts {ACCEPTED}", *user_location(), fix))
 
 
 # ----------------------------------------------------------------------------------------------

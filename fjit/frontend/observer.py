@@ -278,8 +278,9 @@ def _numpy_rng_state():
     np = sys.modules.get("numpy")
     if np is None:
         return None
-    _, keys, pos, *_ = np.random.get_state()
-    return hash(keys.tobytes()), pos
+    # normal() draws Gaussians in pairs and caches the second: that call moves only the cache.
+    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    return hash(keys.tobytes()), pos, has_gauss, cached_gaussian
 
 
 def _message(found: tuple[str, str], ctx: TraceContext) -> str:

@@ -255,9 +255,20 @@ for _op, _names in ((operator.add, ("__add__", "__radd__")), (operator.sub, ("__
     setattr(NumberProxy, _names[1], _number_binary(_op, True))
 for _op, _name in ((operator.neg, "__neg__"), (operator.pos, "__pos__"), (operator.abs, "__abs__")):
     setattr(NumberProxy, _name, (lambda op, sym: lambda self: _number_op(sym, op, self))(_op, _number_symbol(_op)))
+
+
+def _number_compare(name: str):
+    def method(self, other):
+        if isinstance(other, TensorProxy):
+            return NotImplemented   # `s < x` is x's reflected op, a traced tensor comparison
+        # A Python bool decides control flow: the trace specializes on this float.
+        return getattr(float, name)(self.concrete(),
+                                    float(other) if isinstance(other, NumberProxy) else other)
+    return method
+
+
 for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"):
-    setattr(NumberProxy, _name, (lambda n: lambda self, other: getattr(float, n)(
-        self.concrete(), float(other) if isinstance(other, NumberProxy) else other))(_name))
+    setattr(NumberProxy, _name, _number_compare(_name))
 
 
 # ----------------------------------------------------------------------------------------------

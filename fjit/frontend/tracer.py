@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import types
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from fjit.core.ir import Binding, Trace, map_values
-from fjit.errors import error_for
-from fjit.frontend.context import Mode, TraceContext
+from fjit.errors import UnsupportedOpError, error_for, located
+from fjit.frontend.context import Mode, TraceContext, is_user_file
 from fjit.frontend.dispatch import _capture, dispatch
 from fjit.frontend.inputs import make_proxies
 from fjit.frontend.observer import observe
@@ -44,13 +45,39 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
                                [(k, v) for k, v in kwargs.items()], leaves)
         pargs, pkwargs = proxied[:len(args)], dict(zip(kwargs, proxied[len(args):]))
         with observe(ctx, fn), _Intercept():
-            result = fn(*pargs, **pkwargs)
+            try:
+                result = fn(*pargs, **pkwargs)
+            except TypeError as e:
+                error = _unbound_method_error(e)
+                if error is None:
+                    raise
+                raise error from None
             if ctx.raised is not None:   # a try/except in the user's code caught a sharp edge
                 raise error_for(ctx.raised)
             output = _output_structure(ctx, result)
         trace = Trace(ctx.fn_name, list(ctx.inputs), list(ctx.scopes[0]), output, dict(ctx.consts),
                       stage="traced", bindings=bindings, namespace=namespace)
     return TraceResult(trace, frozenset(ctx.specialized), list(ctx.edges))
+
+
+_UNBOUND = re.compile(r"descriptor '(\w+)' for 'torch\._C\.TensorBase' objects doesn't apply to "
+                      r"a 'TensorProxy' object")
+
+
+def _unbound_method_error(e: TypeError) -> UnsupportedOpError | None:
+    """torch.Tensor.add_(x, 1) type-checks `x` in C before any torch-function hook can see it."""
+    m = _UNBOUND.search(str(e))
+    if m is None:
+        return None
+    tb, where = e.__traceback__, ("<unknown>", 0)
+    while tb is not None:
+        if is_user_file(tb.tb_frame.f_code.co_filename):
+            where = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+        tb = tb.tb_next
+    name = m.group(1)
+    return UnsupportedOpError(located(
+        "FJ202", f"torch.Tensor.{name}(x, ...) is an unbound Tensor method, which fjit cannot "
+                 f"intercept", *where, f"call it as a method: x.{name}(...)"))
 
 
 def _positional_names(fn, n: int) -> list[str]:

@@ -34,10 +34,18 @@ def _methods(name):
 
 
 def _dims(x, dim) -> tuple:
-    if dim is None or dim == () or dim == []:
+    """Reduced dims, normalized; torch's meta call has already validated them.  A 0-d tensor
+    accepts dim 0 or -1 and has nothing to reduce."""
+    if dim is None or dim == () or dim == [] or x.ndim == 0:
         return tuple(range(x.ndim))
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
-    return tuple(d % max(x.ndim, 1) for d in dims)
+    return tuple(d % x.ndim for d in dims)
+
+
+def _no_empty_reduction(x, dims):
+    """max/min-based decompositions have no identity: an empty reduced dim stays one torch call."""
+    if any(x.shape[d] == 0 for d in dims):
+        raise NotImplementedError
 
 
 def _upcast(x):
@@ -132,11 +140,16 @@ for _p, _name in ((Prim.ADD, "__radd__"), (Prim.SUB, "__rsub__"), (Prim.MUL, "__
     register(getattr(torch.Tensor, _name))(_binary(_p, swap=True))
 
 
-@register(*_methods("where"))
+@register(torch.where)
 def _where(cond, a=None, b=None):
     if a is None or b is None:
         raise NotImplementedError   # where(cond) is nonzero: data-dependent
     return prim(Prim.WHERE, cond, a, b)
+
+
+@register(torch.Tensor.where)
+def _where_method(x, condition, y):
+    return prim(Prim.WHERE, condition, x, y)    # x.where(cond, y): self is the "true" branch
 
 
 @register(*_methods("clamp"), *_methods("clip"))
@@ -295,11 +308,15 @@ def _argmin(x, dim=None, keepdim=False):
 
 @register(*_methods("any"))
 def _any(x, dim=None, keepdim=False):
+    dims = _dims(x, dim)
+    _no_empty_reduction(x, dims)
     nz = prim(Prim.NE, x, 0) if x.dtype != torch.bool else x
-    return prim(Prim.AMAX, nz, _dims(x, dim), keepdim)
+    return prim(Prim.AMAX, nz, dims, keepdim)
 
 
 @register(*_methods("all"))
 def _all(x, dim=None, keepdim=False):
+    dims = _dims(x, dim)
+    _no_empty_reduction(x, dims)
     nz = prim(Prim.NE, x, 0) if x.dtype != torch.bool else x
-    return prim(Prim.AMIN, nz, _dims(x, dim), keepdim)
+    return prim(Prim.AMIN, nz, dims, keepdim)

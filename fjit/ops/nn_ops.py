@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fjit.ops.math_ops import _dims, _downcast, _methods, _upcast, register
+from fjit.ops.math_ops import _dims, _downcast, _methods, _no_empty_reduction, _upcast, register
 from fjit.ops.prims import Prim, prim
 
 
@@ -18,6 +18,7 @@ def _softmax_parts(x, dim, dtype):
         raise NotImplementedError   # the deprecated implicit dim
     y = _upcast(prim(Prim.CONVERT, x, dtype) if dtype is not None else x)
     d = _dims(x, dim)
+    _no_empty_reduction(x, d)
     shifted = prim(Prim.SUB, y, prim(Prim.AMAX, y, d, True)) if x.ndim else prim(Prim.SUB, y, y)
     return y, d, shifted, dtype or x.dtype
 

@@ -127,12 +127,37 @@ def _getitem(x, index):
                for v in (i.start, i.stop, i.step)):
             raise NotImplementedError
         return prim(Prim.SLICE, x, index)
+    scalars = [k for k, i in enumerate(index) if _is_int_scalar_tensor(i)]
+    if len(scalars) == 1 and all(_is_basic(i) and type(i) is not bool
+                                 for k, i in enumerate(index) if k != scalars[0]):
+        return _select_by_scalar_tensor(x, index, scalars[0])
     if len(index) == 1 and isinstance(index[0], TensorProxy) and index[0].dtype in (torch.int64, torch.int32):
         idx = index[0]
         flat = prim(Prim.RESHAPE, idx, (-1,)) if idx.ndim != 1 else idx
         rows = prim(Prim.INDEX_SELECT, x, 0, flat)
         return prim(Prim.RESHAPE, rows, tuple(idx.shape) + tuple(x.shape[1:])) if idx.ndim != 1 else rows
     raise NotImplementedError   # other advanced indexing: one torch call
+
+
+def _is_int_scalar_tensor(i) -> bool:
+    return isinstance(i, TensorProxy) and i.ndim == 0 and i.dtype in (
+        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _select_by_scalar_tensor(x, index, k):
+    """x[..., i, ...] with a 0-d integer tensor i: the basic index with i kept as a full slice,
+    then an index_select of one row along i's dim, which is then dropped.  Negative i counts from
+    the end; an out-of-range i fails in index_select as eager's x[i] does."""
+    whole = prim(Prim.SLICE, x, index[:k] + (slice(None),) + index[k + 1:])
+    ellipsis = x.ndim - sum(1 for i in index if i is not None and i is not Ellipsis)
+    x_dim = out_dim = 0    # i's dim in x, and in `whole`
+    for i in index[:k]:
+        x_dim += ellipsis if i is Ellipsis else (i is not None)
+        out_dim += ellipsis if i is Ellipsis else (i is None or type(i) is slice)
+    i, n = index[k], x.shape[x_dim]
+    i = prim(Prim.WHERE, prim(Prim.LT, i, 0), prim(Prim.ADD, i, n), i)
+    rows = prim(Prim.INDEX_SELECT, whole, out_dim, prim(Prim.RESHAPE, i, (1,)))
+    return prim(Prim.SQUEEZE, rows, (out_dim,))
 
 
 @register(*_methods("narrow"))
