@@ -18,7 +18,7 @@ from fjit.core.ir import Binding, Trace
 from fjit.errors import SharpEdge
 from fjit.executors import torch_executor
 from fjit.frontend.context import Mode, current
-from fjit.frontend.inputs import call_key
+from fjit.frontend.inputs import MISS, call_key, fast_path
 from fjit.frontend.tracer import scan_bindings, trace_function
 from fjit.ops import TRACE_NAMESPACE
 from fjit.passes.basic import constant_fold, cse, dce
@@ -64,6 +64,8 @@ class JittedFunction:
         self._executors = tuple(_parse(Executor, e, "executors") for e in executors)
         self._cache_mode = _parse(CacheMode, cache, "cache")
         self._cache: dict = {}
+        self._fast = None                 # (call, key, arity) from inputs.fast_path, or None
+        self._fast_cache: dict = {}       # fast key -> program, filled from the general cache
         self._lock = threading.Lock()
         self._specialized: frozenset = frozenset()
         self._hits = 0
@@ -71,6 +73,15 @@ class JittedFunction:
         self._last_traces: list[Trace] = []
 
     def __call__(self, *args, **kwargs):
+        fast = self._fast
+        if fast is not None and not kwargs and len(args) == fast[2]:
+            out = fast[0](self._fast_cache, *args)
+            if out is not MISS:
+                self._hits += 1
+                return out
+        return self._call(args, kwargs)
+
+    def _call(self, args, kwargs):
         if current() is not None:          # called while tracing another function: inline it
             return self._fn(*args, **kwargs)
         key, leaves = call_key(args, kwargs, self._specialized)
@@ -79,7 +90,24 @@ class JittedFunction:
             program = self._compile(key, args, kwargs, leaves)
         else:
             self._hits += 1
+        if self._cache_mode is CacheMode.METADATA and not kwargs:
+            self._remember_fast(args, program)
         return program(*leaves)
+
+    def _remember_fast(self, args, program):
+        fast = self._fast
+        if fast is None or len(args) != fast[2]:
+            made = fast_path(args, self._specialized)
+            if made is None:
+                return
+            fast = self._fast = (*made, len(args))
+            self._fast_cache = {}
+        key = fast[1](*args)
+        if key is None:          # typed differently from the signature the fast path was made for
+            return
+        if len(self._fast_cache) >= CACHE_SIZE:
+            self._fast_cache = {}
+        self._fast_cache[key] = program
 
     def __get__(self, obj, objtype=None):
         return self if obj is None else functools.partial(self, obj)
@@ -101,6 +129,7 @@ class JittedFunction:
                 if result.specialized - self._specialized:
                     self._specialized = self._specialized | result.specialized
                     key, _ = call_key(args, kwargs, self._specialized)
+                    self._fast = None     # its keys leave out the floats now specialized on
                 if len(self._cache) >= CACHE_SIZE:
                     self._cache.pop(next(iter(self._cache)))   # evict the oldest entry
                 self._cache[key] = program

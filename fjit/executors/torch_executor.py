@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Callable
 
 from fjit.core.ir import Trace
-from fjit.passes.basic import free_dead_values
+from fjit.passes.basic import free_dead_values, reuse_buffers
 
 
 def finalize(trace: Trace) -> Trace:
     """The last stage: what the generated function is compiled from."""
-    return free_dead_values(trace).with_stage("torch_executor")
+    return free_dead_values(reuse_buffers(trace)).with_stage("torch_executor")
 
 
 def compile_trace(trace: Trace) -> Callable:

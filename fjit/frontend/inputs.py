@@ -46,6 +46,56 @@ def call_key(args: tuple, kwargs: dict, specialized: frozenset) -> tuple[tuple, 
     return tuple(parts), leaves
 
 
+# The fast path: for calls whose arguments are all positional tensors, floats and scalar constants
+# (the common case), a function generated for that signature checks the argument types, builds the
+# key as one flat tuple and calls the program; any other call takes call_key and the general cache.
+MISS = object()
+_FAST_CONSTANTS = (int, bool, str, type(None))
+
+
+def fast_path(args: tuple, specialized: frozenset):
+    """(call, key) generated for calls typed like `args`, or None if they do not qualify.
+    `call(cache, *args)` returns the program's result, or MISS; `key(*args)` is its cache key, or
+    None for arguments typed differently."""
+    checks, key, leaves = [], ["_grad()", "_autocast()"], []
+    for i, a in enumerate(args):
+        t = type(a)
+        name = f"a{i}"
+        if t is torch.Tensor:
+            checks.append(f"type({name}) is not _Tensor")
+            key += [f"{name}.shape", f"{name}.stride()", f"{name}.dtype", f"{name}.device",
+                    f"{name}.requires_grad"]
+            leaves.append(name)
+        elif t is float:
+            checks.append(f"type({name}) is not float")
+            if len(leaves) in specialized:
+                key.append(name)
+            leaves.append(name)
+        elif t in _FAST_CONSTANTS:
+            checks.append(f"type({name}) is not _c{i}")
+            key.append(name)
+        else:
+            return None
+    params = ", ".join(f"a{i}" for i in range(len(args)))
+    guard = " or ".join(checks) or "False"
+    source = (f"def call(cache, {params}):\n"
+              f"    if {guard}:\n"
+              f"        return MISS\n"
+              f"    program = cache.get(({', '.join(key)},))\n"
+              f"    if program is None:\n"
+              f"        return MISS\n"
+              f"    return program({', '.join(leaves)})\n"
+              f"def key({params}):\n"
+              f"    if {guard}:\n"
+              f"        return None\n"
+              f"    return ({', '.join(key)},)\n")
+    namespace = {"_Tensor": torch.Tensor, "_grad": torch.is_grad_enabled,
+                 "_autocast": torch.is_autocast_enabled, "MISS": MISS}
+    namespace.update({f"_c{i}": type(a) for i, a in enumerate(args) if type(a) in _FAST_CONSTANTS})
+    exec(compile(source, "<fjit fast path>", "exec"), namespace)
+    return namespace["call"], namespace["key"]
+
+
 def _walk(x, parts, leaves, specialized, where):
     t = type(x)
     if t in _TENSOR_TYPES:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from fjit.core.ir import DEL, BoundSymbol, Tag, TensorVar, Trace, Var, flatten_values, map_values
+from fjit.core.ir import (DEL, BoundSymbol, Symbol, Tag, TensorVar, Trace, Var, flatten_values,
+                          map_values)
 
 # Torch-level ops and prims whose result may share memory with their input.
 VIEW_OPS = {"reshape", "view", "view_as", "reshape_as", "permute", "transpose", "swapaxes", "t",
@@ -128,3 +129,59 @@ def free_dead_values(trace: Trace) -> Trace:
         if i in dead_after:
             out.append(BoundSymbol(DEL, tuple(sorted(dead_after[i], key=lambda v: v.name)), {}, None))
     return trace.with_stage("free_dead_values", out)
+
+
+# Elementwise torch ops whose in-place form `Tensor.<name>_` (or `__i<op>__`) computes the same
+# values into its first operand.
+_INPLACE = {n: n + "_" for n in (
+    "abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin",
+    "cos", "tan", "tanh", "sigmoid", "relu", "reciprocal", "sign", "floor", "ceil", "round",
+    "trunc", "frac", "erf", "erfc", "asin", "acos", "atan", "sinh", "cosh", "square", "add",
+    "sub", "mul", "div", "true_divide", "remainder", "fmod", "pow", "atan2", "clamp", "clip",
+    "clamp_min", "clamp_max", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not")}
+_INPLACE.update({f"__{n}__": f"__i{n}__" for n in (
+    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor")})
+
+
+def _elementwise_only(b: BoundSymbol) -> bool:
+    """An op computed element by element into a new tensor: its result aliases nothing."""
+    return bool(b.subsymbols) and b.sym.name not in VIEW_OPS and all(
+        s.sym.has(Tag.ELEMENTWISE) for s in b.subsymbols)
+
+
+def reuse_buffers(trace: Trace) -> Trace:
+    """Run an elementwise op in place on its first operand when that operand is an intermediate
+    this trace allocated, nothing else aliases it, and this op is its last use: on small tensors
+    the allocation is a good part of an op's cost.  Skipped when autograd may be recording (it
+    saves operands for backward) and for anything an output, an input or a constant could alias."""
+    all_vars = [v for b in trace.bsyms for v in b.inputs() + b.outputs()] + list(trace.inputs)
+    if any(isinstance(v, TensorVar) and v.requires_grad for v in all_vars):
+        return trace.with_stage("reuse_buffers")
+    last_use: dict[str, int] = {}
+    for i, b in enumerate(trace.bsyms):
+        for v in b.inputs():
+            last_use[v.name] = i
+    keep = _output_vars(trace) | set(trace.consts)
+    fresh: set[str] = set()      # allocated by an elementwise op of this trace
+    shared: set[str] = set()     # passed to an op whose result may alias it
+    for b in trace.bsyms:
+        if _elementwise_only(b):
+            fresh.update(v.name for v in b.outputs())
+        else:
+            shared.update(v.name for v in b.inputs())
+    out = []
+    for i, b in enumerate(trace.bsyms):
+        target = b.args[0] if b.args else None
+        method = _INPLACE.get(b.sym.name)
+        result = b.output
+        if (method is not None and hasattr(torch.Tensor, method) and _elementwise_only(b)
+                and not b.sym.has(Tag.RANDOM) and isinstance(target, TensorVar)
+                and isinstance(result, TensorVar) and target.name in fresh
+                and target.name not in shared and target.name not in keep
+                and last_use.get(target.name) == i
+                and (result.shape, result.dtype, result.strides, result.device) ==
+                    (target.shape, target.dtype, target.strides, target.device)):
+            sym = Symbol(f"torch.Tensor.{method}", getattr(torch.Tensor, method), b.sym.tags)
+            b = b.replace(sym=sym)
+        out.append(b)
+    return trace.with_stage("reuse_buffers", out)
