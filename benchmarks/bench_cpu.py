@@ -10,6 +10,7 @@ See benchmarks/README.md for what each figure means.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch  # noqa: E402
 
 import fjit  # noqa: E402
 from benchmarks import harness as H  # noqa: E402
+from fjit.frontend import dispatch, tracer  # noqa: E402  (detection switched off, memo emptied)
 
 FJIT_OPTIONS: dict = {}          # fjit's defaults: on CPU tensors that is the torch executor
 SIZES = {"small": 4, "large": 4 * 2**20}
@@ -97,6 +99,8 @@ def bench_cold(quick: bool) -> dict:
     x, y = torch.randn(1024, generator=gen), torch.randn(1024, generator=gen)
     samples_ns, errors = [], {}
     for i in range(5 if quick else 10):
+        # Empty fjit's process-wide memo of meta results too: every sample is a true cold start.
+        dispatch._META_RESULTS.clear()
         fn = fresh_chain50(i)
         jf = fjit.jit(fn, **FJIT_OPTIONS)
         out = {}
@@ -109,6 +113,10 @@ def bench_cold(quick: bool) -> dict:
         if mismatch:
             errors["fjit"] = f"wrong result: {mismatch}"
             break
+    warm_ns = []     # a new function of ops the process has traced before (meta results memoized)
+    for i in range(5 if quick else 10):
+        fn = fresh_chain50(100 + i)
+        warm_ns.append(H.time_once_ns(lambda: fjit.jit(fn, **FJIT_OPTIONS)(x, y, SCALE)))
     compile_ns = None
     fn = fresh_chain50(1000)
     compiled = torch.compile(fn)
@@ -121,9 +129,45 @@ def bench_cold(quick: bool) -> dict:
         "ops": 50, "numel": 1024,
         "fjit_first_call_ms": fjit_ms,
         "fjit_samples_ms": [s / 1e6 for s in samples_ns],
+        "fjit_warm_process_ms": statistics.median(warm_ns) / 1e6,
         "compile_first_call_ms": None if compile_ns is None else compile_ns / 1e6,
         "compile_over_fjit": H.ratio(compile_ns and compile_ns / 1e6, fjit_ms),
         "errors": errors,
+    }
+
+
+def bench_detection(quick: bool) -> dict:
+    """What sharp-edge detection costs.  The same function is compiled twice: as fjit does (the
+    observer of frontend/observer.py watching the traced run) and with the observer replaced by a
+    no-op.  Cached calls of the two are timed in the same rounds; detection runs only while
+    tracing, so their ratio shows whether the cached path pays anything for it."""
+    gen = torch.Generator().manual_seed(2)
+    args = (torch.randn(4, generator=gen), torch.randn(4, generator=gen), SCALE)
+    with_detection = fjit.jit(elementwise10, **FJIT_OPTIONS)
+    without_detection = fjit.jit(elementwise10, **FJIT_OPTIONS)
+    with_detection(*args)
+    real_observe = tracer.observe
+    tracer.observe = lambda ctx, fn: contextlib.nullcontext()
+    try:
+        without_detection(*args)
+        cold_without = []
+        for i in range(5):
+            dispatch._META_RESULTS.clear()
+            f = fjit.jit(fresh_chain50(200 + i), **FJIT_OPTIONS)
+            cold_without.append(H.time_once_ns(lambda: f(*args[:2], SCALE)) / 1e6)
+    finally:
+        tracer.observe = real_observe
+    cold_with = []
+    for i in range(5):
+        dispatch._META_RESULTS.clear()
+        f = fjit.jit(fresh_chain50(300 + i), **FJIT_OPTIONS)
+        cold_with.append(H.time_once_ns(lambda: f(*args[:2], SCALE)) / 1e6)
+    stats = H.measure({"with": lambda: with_detection(*args), "without": lambda: without_detection(*args)},
+                      H.CpuTimer(), rounds=10 if quick else 30, iters=500 if quick else 2000)
+    return {
+        "cached_with_us": stats["with"].median_us, "cached_without_us": stats["without"].median_us,
+        "cached_with_over_without": H.paired_ratio(stats, "with", "without"),
+        "cold_with_ms": statistics.median(cold_with), "cold_without_ms": statistics.median(cold_without),
     }
 
 
@@ -153,7 +197,7 @@ def bench_first_in_process(quick: bool) -> dict:
     return out
 
 
-def report(rows: list[dict], cold: dict, first: dict) -> list[H.Target]:
+def report(rows: list[dict], cold: dict, first: dict, detection: dict) -> list[H.Target]:
     table = []
     for r in rows:
         med = {k: s["median_us"] for k, s in r["stats"].items()}
@@ -169,10 +213,14 @@ def report(rows: list[dict], cold: dict, first: dict) -> list[H.Target]:
             print(f"  ! {r['size']} {who}: {err}")
 
     print("\ncold first call, 50-op function (trace + compile + run), ms")
-    print(H.format_table(["function", "fjit ms (median)", "compile ms (1 sample)", "compile/fjit"],
+    print(H.format_table(["function", "fjit ms (median)", "fjit ms, warm process",
+                          "compile ms (1 sample)", "compile/fjit"],
                          [["chain50", H.fmt(cold["fjit_first_call_ms"]),
+                           H.fmt(cold["fjit_warm_process_ms"]),
                            H.fmt(cold["compile_first_call_ms"], ".0f"),
                            H.fmt(cold["compile_over_fjit"], ".1f")]]))
+    print("  (fjit ms: meta-result memo emptied before each sample; warm process: a new function "
+          "of ops already traced)")
     for who, err in cold["errors"].items():
         print(f"  ! cold {who}: {err}")
     for who, r in first.items():
@@ -180,12 +228,21 @@ def report(rows: list[dict], cold: dict, first: dict) -> list[H.Target]:
             f"{r['first_call_ms']:.0f} ms (import torch {r['import_torch_ms']:.0f} ms, "
             f"import fjit {r['import_fjit_ms']:.0f} ms)" if "error" not in r else f"! {r['error']}"))
 
+    print("\nsharp-edge detection (observer on vs replaced by a no-op), same function and rounds")
+    print(H.format_table(["", "with detection", "without", "with/without"], [
+        ["cached call, 4 elements (us)", H.fmt(detection["cached_with_us"]),
+         H.fmt(detection["cached_without_us"]), H.fmt(detection["cached_with_over_without"], ".3f")],
+        ["cold chain50 (ms)", H.fmt(detection["cold_with_ms"]), H.fmt(detection["cold_without_ms"]),
+         H.fmt(H.ratio(detection["cold_with_ms"], detection["cold_without_ms"]), ".3f")]]))
+
     by_size = {r["size"]: r for r in rows}
     targets = [
         H.Target("small fjit/eager", by_size["small"]["fjit_over_eager"], "<=", 1.1),
         H.Target("small fjit/compile", by_size["small"]["fjit_over_compile"], "<=", 0.6),
         H.Target("large fjit/eager", by_size["large"]["fjit_over_eager"], "<=", 1.0),
         H.Target("cold 50-op first call ms", cold["fjit_first_call_ms"], "<", 50.0),
+        H.Target("cached call with/without detection", detection["cached_with_over_without"], "<=",
+                 1.05),
     ]
     print()
     H.print_targets(targets)
@@ -199,12 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = bench_elementwise(args.quick)
     cold = bench_cold(args.quick)
     first = bench_first_in_process(args.quick)
-    targets = report(rows, cold, first)
+    detection = bench_detection(args.quick)
+    targets = report(rows, cold, first, detection)
     path = H.write_json("cpu.json", {
         "suite": "cpu", "quick": args.quick, "environment": H.environment(),
         "fjit_options": FJIT_OPTIONS, "timer": H.CpuTimer.name,
         "elementwise10": rows, "cold": cold,
-        "first_call_in_new_process": first, "targets": [t.to_json() for t in targets],
+        "first_call_in_new_process": first, "detection": detection, "targets": [t.to_json() for t in targets],
     })
     print(f"\nwrote {path.relative_to(H.REPO_ROOT)}")
     return 0

@@ -163,6 +163,26 @@ def test_thread_safety():
     assert fjit.cache_info(jf).misses == 1
 
 
+def test_fast_path_keeps_ints_floats_and_bools_apart():
+    """The fast path is generated for one call signature; calls typed otherwise take the general
+    path and get their own programs (an int or bool is a constant, a float a runtime value)."""
+    jf = fjit.jit(lambda x, n: x * n)
+    x = torch.arange(3)
+    for n in (2, 2.0, True, 3, 2.5, False, 2):
+        out = jf(x, n)
+        assert out.dtype == (x * n).dtype and out.tolist() == (x * n).tolist(), n
+    # misses: 2, 2.0, True, 3, False; hits: 2.5 (a float like 2.0) and the second 2
+    assert fjit.cache_info(jf) == fjit.CacheInfo(hits=2, misses=5, entries=5)
+
+
+def test_float_on_the_left_of_a_comparison_does_not_recompile():
+    jf = fjit.jit(lambda x, s: s < x)
+    x = torch.randn(5)
+    for s in (-0.5, 0.0, 0.5):
+        assert torch.equal(jf(x, s), s < x)
+    assert fjit.cache_info(jf).misses == 1
+
+
 # -- inputs --------------------------------------------------------------------------------------
 
 Pair = collections.namedtuple("Pair", "a b")
@@ -251,3 +271,97 @@ def test_trace_type_is_public():
     jf = fjit.jit(lambda x: x + 1)
     jf(torch.ones(1))
     assert all(isinstance(t, Trace) for t in fjit.last_traces(jf))
+
+
+# -- buffer reuse ----------------------------------------------------------------------------------
+
+def _final_source(jf) -> str:
+    return str(fjit.last_traces(jf)[-1])
+
+
+def test_dead_intermediates_are_reused_in_place_but_inputs_never():
+    def f(x, y):
+        a = x + y
+        b = torch.sin(a * 2)
+        return b.clamp(-0.5, 0.5)
+    x, y = torch.randn(6), torch.randn(6)
+    x0, y0 = x.clone(), y.clone()
+    jf = _eager_and_jit(f, x, y)
+    src = _final_source(jf)
+    assert "torch.Tensor.__imul__(t0, 2)" in src and "torch.Tensor.sin_(" in src, src
+    assert "torch.Tensor.__add__(x, y)" in src, src        # x, y are inputs: never written
+    assert torch.equal(x, x0) and torch.equal(y, y0)
+
+
+def test_no_reuse_of_a_value_a_live_view_aliases():
+    def f(x):
+        a = x * 2
+        v = a.view(2, 3)
+        b = a + 1                  # in place, this would change v
+        return v, b
+    x = torch.randn(6)
+    jf = _eager_and_jit(f, x)
+    assert "__iadd__" not in _final_source(jf)
+
+
+def test_no_reuse_when_autograd_may_record():
+    def f(x):
+        return torch.tanh(x * 3).sum()
+    x = torch.randn(5, requires_grad=True)
+    jf = fjit.jit(f)
+    out = jf(x)
+    assert "torch.tanh(t0)" in _final_source(jf), _final_source(jf)
+    out.backward()
+    expected = torch.autograd.grad(f(x), x)[0]
+    torch.testing.assert_close(x.grad, expected)
+
+
+# -- errors carry the user's location ------------------------------------------------------------
+
+def test_unbound_tensor_method_is_fj202_at_the_users_line():
+    def f(x):
+        y = x * 2
+        torch.Tensor.add_(y, 1)
+        return y
+    with pytest.raises(fjit.UnsupportedOpError) as info:
+        fjit.jit(f)(torch.ones(2))
+    assert f"test_core.py:{f.__code__.co_firstlineno + 2}: FJ202" in str(info.value)
+    assert "x.add_(...)" in str(info.value)
+
+
+def test_fj201_names_the_call_site():
+    jf = fjit.jit(lambda x: x)
+    with pytest.raises(fjit.UnsupportedInputError) as info:
+        jf(Opaque())
+    assert "test_core.py:" in str(info.value).split(" FJ201")[0]
+    assert "sharp_edges_catalog/FJ201_object_input.py" in str(info.value)
+
+
+def test_writing_through_a_tensor_indexed_view_is_fj202_not_lost():
+    def f(x, i):
+        y = x * 2
+        y[i].add_(1)               # eager writes into y through the view y[i]
+        return y
+    with pytest.raises(fjit.UnsupportedOpError, match="FJ202"):
+        fjit.jit(f)(torch.ones(3, 2), torch.tensor(1))
+
+
+def test_tensor_index_selects_like_an_int():
+    x = torch.randn(4, 3, 2)
+    for f in (lambda x, i: x[i], lambda x, i: x[:, i], lambda x, i: x[..., i], lambda x, i: x[None, 1:, i]):
+        for i in (0, 1, -1):
+            torch.testing.assert_close(fjit.jit(f)(x, torch.tensor(i)), f(x, torch.tensor(i)))
+
+
+def test_compiling_under_cprofile_leaves_the_profiler_on():
+    import cProfile
+    import sys
+    jf = fjit.jit(lambda x: torch.sin(x) + 1)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        jf(torch.randn(3))
+        still_on = sys.getprofile() is not None
+    finally:
+        profiler.disable()
+    assert still_on

@@ -40,9 +40,11 @@ import fjit
 EXAMPLES = int(os.environ.get("FJIT_HYPOTHESIS_EXAMPLES", "150"))
 SCALAR_EXAMPLES = max(10, EXAMPLES // 3)
 
-# The executor tuples the properties run under.  The Triton run (under TRITON_INTERPRET=1 on the
-# CPU) is added as pytest.param(("triton", "torch"), id="triton", marks=pytest.mark.triton).
+# The executor tuples the properties run under.
 EXECUTORS = [pytest.param(("torch",), id="torch")]
+# The Triton executor's run of the main property, on CPU tensors under TRITON_INTERPRET=1: a kernel
+# costs tens of milliseconds there, so it draws fewer programs (FJIT_HYPOTHESIS_TRITON_EXAMPLES).
+TRITON_EXAMPLES = int(os.environ.get("FJIT_HYPOTHESIS_TRITON_EXAMPLES", "150"))
 
 F16, F32, F64, BF16 = torch.float16, torch.float32, torch.float64, torch.bfloat16
 I32, I64, BOOL = torch.int32, torch.int64, torch.bool
@@ -924,6 +926,22 @@ def run_eager(fn, args):
 @settings(max_examples=EXAMPLES, **SETTINGS)
 @given(data=st.data())
 def test_random_programs_match_eager(executors, data):
+    _check_random_program(executors, data)
+
+
+@pytest.mark.triton
+@settings(max_examples=TRITON_EXAMPLES, **SETTINGS)
+@given(data=st.data())
+def test_random_programs_match_eager_with_triton(data):
+    old = os.environ.get("FJIT_TRITON_CPU")
+    os.environ["FJIT_TRITON_CPU"] = "1"      # let the Triton executor claim CPU tensors
+    try:
+        _check_random_program(("triton", "torch"), data)
+    finally:
+        os.environ["FJIT_TRITON_CPU"] = old if old is not None else "0"
+
+
+def _check_random_program(executors, data):
     program = data.draw(programs(lowp_approx="triton" in executors), label="program")
     fn = program.function()
     args = program.args()

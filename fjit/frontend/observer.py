@@ -258,8 +258,9 @@ def observe(ctx: TraceContext, fn):
     finally:
         try:
             sys.setprofile(previous)
-        except TypeError:   # cProfile's C-level profiler cannot be reinstalled from Python
+        except TypeError:   # cProfile's C-level profiler is reinstalled by its own enable()
             sys.setprofile(None)
+            getattr(previous, "enable", lambda: None)()
     if numpy_state is not None and _numpy_rng_state() != numpy_state:
         # numpy.random's Cython functions raise no profile events: its global RNG moving tells.
         where = _line_of("FJ105_numpy_random", "random", ran) or (

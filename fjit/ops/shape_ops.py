@@ -134,9 +134,15 @@ def _getitem(x, index):
     if len(index) == 1 and isinstance(index[0], TensorProxy) and index[0].dtype in (torch.int64, torch.int32):
         idx = index[0]
         flat = prim(Prim.RESHAPE, idx, (-1,)) if idx.ndim != 1 else idx
-        rows = prim(Prim.INDEX_SELECT, x, 0, flat)
+        rows = prim(Prim.INDEX_SELECT, x, 0, _wrap_negative(flat, x.shape[0]))
         return prim(Prim.RESHAPE, rows, tuple(idx.shape) + tuple(x.shape[1:])) if idx.ndim != 1 else rows
     raise NotImplementedError   # other advanced indexing: one torch call
+
+
+def _wrap_negative(i, n):
+    """Indices count from the end when negative, as eager indexing does (index_select does not);
+    one still out of range fails in index_select as it does in eager."""
+    return prim(Prim.WHERE, prim(Prim.LT, i, 0), prim(Prim.ADD, i, n), i)
 
 
 def _is_int_scalar_tensor(i) -> bool:
@@ -146,17 +152,15 @@ def _is_int_scalar_tensor(i) -> bool:
 
 def _select_by_scalar_tensor(x, index, k):
     """x[..., i, ...] with a 0-d integer tensor i: the basic index with i kept as a full slice,
-    then an index_select of one row along i's dim, which is then dropped.  Negative i counts from
-    the end; an out-of-range i fails in index_select as eager's x[i] does."""
+    then an index_select of one row along i's dim, which is then dropped."""
     whole = prim(Prim.SLICE, x, index[:k] + (slice(None),) + index[k + 1:])
     ellipsis = x.ndim - sum(1 for i in index if i is not None and i is not Ellipsis)
     x_dim = out_dim = 0    # i's dim in x, and in `whole`
     for i in index[:k]:
         x_dim += ellipsis if i is Ellipsis else (i is not None)
         out_dim += ellipsis if i is Ellipsis else (i is None or type(i) is slice)
-    i, n = index[k], x.shape[x_dim]
-    i = prim(Prim.WHERE, prim(Prim.LT, i, 0), prim(Prim.ADD, i, n), i)
-    rows = prim(Prim.INDEX_SELECT, whole, out_dim, prim(Prim.RESHAPE, i, (1,)))
+    i = _wrap_negative(prim(Prim.RESHAPE, index[k], (1,)), x.shape[x_dim])
+    rows = prim(Prim.INDEX_SELECT, whole, out_dim, i)
     return prim(Prim.SQUEEZE, rows, (out_dim,))
 
 

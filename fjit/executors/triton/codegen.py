@@ -96,6 +96,17 @@ def _compute_dtype(b: BoundSymbol, p: Prim) -> torch.dtype:
     return torch.float32 if dt in _HALF else dt
 
 
+def _neutral(p: Prim, ct: torch.dtype) -> str:
+    """The identity of a reduction in compute dtype `ct`, as source (masked lanes read it)."""
+    if p is Prim.SUM:
+        return "0"
+    if ct == torch.bool:
+        return "0" if p is Prim.AMAX else "1"
+    if ct.is_floating_point:
+        return "-float('inf')" if p is Prim.AMAX else "float('inf')"
+    return str(torch.iinfo(ct).min if p is Prim.AMAX else torch.iinfo(ct).max)
+
+
 def supported(b: BoundSymbol) -> bool:
     """Whether this generator can emit `b` inside a region."""
     p = _prim(b)
@@ -115,6 +126,9 @@ def supported(b: BoundSymbol) -> bool:
         dt = _compute_dtype(b, p)
     except (TypeError, RuntimeError):
         return False
+    if dt == torch.float64 and any(isinstance(a, NumberVar) or isinstance(a, float) and not
+                                   math.isfinite(a) for a in b.args):
+        return False    # a float kernel argument is float32 in Triton; torch keeps a double
     if p in _FLOAT_ONLY:
         return dt.is_floating_point or p in (Prim.ISNAN, Prim.ISINF, Prim.ISFINITE) and \
             all(v.dtype.is_floating_point for v in tensors)
@@ -248,14 +262,7 @@ class _Emitter:
             ct = torch.float32 if out.dtype in _HALF else out.dtype
             if dt != ct:
                 expr = f"{expr}.to({TL_DTYPE[ct]})"
-            if p is Prim.SUM:
-                neutral = "0"
-            else:
-                inf = "float('inf')" if ct.is_floating_point else str(
-                    torch.iinfo(ct).max if ct != torch.bool else 1)
-                neutral = ("-" + inf if not inf.startswith("-") else inf[1:]) if p is Prim.AMAX else inf
-                if not ct.is_floating_point:
-                    neutral = str(torch.iinfo(ct).min) if p is Prim.AMAX else str(torch.iinfo(ct).max)
+            neutral = _neutral(p, ct)
             self.emit(f"{val} = {_REDUCE[p]}(tl.where(mask, {expr}, {neutral}), axis=0)")
             if p is not Prim.SUM and ct.is_floating_point:   # torch's max/min propagate NaN
                 nan = self.fresh()
