@@ -176,3 +176,21 @@ def test_data_dependent_shape_is_unsupported(fn):
     fn(x, m)  # fine eagerly
     with pytest.raises(fjit.UnsupportedOpError):
         fjit.jit(fn)(x, m)
+
+
+# --------------------------------------------------------------------------------------------------
+# the same samples through the Triton executor, on CPU tensors under TRITON_INTERPRET=1
+
+TRITON_PARAMS = [p for p in PARAMS if p.id.endswith("-0") and p.values[0].check == "close"]
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("info, args", TRITON_PARAMS)
+def test_op_with_triton(info, args, monkeypatch):
+    """The first sample of every op and dtype, with the Triton executor claiming what it can."""
+    monkeypatch.setenv("FJIT_TRITON_CPU", "1")
+    expected = info.fn(*args)
+    snapshot = _clone_tree(args)
+    actual = fjit.jit(info.fn, executors=("triton", "torch"))(*args)
+    _assert_unchanged(args, snapshot)
+    assert_matches_eager(actual, expected)
