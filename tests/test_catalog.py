@@ -328,3 +328,31 @@ def test_generated_hints_are_valid_python():
     exec(compile(text, "hints.py", "exec"), namespace)
     assert namespace["HINTS"] == {n: load(n).FIX for n in NAMES if load(n).CODE is not None}
     assert list(namespace["HINTS"]) == sorted(namespace["HINTS"])
+
+
+# ----------------------------------------------------------------------------- closures (Thunder #132)
+
+def test_nonlocal_and_global_deletes_are_fj104_at_their_line():
+    marker = 1
+
+    def deletes_nonlocal(x):
+        nonlocal marker
+        del marker
+        return x * 2
+
+    with pytest.raises(fjit.SideEffectError) as info:
+        fjit.jit(deletes_nonlocal)(torch.ones(2))
+    assert info.value.lineno == deletes_nonlocal.__code__.co_firstlineno + 2
+    assert "deletion of enclosing-scope variable 'marker'" in str(info.value)
+
+    globals()["_DOOMED"] = 1
+
+    def deletes_global(x):
+        global _DOOMED
+        del _DOOMED
+        return x * 2
+
+    with pytest.raises(fjit.SideEffectError) as info:
+        fjit.jit(deletes_global)(torch.ones(2))
+    assert info.value.lineno == deletes_global.__code__.co_firstlineno + 2
+    assert "deletion of global '_DOOMED'" in str(info.value)

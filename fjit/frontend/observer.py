@@ -147,15 +147,17 @@ class _State:
         for g, before in self.globals_dicts.values():
             for name in sorted(set(before) | set(g)):
                 if before.get(name, _EMPTY) is not g.get(name, _EMPTY) and not name.startswith("__"):
-                    found.append(("FJ104_global_assignment", name, f"assignment to global '{name}'"))
+                    what = "deletion of" if name not in g else "assignment to"
+                    found.append(("FJ104_global_assignment", name, f"{what} global '{name}'"))
         for name, cell, before in self.cells:
             try:
                 now = cell.cell_contents
             except ValueError:
                 now = _EMPTY
             if now is not before:
+                what = "deletion of" if now is _EMPTY else "assignment to"
                 found.append(("FJ104_nonlocal_assignment", name,
-                              f"assignment to enclosing-scope variable '{name}' (nonlocal)"))
+                              f"{what} enclosing-scope variable '{name}' (nonlocal)"))
         for name, obj, before in self.objects:
             now = _contents(obj) if isinstance(obj, (list, dict, set, bytearray)) else dict(vars(obj))
             if not _same(before, now):
