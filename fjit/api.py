@@ -1,8 +1,9 @@
 """The public entry points: jit, last_traces, cache_info, diagnose.
 
-The cached call path is one walk over the arguments (the cache key and the flat runtime values come
-out of it together), one dict lookup, and the generated function.  Compilation happens under a lock;
-lookups do not take it.
+The cached call path is a function generated for the call's signature (type checks, the key as one
+flat tuple, one dict lookup, the program); calls it does not cover take one walk over the arguments
+(the cache key and the flat runtime values come out of it together) and one dict lookup.
+Compilation happens under a lock; lookups do not take it.
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ class JittedFunction:
         self._cache: dict = {}
         self._fast = None                 # (call, key, arity) from inputs.fast_path, or None
         self._fast_cache: dict = {}       # fast key -> program, filled from the general cache
+        self._fast_declined = None        # an arity whose calls had no fast path
         self._lock = threading.Lock()
         self._specialized: frozenset = frozenset()
         self._hits = 0
@@ -97,8 +99,11 @@ class JittedFunction:
     def _remember_fast(self, args, program):
         fast = self._fast
         if fast is None or len(args) != fast[2]:
+            if self._fast_declined == len(args):
+                return
             made = fast_path(args, self._specialized)
-            if made is None:
+            if made is None:                 # e.g. a container argument: the general path only
+                self._fast_declined = len(args)
                 return
             fast = self._fast = (*made, len(args))
             self._fast_cache = {}
@@ -130,6 +135,7 @@ class JittedFunction:
                     self._specialized = self._specialized | result.specialized
                     key, _ = call_key(args, kwargs, self._specialized)
                     self._fast = None     # its keys leave out the floats now specialized on
+                    self._fast_declined = None
                 if len(self._cache) >= CACHE_SIZE:
                     self._cache.pop(next(iter(self._cache)))   # evict the oldest entry
                 self._cache[key] = program

@@ -174,7 +174,9 @@ def reuse_buffers(trace: Trace) -> Trace:
         target = b.args[0] if b.args else None
         method = _INPLACE.get(b.sym.name)
         result = b.output
+        # torch.nn.functional's Python wrappers take other arguments (inplace=...) than the method
         if (method is not None and hasattr(torch.Tensor, method) and _elementwise_only(b)
+                and not b.sym.qualname.startswith("torch.nn.")
                 and not b.sym.has(Tag.RANDOM) and isinstance(target, TensorVar)
                 and isinstance(result, TensorVar) and target.name in fresh
                 and target.name not in shared and target.name not in keep
