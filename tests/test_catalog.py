@@ -356,3 +356,21 @@ def test_nonlocal_and_global_deletes_are_fj104_at_their_line():
         fjit.jit(deletes_global)(torch.ones(2))
     assert info.value.lineno == deletes_global.__code__.co_firstlineno + 2
     assert "deletion of global '_DOOMED'" in str(info.value)
+
+
+def test_fj101_names_a_tensor_nested_in_a_global_object():
+    with pytest.raises(fjit.UnproxiedTensorError) as info:
+        fjit.jit(_reads_nested_tensor)(torch.ones(2))
+    assert "item 0 of attribute 'layers' of global '_MODEL'" in str(info.value)
+
+
+class _Holder:
+    def __init__(self):
+        self.layers = [torch.ones(2)]
+
+
+_MODEL = _Holder()
+
+
+def _reads_nested_tensor(x):
+    return x * _MODEL.layers[0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import re
 import types
 
@@ -131,29 +132,36 @@ def _code_objects(code):
             yield from _code_objects(c)
 
 
+_SCAN_DEPTH, _SCAN_WIDTH = 3, 256   # how far scan_bindings looks into bound objects (trace-time cost)
+
+
 def scan_bindings(fn) -> tuple[dict, list]:
     """(id(tensor) -> (catalog entry, where it came from), [Binding]) for what `fn` can read."""
     origins: dict = {}
     bindings: list = []
     seen_fns: set = set()
 
-    def note_tensors(obj, describe, entry):
+    def note_tensors(obj, describe, entry, depth=0):
+        """Tensors reachable from a bound value (attributes and items, a few levels deep) and the
+        path that names each one, for FJ101's message."""
         if isinstance(obj, torch.Tensor):
             origins.setdefault(id(obj), (entry, describe))
-        elif isinstance(obj, torch.nn.Module):
+            return
+        if isinstance(obj, torch.nn.Module):
             for n, t in list(obj.named_parameters()) + list(obj.named_buffers()):
                 origins.setdefault(id(t), ("FJ101_attribute_tensor", f"attribute '{n}' of {describe}"))
-        elif isinstance(obj, types.ModuleType) or callable(obj):
             return
+        if depth >= _SCAN_DEPTH or isinstance(obj, (types.ModuleType, type, str, bytes)) or callable(obj):
+            return
+        if isinstance(obj, (list, tuple, dict)):
+            children = ((f"item {k!r} of {describe}", v) for k, v in
+                        (obj.items() if isinstance(obj, dict) else enumerate(obj)))
         elif hasattr(obj, "__dict__"):
-            for n, t in vars(obj).items():
-                if isinstance(t, torch.Tensor):
-                    origins.setdefault(id(t), ("FJ101_attribute_tensor", f"attribute '{n}' of {describe}"))
-        elif isinstance(obj, (list, tuple, dict)):
-            items = obj.items() if isinstance(obj, dict) else enumerate(obj)
-            for k, t in items:
-                if isinstance(t, torch.Tensor):
-                    origins.setdefault(id(t), ("FJ101_attribute_tensor", f"item {k!r} of {describe}"))
+            children = ((f"attribute '{n}' of {describe}", v) for n, v in vars(obj).items())
+        else:
+            return
+        for child, value in itertools.islice(children, _SCAN_WIDTH):
+            note_tensors(value, child, "FJ101_attribute_tensor", depth + 1)
 
     def visit(f, top: bool):
         f = inspect.unwrap(f) if callable(f) else f
