@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 import fjit  # noqa: E402
 from benchmarks import harness as H  # noqa: E402
-from fjit.frontend import dispatch, tracer  # noqa: E402  (detection switched off, memo emptied)
+from fjit.frontend import meta, tracer  # noqa: E402  (detection switched off, memo emptied)
 
 FJIT_OPTIONS: dict = {}          # fjit's defaults: on CPU tensors that is the torch executor
 SIZES = {"small": 4, "large": 4 * 2**20}
@@ -100,7 +100,7 @@ def bench_cold(quick: bool) -> dict:
     samples_ns, errors = [], {}
     for i in range(5 if quick else 10):
         # Empty fjit's process-wide memo of meta results too: every sample is a true cold start.
-        dispatch._META_RESULTS.clear()
+        meta.clear_memo()
         fn = fresh_chain50(i)
         jf = fjit.jit(fn, **FJIT_OPTIONS)
         out = {}
@@ -152,14 +152,14 @@ def bench_detection(quick: bool) -> dict:
         without_detection(*args)
         cold_without = []
         for i in range(5):
-            dispatch._META_RESULTS.clear()
+            meta.clear_memo()
             f = fjit.jit(fresh_chain50(200 + i), **FJIT_OPTIONS)
             cold_without.append(H.time_once_ns(lambda: f(*args[:2], SCALE)) / 1e6)
     finally:
         tracer.observe = real_observe
     cold_with = []
     for i in range(5):
-        dispatch._META_RESULTS.clear()
+        meta.clear_memo()
         f = fjit.jit(fresh_chain50(300 + i), **FJIT_OPTIONS)
         cold_with.append(H.time_once_ns(lambda: f(*args[:2], SCALE)) / 1e6)
     stats = H.measure({"with": lambda: with_detection(*args), "without": lambda: without_detection(*args)},

@@ -19,6 +19,7 @@ from fjit.core.ir import (BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Trace,
                           map_values)
 from fjit.errors import UnsupportedOpError, catalog_fix, located
 from fjit.frontend.context import TraceContext, current, user_location
+from fjit.frontend.meta import meta_tensor, run_meta
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 
 # fjit.ops fills this at import: torch callable -> decomposition into prims over proxies.
@@ -191,12 +192,6 @@ def _is_mutation(func, kwargs) -> bool:
         or func is torch.Tensor.__setitem__
 
 
-def meta_tensor(v: TensorVar) -> torch.Tensor:
-    """A meta tensor with `v`'s metadata (callers disable torch-function tracing around it)."""
-    return torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta",
-                               requires_grad=v.requires_grad and v.dtype.is_floating_point)
-
-
 def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, decomposition=None):
     """Record `func(*args, **kwargs)` as `sym`; returns proxies shaped like func's result."""
     leaves = flatten_values((args, kwargs))
@@ -232,7 +227,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
                 margs = (margs[0], _scalar_indices_as_ints(margs[1]))
             if "device" in mkwargs:
                 mkwargs["device"] = "meta"
-            mout = _run_meta(func, margs, mkwargs)
+            mout = run_meta(func, margs, mkwargs)
     except (NotImplementedError, RuntimeError) as e:
         # How meta kernels refuse data-dependent output shapes, or values (x[i] with a 0-d index).
         # Any other error is the user's (a shape mismatch, say): re-raised as eager would.
@@ -301,90 +296,6 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
     proxies = [handle(m, v, i) if isinstance(m, torch.Tensor) else m
                for i, (m, v) in enumerate(zip(mout, out_vars))]
     return type(mout)(proxies) if isinstance(mout, tuple) and type(mout) is not tuple else type(mout)(proxies)
-
-
-# ----------------------------------------------------------------------------------------------
-# Meta results, remembered
-# ----------------------------------------------------------------------------------------------
-# An op's meta result depends only on its arguments' metadata and Python values, and torch's
-# Python meta kernels cost 0.1-0.5 ms a call; so each result is remembered as a recipe per
-# (func, argument metadata), and rebuilt for the next call alike (in this trace or any other).
-
-_META_RESULTS: dict = {}
-_META_RESULTS_MAX = 4096
-
-
-class _Unkeyable(Exception):
-    pass
-
-
-class _Out:
-    """How to rebuild one tensor of a meta result: one of the inputs, a view of one, or new."""
-
-    __slots__ = ("kind", "index", "shape", "strides", "offset", "dtype", "requires_grad")
-
-    def __init__(self, kind, index, m):
-        self.kind, self.index = kind, index
-        self.shape, self.strides, self.offset = tuple(m.shape), m.stride(), m.storage_offset()
-        self.dtype, self.requires_grad = m.dtype, m.requires_grad
-
-
-def _key_of(x):
-    if isinstance(x, torch.Tensor):
-        return ("T", tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.requires_grad)
-    if isinstance(x, (tuple, list)):
-        return (type(x), tuple(_key_of(y) for y in x))
-    if isinstance(x, dict):
-        return (dict, tuple((k, _key_of(v)) for k, v in x.items()))
-    if isinstance(x, slice):
-        return (slice, _key_of(x.start), _key_of(x.stop), _key_of(x.step))
-    try:
-        hash(x)
-    except TypeError:
-        raise _Unkeyable from None
-    return (type(x), x)     # the type keeps 1, 1.0 and True apart
-
-
-def _run_meta(func, margs, mkwargs):
-    try:
-        key = (func, _key_of(margs), _key_of(mkwargs))
-    except _Unkeyable:
-        return func(*margs, **mkwargs)
-    inputs = [m for m in flatten_values((margs, mkwargs)) if isinstance(m, torch.Tensor)]
-    recipe = _META_RESULTS.get(key)
-    if recipe is not None:
-        return map_values(lambda o: _rebuild(o, inputs) if isinstance(o, _Out) else o, recipe)
-    mout = func(*margs, **mkwargs)
-    try:
-        recipe = map_values(lambda m: _recipe(m, inputs) if isinstance(m, torch.Tensor) else m, mout)
-    except _Unkeyable:
-        return mout
-    if len(_META_RESULTS) >= _META_RESULTS_MAX:
-        _META_RESULTS.clear()
-    _META_RESULTS[key] = recipe
-    return mout
-
-
-def _recipe(m: torch.Tensor, inputs: list) -> _Out:
-    for i, x in enumerate(inputs):
-        if m is x:
-            return _Out("input", i, m)
-    if not m._is_view():
-        return _Out("new", None, m)
-    for i, x in enumerate(inputs):
-        if m._base is x and m.dtype == x.dtype and m.layout == torch.strided \
-                and not m.is_conj() and not m.is_neg():
-            return _Out("view", i, m)
-    raise _Unkeyable      # a view of something else: not rebuilt from a recipe
-
-
-def _rebuild(o: _Out, inputs: list) -> torch.Tensor:
-    if o.kind == "input":
-        return inputs[o.index]
-    if o.kind == "view":
-        return torch.as_strided(inputs[o.index], o.shape, o.strides, o.offset)
-    return torch.empty_strided(o.shape, o.strides, dtype=o.dtype, device="meta",
-                               requires_grad=o.requires_grad)
 
 
 def _first_sentence(e: Exception) -> str:

@@ -19,6 +19,7 @@ import torch
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar
 from fjit.errors import UnsupportedOpError
 from fjit.frontend.context import current
+from fjit.frontend.meta import meta_tensor
 
 # Metadata that is static for a trace: answered from the proxy, never recorded.
 _STATIC_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride", "is_contiguous",
@@ -142,8 +143,7 @@ def _static_method(proxy: TensorProxy, name: str):
         if name == "get_device":
             return v.device.index if v.device.type != "cpu" else -1
         with torch._C.DisableTorchFunction():
-            meta = torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta")
-            return getattr(meta, name)(*args, **kwargs)
+            return getattr(meta_tensor(v), name)(*args, **kwargs)
     return static
 
 

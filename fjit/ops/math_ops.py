@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from fjit.frontend.dispatch import DECOMPOSITIONS
-from fjit.frontend.proxies import NumberProxy, TensorProxy
+from fjit.frontend.proxies import TensorProxy
 from fjit.ops.prims import Prim, prim
 
 _HALF = (torch.float16, torch.bfloat16)

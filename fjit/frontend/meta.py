@@ -1,0 +1,102 @@
+"""Running torch ops on meta tensors: how fjit gets every op's exact output metadata (shape,
+dtype, strides, type promotion, broadcasting) from torch itself.
+
+An op's meta result depends only on its arguments' metadata and Python values, and torch's Python
+meta kernels cost 0.1-0.5 ms a call; so each result is remembered as a recipe per (func, argument
+metadata) -- a new tensor, one of the inputs, or a view of one -- and rebuilt for the next call
+alike, in this trace or any other.  Callers disable torch-function tracing around these calls.
+"""
+from __future__ import annotations
+
+import torch
+
+from fjit.core.ir import TensorVar, flatten_values, map_values
+
+
+def meta_tensor(v: TensorVar) -> torch.Tensor:
+    """A meta tensor with `v`'s metadata."""
+    return torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta",
+                               requires_grad=v.requires_grad and v.dtype.is_floating_point)
+
+
+_META_RESULTS: dict = {}
+_META_RESULTS_MAX = 4096
+
+
+class _Unkeyable(Exception):
+    pass
+
+
+class _Out:
+    """How to rebuild one tensor of a meta result: one of the inputs, a view of one, or new."""
+
+    __slots__ = ("kind", "index", "shape", "strides", "offset", "dtype", "requires_grad")
+
+    def __init__(self, kind, index, m):
+        self.kind, self.index = kind, index
+        self.shape, self.strides, self.offset = tuple(m.shape), m.stride(), m.storage_offset()
+        self.dtype, self.requires_grad = m.dtype, m.requires_grad
+
+
+def _key_of(x):
+    if isinstance(x, torch.Tensor):
+        return ("T", tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.requires_grad)
+    if isinstance(x, (tuple, list)):
+        return (type(x), tuple(_key_of(y) for y in x))
+    if isinstance(x, dict):
+        return (dict, tuple((k, _key_of(v)) for k, v in x.items()))
+    if isinstance(x, slice):
+        return (slice, _key_of(x.start), _key_of(x.stop), _key_of(x.step))
+    try:
+        hash(x)
+    except TypeError:
+        raise _Unkeyable from None
+    return (type(x), x)     # the type keeps 1, 1.0 and True apart
+
+
+def run_meta(func, margs, mkwargs):
+    """func(*margs, **mkwargs) on meta tensors, from the memo when an equal call was seen."""
+    try:
+        key = (func, _key_of(margs), _key_of(mkwargs))
+    except _Unkeyable:
+        return func(*margs, **mkwargs)
+    inputs = [m for m in flatten_values((margs, mkwargs)) if isinstance(m, torch.Tensor)]
+    recipe = _META_RESULTS.get(key)
+    if recipe is not None:
+        return map_values(lambda o: _rebuild(o, inputs) if isinstance(o, _Out) else o, recipe)
+    mout = func(*margs, **mkwargs)
+    try:
+        recipe = map_values(lambda m: _recipe(m, inputs) if isinstance(m, torch.Tensor) else m, mout)
+    except _Unkeyable:
+        return mout
+    if len(_META_RESULTS) >= _META_RESULTS_MAX:
+        _META_RESULTS.clear()
+    _META_RESULTS[key] = recipe
+    return mout
+
+
+def _recipe(m: torch.Tensor, inputs: list) -> _Out:
+    for i, x in enumerate(inputs):
+        if m is x:
+            return _Out("input", i, m)
+    if not m._is_view():
+        return _Out("new", None, m)
+    for i, x in enumerate(inputs):
+        if m._base is x and m.dtype == x.dtype and m.layout == torch.strided \
+                and not m.is_conj() and not m.is_neg():
+            return _Out("view", i, m)
+    raise _Unkeyable      # a view of something else: not rebuilt from a recipe
+
+
+def _rebuild(o: _Out, inputs: list) -> torch.Tensor:
+    if o.kind == "input":
+        return inputs[o.index]
+    if o.kind == "view":
+        return torch.as_strided(inputs[o.index], o.shape, o.strides, o.offset)
+    return torch.empty_strided(o.shape, o.strides, dtype=o.dtype, device="meta",
+                               requires_grad=o.requires_grad)
+
+
+def clear_memo() -> None:
+    """Forget every remembered meta result (the benchmarks measure truly cold compiles with it)."""
+    _META_RESULTS.clear()
