@@ -233,6 +233,8 @@ sharp_edges_catalog/FJ101_global_tensor.py)
 `fjit.jit(fn, sharp_edges="warn")` emits a `fjit.SharpEdgeWarning` instead of raising, and
 `sharp_edges="allow"` stays silent; `fjit.diagnose(fn, *args)` traces once and lists every sharp
 edge it finds, plus the globals and closure variables it bound as constants, without raising.
+What the permissive modes compile for each category is in
+[design.md](design.md#the-sharp-edge-modes).
 
 Every entry below is a runnable module of `sharp_edges_catalog/` (run one with
 `python -m sharp_edges_catalog.FJ101_global_tensor`), checked by `tests/test_catalog.py`: each
