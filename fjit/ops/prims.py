@@ -95,8 +95,8 @@ def _lowering(prim: Prim):
         Prim.PROD: _prod,
         Prim.AMAX: lambda x, dims, keepdim: torch.amax(x, dims, keepdim=keepdim),
         Prim.AMIN: lambda x, dims, keepdim: torch.amin(x, dims, keepdim=keepdim),
-        Prim.ARGMAX: lambda x, dim, keepdim: torch.argmax(x, dim, keepdim=keepdim),
-        Prim.ARGMIN: lambda x, dim, keepdim: torch.argmin(x, dim, keepdim=keepdim),
+        Prim.ARGMAX: lambda x, dim, keepdim: torch.argmax(_orderable(x), dim, keepdim=keepdim),
+        Prim.ARGMIN: lambda x, dim, keepdim: torch.argmin(_orderable(x), dim, keepdim=keepdim),
         Prim.SLICE: _slice,
         Prim.SQUEEZE: lambda x, dims: torch.squeeze(x, dims),
         Prim.EXPAND: lambda x, shape: x.expand(shape),
@@ -110,6 +110,11 @@ def _lowering(prim: Prim):
     }
     fn = special.get(prim) or getattr(torch, prim.value)
     return fn
+
+
+def _orderable(x):
+    """argmax/argmin refuse bool tensors (torch.max(b, dim) does not): the same order as uint8."""
+    return x.to(torch.uint8) if x.dtype == torch.bool else x
 
 
 def _prod(x, dims, keepdim):
