@@ -16,14 +16,16 @@ def gelu_layer(x, w, b, scale: float):
     return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
-def _median_us(fn, args, repeat=7, number=200) -> float:
-    samples = []
+def _median_us(fns, args, repeat=15, number=200) -> list[float]:
+    """Median time per call of each function, sampled in alternation so drift hits all alike."""
+    samples = [[] for _ in fns]
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn(*args)
-        samples.append((time.perf_counter() - t0) / number * 1e6)
-    return sorted(samples)[len(samples) // 2]
+        for fn, out in zip(fns, samples):
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn(*args)
+            out.append((time.perf_counter() - t0) / number * 1e6)
+    return [sorted(s)[len(s) // 2] for s in samples]
 
 
 def main() -> None:
@@ -43,7 +45,7 @@ def main() -> None:
         jitted(x, w, b, 0.75)   # a new float does not recompile
         if n == 4:
             print(fjit.last_traces(jitted)[-1])
-        eager_us, fjit_us = _median_us(gelu_layer, args), _median_us(jitted, args)
+        eager_us, fjit_us = _median_us((gelu_layer, jitted), args)
         print(f"[{n}, 256]: first call (trace + compile) {cold_ms:.1f} ms; cached call "
               f"{fjit_us:.1f} us vs eager {eager_us:.1f} us ({fjit_us / eager_us:.2f}x)")
     print(f"\n{fjit.cache_info(jitted)}")
