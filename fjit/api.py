@@ -50,6 +50,10 @@ def _parse(enum_cls, value, option: str):
     raise ValueError(f"fjit.jit: {option}={value!r} is not one of {allowed}{hint}")
 
 
+def _no_fast_path(*args):
+    return MISS
+
+
 class JittedFunction:
     def __init__(self, fn, *, sharp_edges="error", executors=("triton", "torch"), cache="metadata"):
         if not callable(fn):
@@ -65,8 +69,8 @@ class JittedFunction:
         self._executors = tuple(_parse(Executor, e, "executors") for e in executors)
         self._cache_mode = _parse(CacheMode, cache, "cache")
         self._cache: dict = {}
-        self._fast = None                 # (call, key, arity) from inputs.fast_path, or None
-        self._fast_cache: dict = {}       # fast key -> program, filled from the general cache
+        self._fast = None                 # (call, key, cache, arity) from inputs.fast_path
+        self._fast_call = _no_fast_path   # its call, read without a lock: one attribute, atomic
         self._fast_declined = None        # an arity whose calls had no fast path
         self._lock = threading.Lock()
         self._specialized: frozenset = frozenset()
@@ -75,9 +79,8 @@ class JittedFunction:
         self._last_traces: list[Trace] = []
 
     def __call__(self, *args, **kwargs):
-        fast = self._fast
-        if fast is not None and not kwargs and len(args) == fast[2]:
-            out = fast[0](self._fast_cache, *args)
+        if not kwargs:
+            out = self._fast_call(*args)
             if out is not MISS:
                 self._hits += 1
                 return out
@@ -97,8 +100,9 @@ class JittedFunction:
         return program(*leaves)
 
     def _remember_fast(self, args, program):
+        """File the program in the fast path's cache (generating the fast path on first use)."""
         fast = self._fast
-        if fast is None or len(args) != fast[2]:
+        if fast is None or len(args) != fast[3]:
             if self._fast_declined == len(args):
                 return
             made = fast_path(args, self._specialized)
@@ -106,13 +110,14 @@ class JittedFunction:
                 self._fast_declined = len(args)
                 return
             fast = self._fast = (*made, len(args))
-            self._fast_cache = {}
-        key = fast[1](*args)
+            self._fast_call = fast[0]
+        _, key_of, cache, _ = fast
+        key = key_of(*args)
         if key is None:          # typed differently from the signature the fast path was made for
             return
-        if len(self._fast_cache) >= CACHE_SIZE:
-            self._fast_cache = {}
-        self._fast_cache[key] = program
+        if len(cache) >= CACHE_SIZE:
+            cache.clear()
+        cache[key] = program
 
     def __get__(self, obj, objtype=None):
         return self if obj is None else functools.partial(self, obj)
@@ -135,6 +140,7 @@ class JittedFunction:
                     self._specialized = self._specialized | result.specialized
                     key, _ = call_key(args, kwargs, self._specialized)
                     self._fast = None     # its keys leave out the floats now specialized on
+                    self._fast_call = _no_fast_path
                     self._fast_declined = None
                 if len(self._cache) >= CACHE_SIZE:
                     self._cache.pop(next(iter(self._cache)))   # evict the oldest entry

@@ -176,6 +176,19 @@ def test_fast_path_keeps_ints_floats_and_bools_apart():
     assert fjit.cache_info(jf) == fjit.CacheInfo(hits=2, misses=5, entries=5)
 
 
+def test_fast_path_of_another_arity_never_serves_a_program():
+    """(x, 2) and (x, 0.5, 2) build equal flat keys; each signature's fast path has its own cache."""
+    def f(x, *rest):
+        out = x
+        for r in rest:
+            out = out * r
+        return out + len(rest)
+    jf = fjit.jit(f)
+    x = torch.randn(3)
+    for args in [(x, 2), (x, 0.5, 2), (x, 2), (x, 0.5, 2), (x, 0.25, 2), (x, 3)]:
+        torch.testing.assert_close(jf(*args), f(*args))
+
+
 def test_float_on_the_left_of_a_comparison_does_not_recompile():
     jf = fjit.jit(lambda x, s: s < x)
     x = torch.randn(5)

@@ -54,9 +54,11 @@ _FAST_CONSTANTS = (int, bool, str, type(None))
 
 
 def fast_path(args: tuple, specialized: frozenset):
-    """(call, key) generated for calls typed like `args`, or None if they do not qualify.
-    `call(cache, *args)` returns the program's result, or MISS; `key(*args)` is its cache key, or
-    None for arguments typed differently."""
+    """(call, key, cache) generated for calls typed like `args`, or None if they do not qualify.
+    `call(*args)` looks the program up in `cache` (a dict of its own, so one generation's keys
+    never meet another's programs) and returns its result, or MISS (other arity, other types, or
+    no program yet); `key(*args)` is the key to store a program under, or None for arguments
+    typed differently."""
     checks, key, leaves = [], ["_grad()", "_autocast()"], []
     for i, a in enumerate(args):
         t = type(a)
@@ -78,8 +80,14 @@ def fast_path(args: tuple, specialized: frozenset):
             return None
     params = ", ".join(f"a{i}" for i in range(len(args)))
     guard = " or ".join(checks) or "False"
-    source = (f"def call(cache, {params}):\n"
-              f"    if {guard}:\n"
+    source = (f"def call(*args):\n"
+              f"    if len(args) != {len(args)}:\n"
+              f"        return MISS\n"
+              f"    {params}{',' if len(args) == 1 else ''} = args\n" if args else
+              f"def call(*args):\n"
+              f"    if args:\n"
+              f"        return MISS\n")
+    source += (f"    if {guard}:\n"
               f"        return MISS\n"
               f"    program = cache.get(({', '.join(key)},))\n"
               f"    if program is None:\n"
@@ -89,11 +97,12 @@ def fast_path(args: tuple, specialized: frozenset):
               f"    if {guard}:\n"
               f"        return None\n"
               f"    return ({', '.join(key)},)\n")
+    cache: dict = {}
     namespace = {"_Tensor": torch.Tensor, "_grad": torch.is_grad_enabled,
-                 "_autocast": torch.is_autocast_enabled, "MISS": MISS}
+                 "_autocast": torch.is_autocast_enabled, "MISS": MISS, "cache": cache}
     namespace.update({f"_c{i}": type(a) for i, a in enumerate(args) if type(a) in _FAST_CONSTANTS})
     exec(compile(source, "<fjit fast path>", "exec"), namespace)
-    return namespace["call"], namespace["key"]
+    return namespace["call"], namespace["key"], cache
 
 
 def _walk(x, parts, leaves, specialized, where):
