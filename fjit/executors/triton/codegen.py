@@ -145,6 +145,7 @@ class Kernel:
     block: int
     num_warps: int
     scalar_args: list      # NumberVars and non-finite literals, in kernel-argument order
+    params: list           # argument names before BLOCK: in<k>/s<k> (region input k), k<j>, out<k>
 
 
 class _Emitter:
@@ -250,7 +251,7 @@ class _Emitter:
         head = f"@triton.jit\ndef {name}({', '.join(self.params + ['BLOCK: tl.constexpr'])}):"
         source = f"import triton\nimport triton.language as tl\n{_HELPERS}\n\n{head}\n" + \
             "\n".join(self.lines) + "\n"
-        return Kernel(name, source, grid, block, warps, self.scalars)
+        return Kernel(name, source, grid, block, warps, self.scalars, self.params)
 
     def emit_bsym(self, b: BoundSymbol) -> None:
         p = _prim(b)

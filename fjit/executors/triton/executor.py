@@ -110,13 +110,15 @@ def _launcher(region: Region, kernel: Kernel, fn):
     literal = [s for s in kernel.scalar_args if not isinstance(s, NumberVar)]
     order = []   # kernel argument order as ("in", i) / ("lit", j) / ("out", k)
     n_lit = 0
-    for p in kernel.source.split(f"def {kernel.name}(", 1)[1].split(")", 1)[0].split(", "):
-        if p.startswith(("in", "s")):
-            order.append(("in", int(p.lstrip("ins"))))
+    for p in kernel.params:
+        if p.startswith("in"):
+            order.append(("in", int(p[2:])))
+        elif p.startswith("s"):
+            order.append(("in", int(p[1:])))
         elif p.startswith("k"):
             order.append(("lit", n_lit))
             n_lit += 1
-        elif p.startswith("out"):
+        else:
             order.append(("out", int(p[3:])))
     launch = fn[kernel.grid]
     block, warps = kernel.block, kernel.num_warps
