@@ -165,14 +165,15 @@ def dispatch(func, args: tuple, kwargs: dict):
     # off: torch's meta kernels make thousands of Python calls it would otherwise see.
     # (A C-level profiler such as cProfile cannot be reinstalled from Python: it stays on.)
     hook = sys.getprofile()
-    if type(hook) is types.FunctionType:
+    pause = type(hook) is types.FunctionType
+    if pause:
         sys.setprofile(None)
     try:
         # Everything below works on meta tensors, which must not be traced themselves.
         with torch._C.DisableTorchFunction():
             return _dispatch(current(), func, args, kwargs)
     finally:
-        if type(hook) is types.FunctionType:
+        if pause:
             sys.setprofile(hook)
 
 

@@ -17,7 +17,7 @@ from torch.overrides import TorchFunctionMode
 
 from fjit.core.ir import Binding, Trace, map_values
 from fjit.errors import UnsupportedOpError, error_for, located
-from fjit.frontend.context import Mode, TraceContext, is_user_file
+from fjit.frontend.context import Mode, TraceContext, user_location
 from fjit.frontend.dispatch import _capture, dispatch
 from fjit.frontend.inputs import make_proxies
 from fjit.frontend.observer import observe
@@ -70,11 +70,10 @@ def _unbound_method_error(e: TypeError) -> UnsupportedOpError | None:
     m = _UNBOUND.search(str(e))
     if m is None:
         return None
-    tb, where = e.__traceback__, ("<unknown>", 0)
-    while tb is not None:
-        if is_user_file(tb.tb_frame.f_code.co_filename):
-            where = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+    tb = e.__traceback__
+    while tb.tb_next is not None:       # the innermost frame; user_location walks out from it
         tb = tb.tb_next
+    where = user_location(tb.tb_frame)
     name = m.group(1)
     return UnsupportedOpError(located(
         "FJ202", f"torch.Tensor.{name}(x, ...) is an unbound Tensor method, which fjit cannot "
