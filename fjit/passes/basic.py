@@ -109,15 +109,22 @@ def constant_fold(trace: Trace) -> Trace:
     return trace.with_stage("constant_fold", kept, consts=consts)
 
 
+def _last_reads(trace: Trace) -> dict[str, int]:
+    """Name -> index of the last op that reads it."""
+    last: dict[str, int] = {}
+    for i, b in enumerate(trace.bsyms):
+        for v in b.inputs():
+            last[v.name] = i
+    return last
+
+
 def free_dead_values(trace: Trace) -> Trace:
     """Insert `del` after each intermediate's last use so its memory returns to the allocator."""
     keep = _output_vars(trace) | set(trace.consts)
-    last_use: dict[str, int] = {}
+    last_use = _last_reads(trace)
     for i, b in enumerate(trace.bsyms):
-        for v in b.inputs():
-            last_use[v.name] = i
         for v in b.outputs():
-            last_use.setdefault(v.name, i)
+            last_use.setdefault(v.name, i)     # never read: dead right after it is made
     dead_after: dict[int, list] = {}
     by_name = {v.name: v for b in trace.bsyms for v in b.inputs() + b.outputs()}
     for name, i in last_use.items():
@@ -157,10 +164,7 @@ def reuse_buffers(trace: Trace) -> Trace:
     all_vars = [v for b in trace.bsyms for v in b.inputs() + b.outputs()] + list(trace.inputs)
     if any(isinstance(v, TensorVar) and v.requires_grad for v in all_vars):
         return trace.with_stage("reuse_buffers")
-    last_use: dict[str, int] = {}
-    for i, b in enumerate(trace.bsyms):
-        for v in b.inputs():
-            last_use[v.name] = i
+    last_use = _last_reads(trace)
     keep = _output_vars(trace) | set(trace.consts)
     fresh: set[str] = set()      # allocated by an elementwise op of this trace
     shared: set[str] = set()     # passed to an op whose result may alias it
