@@ -332,6 +332,13 @@ def test_generated_hints_are_valid_python():
 
 # ----------------------------------------------------------------------------- closures (Thunder #132)
 
+def _assert_fj104_on_second_body_line(fn, text):
+    with pytest.raises(fjit.SideEffectError) as info:
+        fjit.jit(fn)(torch.ones(2))
+    assert info.value.lineno == fn.__code__.co_firstlineno + 2
+    assert text in str(info.value)
+
+
 def test_nonlocal_and_global_deletes_are_fj104_at_their_line():
     marker = 1
 
@@ -340,10 +347,7 @@ def test_nonlocal_and_global_deletes_are_fj104_at_their_line():
         del marker
         return x * 2
 
-    with pytest.raises(fjit.SideEffectError) as info:
-        fjit.jit(deletes_nonlocal)(torch.ones(2))
-    assert info.value.lineno == deletes_nonlocal.__code__.co_firstlineno + 2
-    assert "deletion of enclosing-scope variable 'marker'" in str(info.value)
+    _assert_fj104_on_second_body_line(deletes_nonlocal, "deletion of enclosing-scope variable 'marker'")
 
     globals()["_DOOMED"] = 1
 
@@ -352,10 +356,7 @@ def test_nonlocal_and_global_deletes_are_fj104_at_their_line():
         del _DOOMED
         return x * 2
 
-    with pytest.raises(fjit.SideEffectError) as info:
-        fjit.jit(deletes_global)(torch.ones(2))
-    assert info.value.lineno == deletes_global.__code__.co_firstlineno + 2
-    assert "deletion of global '_DOOMED'" in str(info.value)
+    _assert_fj104_on_second_body_line(deletes_global, "deletion of global '_DOOMED'")
 
 
 def test_fj101_names_a_tensor_nested_in_a_global_object():
