@@ -25,6 +25,7 @@ from fjit.ops import TRACE_NAMESPACE
 from fjit.passes.basic import constant_fold, cse, dce
 
 CACHE_SIZE = 64
+DEFAULT_EXECUTORS = ("triton", "c", "torch")
 CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "entries"])
 
 
@@ -34,8 +35,9 @@ class CacheMode(enum.Enum):
 
 
 class Executor(enum.Enum):
-    TRITON = "triton"
-    TORCH = "torch"
+    TRITON = "triton"   # fused kernels for CUDA tensors
+    C = "c"             # fused C kernels for small CPU tensors
+    TORCH = "torch"     # everything else
 
 
 def _parse(enum_cls, value, option: str):
@@ -55,7 +57,7 @@ def _no_fast_path(*args):
 
 
 class JittedFunction:
-    def __init__(self, fn, *, sharp_edges="error", executors=("triton", "torch"), cache="metadata"):
+    def __init__(self, fn, *, sharp_edges="error", executors=DEFAULT_EXECUTORS, cache="metadata"):
         if not callable(fn):
             raise TypeError(f"fjit.jit expects a function, got {type(fn).__qualname__}")
         functools.update_wrapper(self, fn)
@@ -156,10 +158,12 @@ def optimize(trace: Trace, executors: tuple, leaves: list) -> list[Trace]:
     traces = [trace]
     for stage in (dce, cse, constant_fold, dce):
         traces.append(stage(traces[-1]))
-    if Executor.TRITON in executors:
-        from_triton = _triton_stage(traces[-1], leaves)
-        if from_triton is not None:
-            traces.append(from_triton)
+    fused = _triton_stage(traces[-1], leaves) if Executor.TRITON in executors else None
+    if fused is None and Executor.C in executors:
+        from fjit.executors.c import executor as c_executor
+        fused = c_executor.claim(traces[-1])
+    if fused is not None:
+        traces.append(fused)
     traces.append(torch_executor.finalize(traces[-1]))
     return traces
 
@@ -182,7 +186,7 @@ def check_traces(traces: list[Trace], leaves: list) -> None:
                                    msg=lambda m: f"fjit check: stage {t.stage} differs: {m}")
 
 
-def jit(fn=None, *, sharp_edges="error", executors=("triton", "torch"), cache="metadata"):
+def jit(fn=None, *, sharp_edges="error", executors=DEFAULT_EXECUTORS, cache="metadata"):
     """Compile `fn`; usable as `@jit` or `@jit(sharp_edges="warn", ...)`."""
     if fn is None:
         return functools.partial(jit, sharp_edges=sharp_edges, executors=executors, cache=cache)

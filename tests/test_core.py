@@ -253,7 +253,7 @@ def test_adversarial_strings_are_never_executed():
 def test_bad_option_lists_allowed_values():
     with pytest.raises(ValueError, match="'error', 'warn', 'allow'"):
         fjit.jit(lambda x: x, sharp_edges="strict")
-    with pytest.raises(ValueError, match="'triton', 'torch'"):
+    with pytest.raises(ValueError, match="'triton', 'c', 'torch'"):
         fjit.jit(lambda x: x, executors=("cuda",))
 
 

@@ -179,9 +179,25 @@ def test_data_dependent_shape_is_unsupported(fn):
 
 
 # --------------------------------------------------------------------------------------------------
-# the same samples through the Triton executor, on CPU tensors under TRITON_INTERPRET=1
+# test_op runs the default executors: small regions are C kernels (tests/conftest.py builds them
+# synchronously).  The first sample of every op and dtype also runs with torch calls only, and
+# through the Triton executor on CPU tensors under TRITON_INTERPRET=1.
 
-TRITON_PARAMS = [p for p in PARAMS if p.id.endswith("-0") and p.values[0].check == "close"]
+FIRST_PARAMS = [p for p in PARAMS if p.id.endswith("-0") and p.values[0].check == "close"]
+
+
+@pytest.mark.parametrize("info, args", FIRST_PARAMS)
+def test_op_with_torch_executor(info, args):
+    expected = info.fn(*args)
+    snapshot = _clone_tree(args)
+    jf = fjit.jit(info.fn, executors=("torch",))
+    actual = jf(*args)
+    _assert_unchanged(args, snapshot)
+    assert_matches_eager(actual, expected)
+    assert "C kernel" not in str(fjit.last_traces(jf)[-1])
+
+
+TRITON_PARAMS = FIRST_PARAMS
 
 
 @pytest.mark.triton

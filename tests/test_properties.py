@@ -41,7 +41,8 @@ EXAMPLES = int(os.environ.get("FJIT_HYPOTHESIS_EXAMPLES", "150"))
 SCALAR_EXAMPLES = max(10, EXAMPLES // 3)
 
 # The executor tuples the properties run under.
-EXECUTORS = [pytest.param(("torch",), id="torch")]
+EXECUTORS = [pytest.param(("torch",), id="torch"),
+             pytest.param(("c", "torch"), id="c", marks=pytest.mark.ckernels)]
 # The Triton executor's run of the main property, on CPU tensors under TRITON_INTERPRET=1: a kernel
 # costs tens of milliseconds there, so it draws fewer programs (FJIT_HYPOTHESIS_TRITON_EXAMPLES).
 TRITON_EXAMPLES = int(os.environ.get("FJIT_HYPOTHESIS_TRITON_EXAMPLES", "150"))

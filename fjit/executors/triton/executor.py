@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import tempfile
 import threading
 
 import torch
 import triton  # noqa: F401  (a missing triton makes this executor unavailable)
 
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, TensorVar, Trace
+from fjit.executors import kernel_cache_dir
 from fjit.executors.triton.codegen import Kernel, generate, supported
 from fjit.passes.fusion import Partitioner, Region
 
@@ -75,22 +75,12 @@ def _region_bsym(region: Region) -> BoundSymbol:
     return BoundSymbol(sym, args, {}, outs if len(outs) > 1 else outs[0], comment=comment)
 
 
-def _cache_dir() -> str:
-    path = os.environ.get("FJIT_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "fjit", "kernels")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError:
-        path = tempfile.mkdtemp(prefix="fjit-kernels-")
-    return path
-
-
 def _compiled(kernel: Kernel):
     """triton.jit needs its source in a file; identical sources share one module and one binary."""
     with _LOCK:
         fn = _KERNELS.get(kernel.name)
         if fn is None:
-            path = os.path.join(_cache_dir(), f"{kernel.name}.py")
+            path = os.path.join(kernel_cache_dir(), f"{kernel.name}.py")
             if not os.path.exists(path):
                 tmp = f"{path}.{os.getpid()}.tmp"
                 with open(tmp, "w") as f:

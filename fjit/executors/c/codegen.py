@@ -1,0 +1,370 @@
+"""Region -> C kernel source, for small CPU tensors.
+
+A region becomes one C function: a loop over its elements (or, with reductions, a loop over rows and
+one loop over the row per reduction level, recomputing the cheap elementwise values rather than
+storing them).  Shapes and strides are literals (a trace is specialized to them), so the source is
+the cache key.  Values are computed in the dtype torch computes them in: a Python number is rounded
+to that dtype first (`x * 0.1` on float32 is `x * (float)0.1`, as torch's CPU kernels do), integers
+wrap (the kernel is built with -fwrapv), max/min propagate NaN.  Float sums and products accumulate
+in double.  Transcendental functions are the C library's, which can differ from torch's vectorized
+ones in the last bit; that is within the dtype tolerance DESIGN.md promises.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
+from fjit.ops.prims import PRIM_OF_QUALNAME, Prim
+from fjit.passes.fusion import Region
+
+C_TYPE = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
+          torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
+          torch.uint8: "uint8_t", torch.bool: "bool"}
+
+# prim -> C expression over operand names (already in the computation dtype); {f} is the libm
+# suffix ("f" for float, "" for double).
+_FLOAT_ONLY = {
+    Prim.EXP: "exp{f}({0})", Prim.EXP2: "exp2{f}({0})", Prim.EXPM1: "expm1{f}({0})",
+    Prim.LOG: "log{f}({0})", Prim.LOG2: "log2{f}({0})", Prim.LOG10: "log10{f}({0})",
+    Prim.LOG1P: "log1p{f}({0})", Prim.SQRT: "sqrt{f}({0})", Prim.RSQRT: "(1 / sqrt{f}({0}))",
+    Prim.SIN: "sin{f}({0})", Prim.COS: "cos{f}({0})", Prim.TAN: "tan{f}({0})",
+    Prim.ASIN: "asin{f}({0})", Prim.ACOS: "acos{f}({0})", Prim.ATAN: "atan{f}({0})",
+    Prim.SINH: "sinh{f}({0})", Prim.COSH: "cosh{f}({0})", Prim.TANH: "tanh{f}({0})",
+    Prim.SIGMOID: "(1 / (1 + exp{f}(-{0})))", Prim.ERF: "erf{f}({0})",
+    Prim.FLOOR: "floor{f}({0})", Prim.CEIL: "ceil{f}({0})", Prim.TRUNC: "trunc{f}({0})",
+    Prim.ROUND: "nearbyint{f}({0})",   # the default rounding mode: half to even, as torch.round
+    Prim.RECIPROCAL: "(1 / {0})", Prim.DIV: "({0} / {1})", Prim.POW: "pow{f}({0}, {1})",
+    Prim.ATAN2: "atan2{f}({0}, {1})", Prim.FMOD: "fmod{f}({0}, {1})",
+    Prim.REMAINDER: "FJ_REMAINDER({0}, {1}, fmod{f}({0}, {1}))",
+    Prim.ISNAN: "({0} != {0})", Prim.ISINF: "isinf({0})", Prim.ISFINITE: "isfinite({0})",
+}
+_ANY = {
+    Prim.ABS: "({0} < 0 ? -{0} : {0})", Prim.NEG: "(-{0})", Prim.CLONE: "{0}",
+    Prim.ADD: "({0} + {1})", Prim.SUB: "({0} - {1})", Prim.MUL: "({0} * {1})",
+    Prim.MAXIMUM: "FJ_MAX({0}, {1})", Prim.MINIMUM: "FJ_MIN({0}, {1})",
+    Prim.CLAMP_MIN: "FJ_MAX({0}, {1})", Prim.CLAMP_MAX: "FJ_MIN({0}, {1})",
+    Prim.SIGN: "(({0} > 0) - ({0} < 0))",
+    Prim.EQ: "({0} == {1})", Prim.NE: "({0} != {1})", Prim.LT: "({0} < {1})", Prim.LE: "({0} <= {1})",
+    Prim.GT: "({0} > {1})", Prim.GE: "({0} >= {1})",
+    Prim.LOGICAL_AND: "(({0} != 0) && ({1} != 0))", Prim.LOGICAL_OR: "(({0} != 0) || ({1} != 0))",
+    Prim.LOGICAL_XOR: "(({0} != 0) != ({1} != 0))", Prim.LOGICAL_NOT: "({0} == 0)",
+    Prim.WHERE: "({0} ? {1} : {2})",
+}
+_INT_ONLY = {Prim.BITWISE_AND: "({0} & {1})", Prim.BITWISE_OR: "({0} | {1})",
+             Prim.BITWISE_XOR: "({0} ^ {1})", Prim.BITWISE_NOT: "(~{0})"}
+_COMPARE = {Prim.EQ, Prim.NE, Prim.LT, Prim.LE, Prim.GT, Prim.GE, Prim.LOGICAL_AND, Prim.LOGICAL_OR,
+            Prim.LOGICAL_XOR, Prim.LOGICAL_NOT, Prim.ISNAN, Prim.ISINF, Prim.ISFINITE}
+_CHEAP_LIBM = {Prim.SQRT, Prim.RSQRT, Prim.FLOOR, Prim.CEIL, Prim.TRUNC, Prim.ROUND}
+_REDUCE = {Prim.SUM, Prim.PROD, Prim.AMAX, Prim.AMIN}
+
+_PRELUDE = """\
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+/* torch's maximum/minimum/clamp propagate NaN from either side */
+#define FJ_MAX(a, b) ((a) != (a) ? (a) : (b) != (b) ? (b) : (a) > (b) ? (a) : (b))
+#define FJ_MIN(a, b) ((a) != (a) ? (a) : (b) != (b) ? (b) : (a) < (b) ? (a) : (b))
+/* Python's modulo: the sign of the divisor (r is fmod(a, b)) */
+#define FJ_REMAINDER(a, b, r) ((r) != 0 && (((r) < 0) != ((b) < 0)) ? (r) + (b) : (r))
+"""
+
+
+def _prim(b: BoundSymbol):
+    return PRIM_OF_QUALNAME.get(b.sym.qualname)
+
+
+def _compute_dtype(b: BoundSymbol, p: Prim) -> torch.dtype:
+    """The dtype torch computes `b` in: its output's, or for a comparison its operands' promotion."""
+    if p in _COMPARE and p not in (Prim.ISNAN, Prim.ISINF, Prim.ISFINITE, Prim.LOGICAL_NOT):
+        metas = [torch.empty((), dtype=a.dtype) if isinstance(a, TensorVar) else
+                 (1.0 if isinstance(a, NumberVar) else a) for a in b.args]
+        return torch.result_type(*metas)
+    if p in (Prim.ISNAN, Prim.ISINF, Prim.ISFINITE, Prim.LOGICAL_NOT):
+        return b.args[0].dtype
+    return b.outputs()[0].dtype
+
+
+def calls_libm(b: BoundSymbol) -> bool:
+    """Whether the prim's C code calls a costly C library function (sin, exp, ...: not vectorized)."""
+    p = _prim(b)
+    return "{f}(" in _FLOAT_ONLY.get(p, "") and p not in _CHEAP_LIBM
+
+
+def supported(b: BoundSymbol) -> bool:
+    """Whether this generator can emit `b` inside a region."""
+    p = _prim(b)
+    if p is None or len(b.outputs()) != 1 or not isinstance(b.outputs()[0], TensorVar):
+        return False
+    out = b.outputs()[0]
+    tensors = [v for v in b.inputs() if isinstance(v, TensorVar)]
+    if not tensors or any(v.dtype not in C_TYPE or v.device.type != "cpu" for v in tensors + [out]):
+        return False
+    if any(isinstance(a, (complex, str)) for a in b.args):
+        return False
+    if p in _REDUCE:
+        return True
+    if p is Prim.CONVERT:
+        return True
+    try:
+        dt = _compute_dtype(b, p)
+    except (TypeError, RuntimeError):
+        return False
+    if dt not in C_TYPE:
+        return False
+    if p in _FLOAT_ONLY:
+        return dt.is_floating_point
+    if p in _INT_ONLY:
+        return not dt.is_floating_point
+    return p in _ANY
+
+
+@dataclasses.dataclass
+class Kernel:
+    name: str
+    source: str
+    params: list      # (kind, index): ("in", k) region input k (tensor or number), ("out", k)
+    arg_types: list   # ctypes type names, in parameter order: "p" pointer, "d" double, "q" int64
+
+
+def _literal(value, ct: torch.dtype) -> str:
+    """A Python number as a C literal of the computation dtype (never user text: numbers only)."""
+    ctype = C_TYPE[ct]
+    if isinstance(value, bool):
+        return f"(({ctype}){int(value)})"
+    if isinstance(value, int):
+        return f"(({ctype}){value}LL)" if -2**63 <= value < 2**63 else f"(({ctype}){float(value)!r})"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return f"(({ctype})NAN)"
+        if math.isinf(value):
+            return f"(({ctype}){'-' if value < 0 else ''}INFINITY)"
+        return f"(({ctype}){value!r})"
+    raise TypeError(f"no C literal for {type(value).__name__}")
+
+
+class _Emitter:
+    def __init__(self, region: Region):
+        self.r = region
+        self.level: dict[str, int] = {}       # value name -> first loop pass it is available in
+        self.rows: set = set(region.row_vars)
+        self.ctypes_of: dict[str, torch.dtype] = {}   # value name -> dtype its C variable holds
+        self.counter = 0
+
+    # -- indexing -------------------------------------------------------------------------------
+    def offset(self, v: TensorVar, rows_only: bool = False) -> str:
+        """The element offset of `v` (broadcast to the domain) at the current loop indices."""
+        dom, n_outer = self.r.domain, len(self.r.outer)
+        if not rows_only and v.shape == dom and v.strides == _contiguous(dom):
+            if not self.r.has_reduction:
+                return "c"
+            width = math.prod(self.r.inner)
+            return f"r * {width} + c" if n_outer else "c"
+        terms = []
+        for j in range(len(dom)):
+            t = j - (len(dom) - len(v.shape))
+            if rows_only:
+                t = j if j < n_outer and j < len(v.shape) else -1
+            if t < 0 or v.shape[t] == 1 or (rows_only and j >= n_outer):
+                continue
+            idx = f"o{j}" if j < n_outer else f"i{j - n_outer}"
+            terms.append(f"{idx} * {v.strides[t]}" if v.strides[t] != 1 else idx)
+        return " + ".join(terms) if terms else "0"
+
+    def index_lines(self, names: str, sizes: tuple, flat: str) -> list[str]:
+        lines = []
+        for k, size in enumerate(sizes):
+            below = math.prod(sizes[k + 1:])
+            expr = flat if below == 1 else f"({flat} / {below})"
+            lines.append(f"int64_t {names}{k} = {expr} % {size};" if k else f"int64_t {names}{k} = {expr};")
+        return lines
+
+    # -- levels: which loop pass over the row can compute each value ------------------------------
+    def assign_levels(self) -> int:
+        for v in self.r.inputs:
+            self.level[v.name] = 0
+        passes = 1
+        for b in self.r.bsyms:
+            out = b.outputs()[0]
+            ins = [a for a in b.inputs() if a.name in self.level]
+            lvl = max((self.level[a.name] for a in ins), default=0)
+            if _prim(b) in _REDUCE:
+                lvl += 1           # known after the pass that reads its input
+                passes = max(passes, lvl)
+            self.level[out.name] = lvl
+        for v in self.r.outputs:
+            if v.name not in self.rows:
+                passes = max(passes, self.level[v.name] + 1)
+        return passes
+
+    # -- values ------------------------------------------------------------------------------------
+    def fresh(self) -> str:
+        self.counter += 1
+        return f"v{self.counter}"
+
+    def operand(self, a, ct: torch.dtype | None, names: dict) -> str:
+        if isinstance(a, (TensorVar, NumberVar)):
+            var = names[a.name]
+            held = self.ctypes_of[a.name]
+            return var if ct is None or held == ct else f"(({C_TYPE[ct]}){var})"
+        return _literal(a, ct if ct is not None else torch.float64)
+
+    def expression(self, b: BoundSymbol, names: dict) -> tuple[str, torch.dtype]:
+        """C expression of an elementwise prim and the dtype of its value."""
+        p = _prim(b)
+        out = b.outputs()[0]
+        if p is Prim.CONVERT:
+            x = names[b.args[0].name]
+            if out.dtype == torch.bool:
+                return f"({x} != 0)", torch.bool
+            return f"(({C_TYPE[out.dtype]}){x})", out.dtype
+        ct = _compute_dtype(b, p)
+        if p is Prim.WHERE:
+            ops = [self.operand(b.args[0], None, names)] + [self.operand(a, ct, names) for a in b.args[1:]]
+        else:
+            ops = [self.operand(a, ct, names) for a in b.args]
+        if p is Prim.BITWISE_NOT and ct == torch.bool:
+            return f"(!{ops[0]})", torch.bool
+        template = _FLOAT_ONLY.get(p) or _ANY.get(p) or _INT_ONLY[p]
+        expr = template.format(*ops, f="f" if ct == torch.float32 else "")
+        return expr, torch.bool if p in _COMPARE else out.dtype
+
+    # -- the kernel ------------------------------------------------------------------------------
+    def generate(self, name: str) -> Kernel:
+        r = self.r
+        params, arg_types, signature = [], [], []
+        names: dict[str, str] = {}
+        for k, v in enumerate(r.inputs):
+            if isinstance(v, NumberVar):
+                c_type, code = ("int64_t", "q") if v.pytype is int else ("double", "d")
+                signature.append(f"{c_type} s{k}")
+                names[v.name] = f"s{k}"
+                self.ctypes_of[v.name] = torch.int64 if v.pytype is int else torch.float64
+            else:
+                signature.append(f"const {C_TYPE[v.dtype]} *restrict in{k}")
+                code = "p"
+            params.append(("in", k))
+            arg_types.append(code)
+        for k, v in enumerate(r.outputs):
+            signature.append(f"{C_TYPE[v.dtype]} *restrict out{k}")
+            params.append(("out", k))
+            arg_types.append("p")
+        passes = self.assign_levels()
+        body = self.body(passes, names)
+        source = _PRELUDE + f"\nvoid {name}({', '.join(signature)})\n{{\n" + \
+            "\n".join("    " + line for line in body) + "\n}\n"
+        return Kernel(name, source, params, arg_types)
+
+    def element_code(self, upto: int, names: dict, store_level: int | None) -> tuple[list, dict]:
+        """One iteration over an element: loads, elementwise values of level <= upto, stores."""
+        r = self.r
+        lines = self.index_lines("i", r.inner, "c")
+        local = dict(names)
+        for k, v in enumerate(r.inputs):
+            if isinstance(v, TensorVar):
+                var = f"x{k}"
+                lines.append(f"{C_TYPE[v.dtype]} {var} = in{k}[{self.offset(v)}];")
+                local[v.name] = var
+                self.ctypes_of[v.name] = v.dtype
+        for b in r.bsyms:
+            out = b.outputs()[0]
+            if _prim(b) in _REDUCE or out.name in self.rows or self.level[out.name] > upto:
+                continue
+            expr, dt = self.expression(b, local)
+            var = self.fresh()
+            lines.append(f"{C_TYPE[dt]} {var} = {expr};")
+            local[out.name] = var
+            self.ctypes_of[out.name] = dt
+        for k, v in enumerate(r.outputs):
+            if v.name not in self.rows and (store_level is None or self.level[v.name] == store_level):
+                lines.append(f"out{k}[{self.offset(v)}] = {self.operand(v, v.dtype, local)};")
+        return lines, local
+
+    def body(self, passes: int, names: dict) -> list[str]:
+        r = self.r
+        width = math.prod(r.inner)
+        if not r.has_reduction:
+            inner, _ = self.element_code(0, names, None)
+            return [f"for (int64_t c = 0; c < {width}; c++) {{"] + ["    " + x for x in inner] + ["}"]
+        rows = math.prod(r.outer)
+        out: list[str] = [f"for (int64_t r = 0; r < {rows}; r++) {{"]
+        row_lines = self.index_lines("o", r.outer, "r")
+        row_names = dict(names)
+        for p in range(passes + 1):
+            # row values of level p: reductions finished by pass p - 1, then elementwise on rows
+            for b in r.bsyms:
+                o = b.outputs()[0]
+                if o.name in self.rows and self.level[o.name] == p and _prim(b) not in _REDUCE:
+                    expr, dt = self.expression(b, row_names)
+                    var = self.fresh()
+                    row_lines.append(f"{C_TYPE[dt]} {var} = {expr};")
+                    row_names[o.name] = var
+                    self.ctypes_of[o.name] = dt
+            if p == passes:
+                break
+            reductions = [b for b in r.bsyms if _prim(b) in _REDUCE and self.level[b.outputs()[0].name] == p + 1]
+            accs = []
+            for b in reductions:
+                acc, init = self.accumulator(b)
+                row_lines.append(init)
+                accs.append((b, acc))
+            loop, local = self.element_code(p, row_names, p)
+            for b, acc in accs:
+                loop.append(self.accumulate(b, acc, local))
+            row_lines.append(f"for (int64_t c = 0; c < {width}; c++) {{")
+            row_lines += ["    " + x for x in loop]
+            row_lines.append("}")
+            for b, acc in accs:
+                o = b.outputs()[0]
+                var = self.fresh()
+                row_lines.append(f"{C_TYPE[o.dtype]} {var} = ({C_TYPE[o.dtype]}){acc};")
+                row_names[o.name] = var
+                self.ctypes_of[o.name] = o.dtype
+        for k, v in enumerate(r.outputs):
+            if v.name in self.rows:
+                row_lines.append(f"out{k}[{self.offset(v, rows_only=True)}] = "
+                                 f"{self.operand(v, v.dtype, row_names)};")
+        out += ["    " + x for x in row_lines]
+        out.append("}")
+        return out
+
+    def accumulator(self, b: BoundSymbol) -> tuple[str, str]:
+        p, o = _prim(b), b.outputs()[0]
+        acc = self.fresh()
+        if p in (Prim.SUM, Prim.PROD):
+            ctype = "double" if o.dtype.is_floating_point else "int64_t"
+            return acc, f"{ctype} {acc} = {0 if p is Prim.SUM else 1};"
+        ctype = C_TYPE[o.dtype]
+        if o.dtype.is_floating_point:
+            start = "-INFINITY" if p is Prim.AMAX else "INFINITY"
+        elif o.dtype == torch.bool:
+            start = "0" if p is Prim.AMAX else "1"
+        else:
+            info = torch.iinfo(o.dtype)
+            start = f"{info.min}LL" if p is Prim.AMAX else f"{info.max}LL"
+            if o.dtype == torch.int64 and p is Prim.AMAX:
+                start = "INT64_MIN"
+        return acc, f"{ctype} {acc} = {start};"
+
+    def accumulate(self, b: BoundSymbol, acc: str, local: dict) -> str:
+        p, x = _prim(b), b.args[0]
+        value = local[x.name]
+        if p is Prim.SUM:
+            return f"{acc} += {value};"
+        if p is Prim.PROD:
+            return f"{acc} *= {value};"
+        return f"{acc} = {'FJ_MAX' if p is Prim.AMAX else 'FJ_MIN'}({acc}, {value});"
+
+
+def _contiguous(shape: tuple) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def generate(region: Region, name: str) -> Kernel:
+    return _Emitter(region).generate(name)

@@ -1,0 +1,288 @@
+"""The C executor: fusion regions over small CPU tensors become C functions called through ctypes.
+
+Why it exists: on a tensor of a few elements a torch call is all dispatch (about 2-4 us each), so a
+10-op function costs ten dispatches where one fused loop costs well under one.  It claims only
+regions of at most MAX_NUMEL elements; on bigger tensors torch's vectorized, multithreaded kernels
+win, and those regions stay torch calls.
+
+The system C compiler (`$CC`, else `cc`, else `gcc`) builds each kernel in about 80 ms, more than a
+whole cold compile is allowed to take, so by default kernels are built on one background thread:
+until a kernel's binary is loaded its region runs as torch calls of its prims (the fallback), and
+from then on the same launcher calls the kernel.  Results of the two differ at most in the last bit
+of a transcendental function.  Binaries are kept in the kernel cache directory by source hash, so a
+later process loads them while compiling, with no wait.
+
+FJIT_C_KERNELS selects the mode: "background" (the default), "sync" (build before the compile
+returns; tests and benchmarks use it to know what runs) or "0" (off: the executor claims nothing).
+Without a C compiler the executor claims nothing.  Autograd needs torch's ops, so a trace whose
+inputs require grad under grad mode stays with the torch executor.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import queue
+import shutil
+import subprocess
+import threading
+import warnings
+
+import torch
+
+from fjit.core.ir import BoundSymbol, Symbol, TensorVar, Trace
+from fjit.executors import kernel_cache_dir
+from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
+from fjit.passes.fusion import Partitioner, Region
+
+# The largest tensors a prim may touch to be claimed.  A libm call (sin, exp, ...) costs ~10 ns per
+# element in a scalar C loop against ~1 ns in torch's vectorized kernel, so past a few hundred
+# elements the saved dispatch (~2.5 us) is lost; plain arithmetic vectorizes and wins far longer.
+# Both measured with benchmarks/bench_cpu.py --c-crossover.
+MAX_NUMEL = 16384
+MAX_NUMEL_LIBM = 256
+CFLAGS = ("-O2", "-shared", "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-errno")
+_ARG_TYPES = {"p": ctypes.c_void_p, "d": ctypes.c_double, "q": ctypes.c_int64}
+
+
+def mode() -> str:
+    value = os.environ.get("FJIT_C_KERNELS", "background")
+    return "off" if value in ("0", "off", "") else value
+
+
+_COMPILER: list = []   # [path or None], found once
+
+
+def compiler() -> str | None:
+    if not _COMPILER:
+        cc = os.environ.get("CC")
+        _COMPILER.append(shutil.which(cc) if cc else shutil.which("cc") or shutil.which("gcc"))
+    return _COMPILER[0]
+
+
+def _small(b: BoundSymbol) -> bool:
+    limit = MAX_NUMEL_LIBM if calls_libm(b) else MAX_NUMEL
+    return supported(b) and all(math.prod(v.shape) <= limit
+                                for v in b.inputs() + b.outputs() if isinstance(v, TensorVar))
+
+
+_PARTITIONER = Partitioner(_small)
+
+
+def _usable(trace: Trace) -> bool:
+    if mode() == "off" or compiler() is None:
+        return False
+    tensors = [v for v in trace.inputs if isinstance(v, TensorVar)]
+    if any(v.device.type != "cpu" for v in tensors):
+        return False
+    return not (torch.is_grad_enabled() and any(v.requires_grad for v in tensors))
+
+
+def claim(trace: Trace) -> Trace | None:
+    """The trace with each small fusion region replaced by one C kernel call, or None."""
+    if not _usable(trace):
+        return None
+    items = _PARTITIONER.partition(trace)
+    if not any(_worth_a_kernel(i) for i in items):
+        return None
+    bsyms = []
+    for item in items:
+        if not isinstance(item, Region):
+            bsyms.append(item)
+        elif _worth_a_kernel(item):
+            bsyms.append(_region_bsym(item, trace))
+        elif item.outputs:
+            bsyms.extend(item.bsyms)    # one prim: a torch call costs what a kernel call does
+    return trace.with_stage("c_fusion", bsyms)
+
+
+def _worth_a_kernel(item) -> bool:
+    return isinstance(item, Region) and bool(item.outputs) and len(item.bsyms) > 1
+
+
+def _region_bsym(region: Region, trace: Trace) -> BoundSymbol:
+    kernel = generate(region, "fused")
+    digest = hashlib.sha1(kernel.source.encode()).hexdigest()[:16]
+    kernel.name = f"fjit_c_{digest}"
+    kernel.source = kernel.source.replace("void fused(", f"void {kernel.name}(")
+    binary = _binary(kernel)
+    fallback = _Fallback(region, trace, binary)
+    launch = _launcher(region, kernel, binary, fallback)
+    outs = tuple(region.outputs)
+    comment = f"C kernel {kernel.name}\n{kernel.source[kernel.source.index('void '):]}"
+    return BoundSymbol(Symbol(f"c_kernel.{kernel.name}", launch), tuple(region.inputs), {},
+                       outs if len(outs) > 1 else outs[0], comment=comment)
+
+
+class _Fallback:
+    """The region's prims as torch calls, compiled on first use: what runs while the kernel is not
+    built (or could not be).  A build lost to fork is queued again from here."""
+
+    def __init__(self, region: Region, trace: Trace, binary: "_Binary"):
+        outs = tuple(region.outputs)
+        self.trace = Trace(f"{trace.name}_region", list(region.inputs), list(region.bsyms),
+                           outs if len(outs) > 1 else outs[0], consts=dict(trace.consts),
+                           stage="c_fallback", namespace=dict(trace.namespace))
+        self.binary = binary
+        self.fn = None
+
+    def __call__(self, *inputs):
+        if not self.binary.queued and self.binary.error is None:
+            _binary(self.binary.kernel)
+        if self.fn is None:
+            self.fn = self.trace.python_callable()
+        return self.fn(*inputs)
+
+
+# -- launching -------------------------------------------------------------------------------------
+
+def _launcher(region: Region, kernel: Kernel, binary: "_Binary", fallback: _Fallback):
+    """A generated function per kernel: outputs allocated with literal layouts, one ctypes call.
+
+    Its source holds only names this module makes and integer literals; dtypes come in through
+    its namespace."""
+    params = [f"a{k}" for k in range(len(region.inputs))]
+    ns = {"binary": binary, "fallback": fallback, "empty_strided": torch.empty_strided}
+    lines = [f"def launch({', '.join(params)}):",
+             "    fn = binary.fn",
+             "    if fn is None:",
+             f"        return fallback({', '.join(params)})"]
+    outs = []
+    for k, v in enumerate(region.outputs):
+        ns[f"dtype{k}"] = v.dtype
+        shape, strides = tuple(int(s) for s in v.shape), tuple(int(s) for s in v.strides)
+        lines.append(f"    out{k} = empty_strided({shape!r}, {strides!r}, dtype=dtype{k})")
+        outs.append(f"out{k}")
+    args = []
+    for kind, k in kernel.params:
+        if kind == "out":
+            args.append(f"out{k}.data_ptr()")
+        elif isinstance(region.inputs[k], TensorVar):
+            args.append(f"a{k}.data_ptr()")
+        else:
+            args.append(f"a{k}")
+    lines.append(f"    fn({', '.join(args)})")
+    lines.append(f"    return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ')'}")
+    exec(compile("\n".join(lines) + "\n", f"<fjit C launcher {kernel.name}>", "exec"), ns)
+    return ns["launch"]
+
+
+# -- building ----------------------------------------------------------------------------------------
+
+class _Binary:
+    """One kernel's build state; `fn` is the loaded ctypes function once built."""
+
+    def __init__(self, kernel: Kernel):
+        self.kernel = kernel
+        self.fn = None
+        self.error: str | None = None
+        self.queued = False
+        self.done = threading.Event()
+
+
+_BINARIES: dict[str, _Binary] = {}
+_LOCK = threading.Lock()
+_QUEUE: queue.SimpleQueue = queue.SimpleQueue()
+_WORKER: list = []          # [Thread] while one runs
+_WARNED: list = []
+
+
+def _binary(kernel: Kernel) -> _Binary:
+    """The kernel's build state, with its build done, started or queued as the mode says."""
+    with _LOCK:
+        binary = _BINARIES.get(kernel.name)
+        if binary is None:
+            binary = _BINARIES[kernel.name] = _Binary(kernel)
+        if binary.fn is not None or binary.error is not None:
+            return binary
+        path = _so_path(kernel.name)
+        if os.path.exists(path):
+            _load(binary, path)
+            return binary
+        if mode() != "sync":
+            if not binary.queued:
+                binary.queued = True
+                _QUEUE.put(binary)
+                if not _WORKER or not _WORKER[0].is_alive():
+                    _WORKER[:] = [threading.Thread(target=_work, name="fjit-c-kernels", daemon=True)]
+                    _WORKER[0].start()
+            return binary
+    if binary.queued:
+        binary.done.wait()
+    else:
+        _build(binary)
+    return binary
+
+
+def _work() -> None:
+    while True:
+        try:
+            binary = _QUEUE.get(timeout=5.0)
+        except queue.Empty:
+            with _LOCK:
+                if _QUEUE.empty():
+                    _WORKER.clear()
+                    return
+            continue
+        _build(binary)
+
+
+def wait_for_builds(timeout: float = 60.0) -> bool:
+    """Block until every queued kernel is built or failed (tests and benchmarks); False on timeout."""
+    with _LOCK:
+        pending = [b for b in _BINARIES.values() if b.queued and not b.done.is_set()]
+    return all(b.done.wait(timeout) for b in pending)
+
+
+def _so_path(name: str) -> str:
+    return os.path.join(kernel_cache_dir(), f"{name}.so")
+
+
+def _build(binary: _Binary) -> None:
+    kernel = binary.kernel
+    path = _so_path(kernel.name)
+    try:
+        if not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"
+            with open(f"{tmp}.c", "w") as f:
+                f.write(kernel.source)
+            result = subprocess.run([compiler(), *CFLAGS, "-o", tmp, f"{tmp}.c", "-lm"],
+                                    capture_output=True, text=True, timeout=300)
+            os.remove(f"{tmp}.c")
+            if result.returncode != 0:
+                raise OSError(f"{compiler()} exited with {result.returncode}: "
+                              f"{(result.stderr or result.stdout).strip()[-500:]}")
+            os.replace(tmp, path)
+        with _LOCK:
+            _load(binary, path)
+    except (OSError, subprocess.SubprocessError) as e:
+        binary.error = str(e)
+        if not _WARNED:
+            _WARNED.append(True)
+            warnings.warn(f"fjit: building a C kernel failed, so its region runs as torch calls "
+                          f"(set FJIT_C_KERNELS=0 to stop trying): {e}", RuntimeWarning)
+    finally:
+        binary.done.set()
+
+
+def _load(binary: _Binary, path: str) -> None:
+    fn = getattr(ctypes.CDLL(path), binary.kernel.name)
+    fn.argtypes = [_ARG_TYPES[t] for t in binary.kernel.arg_types]
+    fn.restype = None
+    binary.fn = fn
+    binary.done.set()
+
+
+def _after_fork_in_child() -> None:
+    """The worker thread does not survive fork: requeue what it had not built."""
+    global _LOCK, _QUEUE
+    _LOCK, _QUEUE = threading.Lock(), queue.SimpleQueue()
+    _WORKER.clear()
+    for binary in _BINARIES.values():
+        if binary.fn is None and binary.error is None:
+            binary.queued = False
+            binary.done = threading.Event()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,269 @@
+"""The C executor: small CPU regions as C kernels built by the system compiler (FJIT_C_KERNELS)."""
+import os
+import re
+import stat
+import threading
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fjit
+from fjit.executors.c import executor as c_executor
+
+pytestmark = [pytest.mark.ckernels,
+              pytest.mark.skipif(c_executor.compiler() is None, reason="no C compiler on PATH")]
+
+
+@pytest.fixture(autouse=True)
+def sync_build(monkeypatch):
+    monkeypatch.setenv("FJIT_C_KERNELS", "sync")
+
+
+@pytest.fixture
+def fresh_cache(monkeypatch, tmp_path):
+    """An empty kernel cache, so the kernel really is compiled (and the in-memory builds forgotten)."""
+    monkeypatch.setenv("FJIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(c_executor, "_BINARIES", {})
+    return tmp_path
+
+
+def _kernels(jf) -> list[str]:
+    return re.findall(r"# C kernel (fjit_c_\w+)", str(fjit.last_traces(jf)[-1]))
+
+
+def _check(fn, *args, kernels=None, exact=False):
+    jf = fjit.jit(fn)
+    got, want = jf(*args), fn(*args)
+    tolerance = {"rtol": 0, "atol": 0} if exact else {}
+    torch.testing.assert_close(got, want, equal_nan=True, **tolerance)
+    if kernels is not None:
+        assert len(_kernels(jf)) == kernels, str(fjit.last_traces(jf)[-1])
+    return jf
+
+
+def _elementwise10(x, y, s):
+    a = torch.sin((x + y) * s) - y
+    f = torch.tanh(a) * x
+    return torch.clamp(torch.abs(f / torch.sigmoid(f)), 0.0, 4.0)
+
+
+NAN, INF = float("nan"), float("inf")
+SPECIAL = torch.tensor([NAN, -INF, INF, -0.0, 0.0, 1.5, -2.5, 3e38, -1e-30, 7.0])
+
+CASES = {
+    "elementwise10": (_elementwise10, lambda: (torch.randn(4), torch.randn(4), 0.75), 1),
+    "softmax": (lambda x: torch.softmax(x, -1), lambda: (torch.randn(6, 17),), 1),
+    "log_softmax_f64": (lambda x: F.log_softmax(x, -1), lambda: (torch.randn(5, 9).double(),), 1),
+    "layer_norm": (lambda x, w, b: F.layer_norm(x, (12,), w, b), lambda: (
+        torch.randn(4, 12), torch.randn(12), torch.randn(12)), 1),
+    "rms_norm_residual": (lambda x, r, w: F.rms_norm(x + r, (16,), w, 1e-6), lambda: (
+        torch.randn(3, 16), torch.randn(3, 16), torch.randn(16)), None),
+    "variance_keepdim": (lambda x: x.var(-1, keepdim=True) + x.mean(-1, keepdim=True),
+                         lambda: (torch.randn(7, 11),), 1),
+    "full_sum_of_squares": (lambda x: (x * x).sum() + 1, lambda: (torch.randn(9, 5),), 1),
+    "prod_and_amin": (lambda x: (x * 0.5).prod(-1) + (x * 2).amin(-1), lambda: (torch.randn(3, 6),), 1),
+    "nan_propagating_max_min_clamp": (
+        lambda x, y: (torch.maximum(x, y) + torch.minimum(x, y), torch.clamp(x * 2, -1.0, 1.0),
+                      (x * 1).amax(-1)),
+        lambda: (SPECIAL.view(2, 5), SPECIAL.flip(0).view(2, 5)), None),
+    "transposed_and_broadcast": (lambda x, y: torch.exp(x) * y - x, lambda: (
+        torch.randn(8, 6).t(), torch.randn(6, 1)), 1),
+    "zero_dim_and_scalar_tensor": (lambda x, y: (x * y + 2) / 3, lambda: (
+        torch.tensor(1.5), torch.randn(5)), 1),
+    "int_wraparound": (lambda a, b: (a * b + a) * 3, lambda: (
+        torch.tensor([2**62, -2**62, 7, -1]), torch.tensor([4, 4, -3, 2**63 - 1])), 1),
+    "int8_wraparound_and_compare": (lambda a, b: ((a + b) * 3, a * 2 > b), lambda: (
+        torch.tensor([100, -100, 5, 127], dtype=torch.int8),
+        torch.tensor([100, -100, -5, 1], dtype=torch.int8)), 1),
+    "int_true_division_promotes": (lambda a, b: a / b + a, lambda: (
+        torch.tensor([7, -7, 0, 3]), torch.tensor([2, 2, 0, -4])), 1),
+    "bool_logic_and_where": (lambda x, m: torch.where(m & (x > 0), x, -x) * (~m).float(), lambda: (
+        torch.randn(10), torch.rand(10) > 0.5), 1),
+    "casts": (lambda x: ((x * 3).to(torch.int32) + 1).to(torch.float64) * 0.5 + (x != 0).float(),
+              lambda: (torch.randn(8) * 10,), 1),
+    "remainder_fmod_pow_atan2": (
+        lambda x, y: torch.remainder(x, y) + torch.fmod(x, y) + torch.pow(x.abs(), y) + torch.atan2(x, y),
+        lambda: (torch.randn(12) * 5, torch.randn(12)), 1),
+    "round_half_even_sign": (lambda x: torch.round(x * 1) + torch.sign(x - 1),
+                             lambda: (torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, NAN, 3.0]),), 1),
+    "special_values_math": (lambda x: (torch.exp(x) + torch.log(x.abs()) + torch.sqrt(x.abs()),
+                                       x.isnan(), (x * 2).isinf(), (x + 1).isfinite()),
+                            lambda: (SPECIAL,), None),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_case_matches_eager(name):
+    fn, make, kernels = CASES[name]
+    _check(fn, *make(), kernels=kernels)
+
+
+def test_float32_arithmetic_is_bit_identical_to_eager():
+    """+ - * / on float32 are correctly rounded in C as in torch, and a Python float is rounded to
+    float32 before it is used, as torch's CPU kernels do (0.1 is not 0.1f)."""
+    def f(x, y, s):
+        return ((x * 0.1 + y) / 3.7 - s) * (y - x * s)
+    x, y = torch.randn(64), torch.randn(64)
+    _check(f, x, y, 0.3, kernels=1, exact=True)
+
+
+def test_runtime_float_is_an_argument_not_a_literal():
+    jf = fjit.jit(lambda x, s: x * s + s)
+    x = torch.randn(5)
+    for s in (0.5, -3.25, 1e-3):
+        torch.testing.assert_close(jf(x, s), x * s + s)
+    assert fjit.cache_info(jf).misses == 1
+    assert len(_kernels(jf)) == 1
+
+
+def test_large_tensors_and_costly_math_stay_with_torch():
+    big = torch.randn(c_executor.MAX_NUMEL * 2)
+    jf = _check(lambda x: x * 2 + 1, big)
+    assert _kernels(jf) == []
+    # at a size where libm is slower than torch's vector code, sin stays a torch call between kernels
+    mid = torch.randn(c_executor.MAX_NUMEL_LIBM * 2)
+    jf = _check(lambda x: torch.sin(x * 2 + 1) * 3 - 1, mid, kernels=2)
+    assert "prims.sin" in str(fjit.last_traces(jf)[-1])
+
+
+def test_grad_stays_with_torch():
+    x = torch.randn(4, requires_grad=True)
+    jf = fjit.jit(lambda x: (x * 2 + 1).sin())
+    jf(x).sum().backward()
+    assert _kernels(jf) == []
+    torch.testing.assert_close(x.grad, 2 * torch.cos(x.detach() * 2 + 1))
+
+
+def test_executor_choice_and_off_switch(monkeypatch):
+    x = torch.randn(4)
+    assert _kernels(_check(lambda x: x * 2 + 1, x)) != []
+    jf = fjit.jit(lambda x: x * 2 + 1, executors=("torch",))
+    jf(x)
+    assert _kernels(jf) == []
+    monkeypatch.setenv("FJIT_C_KERNELS", "0")
+    assert _kernels(_check(lambda x: x * 2 + 1, x)) == []
+    monkeypatch.setattr(c_executor, "_COMPILER", [None])
+    monkeypatch.setenv("FJIT_C_KERNELS", "sync")
+    assert _kernels(_check(lambda x: x * 2 + 1, x)) == []
+
+
+def _kernel_text(jf) -> str:
+    return "".join(re.findall(r"# C kernel.*?\n  t", str(fjit.last_traces(jf)[-1]), re.S))
+
+
+def _slow_compiler(tmp_path):
+    """A compiler that waits for the file `go` before running the real one."""
+    real = c_executor.compiler()
+    script = tmp_path / "slow-cc"
+    flag = tmp_path / "go"
+    script.write_text(f"#!/bin/sh\nwhile [ ! -e {flag} ]; do sleep 0.01; done\nexec {real} \"$@\"\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script), flag
+
+
+def test_background_build_runs_torch_until_the_kernel_is_loaded(monkeypatch, fresh_cache, tmp_path):
+    monkeypatch.setenv("FJIT_C_KERNELS", "background")
+    cc, go = _slow_compiler(tmp_path)
+    monkeypatch.setattr(c_executor, "_COMPILER", [cc])
+    x, y = torch.randn(4), torch.randn(4)
+    jf = fjit.jit(_elementwise10)
+    torch.testing.assert_close(jf(x, y, 0.5), _elementwise10(x, y, 0.5))   # returned before the build
+    (name,) = _kernels(jf)
+    binary = c_executor._BINARIES[name]
+    assert binary.fn is None and not binary.done.is_set()
+    torch.testing.assert_close(jf(x, y, 0.25), _elementwise10(x, y, 0.25))  # the torch fallback
+    go.touch()
+    assert c_executor.wait_for_builds(60)
+    assert binary.fn is not None and binary.error is None
+    torch.testing.assert_close(jf(x, y, 0.25), _elementwise10(x, y, 0.25))  # the kernel
+    assert fjit.cache_info(jf).misses == 1
+
+
+def test_kernel_binaries_are_reused_from_disk(monkeypatch, fresh_cache):
+    x = torch.randn(6)
+    (name,) = _kernels(_check(lambda x: x * 3 - 1, x))
+    assert (fresh_cache / f"{name}.so").exists()
+    # a new process: nothing in memory, and no compiler to build with
+    monkeypatch.setattr(c_executor, "_BINARIES", {})
+    monkeypatch.setattr(c_executor, "_COMPILER", ["/nonexistent/cc"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jf = _check(lambda x: x * 3 - 1, x)
+    assert _kernels(jf) == [name] and c_executor._BINARIES[name].fn is not None
+
+
+def test_a_failing_compiler_warns_once_and_results_stay_right(monkeypatch, fresh_cache, tmp_path):
+    failing = tmp_path / "broken-cc"
+    failing.write_text("#!/bin/sh\necho 'cc: fatal error: no space left' >&2\nexit 1\n")
+    failing.chmod(failing.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(c_executor, "_COMPILER", [str(failing)])
+    monkeypatch.setattr(c_executor, "_WARNED", [])
+    x = torch.randn(4)
+    with pytest.warns(RuntimeWarning, match="no space left"):
+        jf = _check(lambda x: x * 3 - 1, x)
+    (name,) = _kernels(jf)
+    assert c_executor._BINARIES[name].error is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check(lambda x: x * 5 - 2, x)     # a second failure does not warn again
+
+
+def test_threads_share_one_build(monkeypatch, fresh_cache):
+    monkeypatch.setenv("FJIT_C_KERNELS", "background")
+    jf = fjit.jit(_elementwise10)
+    x, y = torch.randn(4), torch.randn(4)
+    errors = []
+
+    def worker(seed):
+        try:
+            for i in range(50):
+                s = (seed + i) / 50
+                torch.testing.assert_close(jf(x, y, s), _elementwise10(x, y, s))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert fjit.cache_info(jf).misses == 1
+    assert c_executor.wait_for_builds(60)
+    assert len(c_executor._BINARIES) == 1
+
+
+def test_kernel_source_holds_only_generated_names_and_numbers():
+    """Strings of the user never reach C: the source's identifiers are fjit's own."""
+    def f(x, d):
+        return x * d["scale; system(\"rm -rf /\");"] + 1
+    x = torch.randn(3)
+    jf = _check(f, x, {"scale; system(\"rm -rf /\");": 2.0}, kernels=1)
+    assert "system" not in _kernel_text(jf) and "rm -rf" not in _kernel_text(jf)
+
+
+def test_codegen_declines_what_it_cannot_compute_like_torch():
+    """Half types, and integer division (whose division by zero raises in torch), stay torch calls."""
+    jf = _check(lambda x: (x * 2 + 1).bfloat16() * 3, torch.randn(4), kernels=1)
+    assert "prims.convert_element_type(" in str(fjit.last_traces(jf)[-1])
+    assert "bfloat16" not in _kernel_text(jf)
+    jf = _check(lambda a, b: (a // b) + (a % b) * 2, torch.tensor([7, -7, 5]), torch.tensor([2, 3, -2]),
+                kernels=1)
+    final = str(fjit.last_traces(jf)[-1])
+    assert "prims.floor_divide(" in final and "prims.remainder(" in final
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_build_state_is_reset_in_a_forked_child(monkeypatch, fresh_cache):
+    monkeypatch.setenv("FJIT_C_KERNELS", "background")
+    jf = fjit.jit(lambda x: x * 7 + 1)
+    x = torch.randn(4)
+    jf(x)
+    pid = os.fork()
+    if pid == 0:   # the child: a build it inherited unfinished is queued again by the next call
+        ok = torch.equal(jf(x), x * 7 + 1) and c_executor.wait_for_builds(60)
+        ok = ok and all(b.fn is not None for b in c_executor._BINARIES.values())
+        os._exit(0 if ok and torch.equal(jf(x), x * 7 + 1) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
