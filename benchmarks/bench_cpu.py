@@ -1,7 +1,8 @@
 """CPU figures of fjit against eager PyTorch and torch.compile (default mode), measured in one run.
 
-    python benchmarks/bench_cpu.py            # full run, a few minutes
-    python benchmarks/bench_cpu.py --quick    # short run, under a minute
+    python benchmarks/bench_cpu.py                # full run, a few minutes
+    python benchmarks/bench_cpu.py --quick        # short run, under a minute
+    python benchmarks/bench_cpu.py --c-crossover  # C kernels vs torch calls by size (sets MAX_NUMEL*)
 
 Writes benchmarks/results/cpu.json and prints the table and the PASS/MISS targets.
 See benchmarks/README.md for what each figure means.
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -21,11 +24,13 @@ import torch  # noqa: E402
 
 import fjit  # noqa: E402
 from benchmarks import harness as H  # noqa: E402
+from fjit.executors.c import executor as c_executor  # noqa: E402  (waits for kernel builds)
 from fjit.frontend import meta, tracer  # noqa: E402  (detection switched off, memo emptied)
 
-FJIT_OPTIONS: dict = {}          # fjit's defaults: on CPU tensors that is the torch executor
+FJIT_OPTIONS: dict = {}   # fjit's defaults: C kernels for small CPU regions, torch calls for the rest
 SIZES = {"small": 4, "large": 4 * 2**20}
 SCALE = 0.75
+COLD_CACHE_ROOT = None   # set by bench_cold
 
 
 def elementwise10(x, y, s):
@@ -68,6 +73,12 @@ def bench_elementwise(quick: bool) -> list[dict]:
         y = torch.randn(numel, generator=gen)
         args = (x, y, SCALE)
         prep = H.prepare(elementwise10, args, fjit_options=FJIT_OPTIONS)
+        c_executor.wait_for_builds()   # cached calls: the steady state, with the kernels built
+        if "fjit" in prep.candidates:    # prepare() checked the calls before the build: again
+            mismatch = H.check_close(prep.candidates["fjit"](), elementwise10(*args))
+            if mismatch:
+                prep.errors["fjit"] = f"wrong result once the C kernels were loaded: {mismatch}"
+                del prep.candidates["fjit"]
         if label == "small":
             iters, rounds = (500, 10) if quick else (2000, 30)
         else:
@@ -92,20 +103,33 @@ def bench_elementwise(quick: bool) -> list[dict]:
     return rows
 
 
+def _forget_c_kernels() -> None:
+    """A fresh kernel cache directory and no kernel in memory: the next C kernel is compiled anew."""
+    os.environ["FJIT_CACHE_DIR"] = tempfile.mkdtemp(dir=COLD_CACHE_ROOT)
+    c_executor._BINARIES.clear()
+
+
 def bench_cold(quick: bool) -> dict:
-    """First call of a freshly decorated 50-op function: trace, passes, codegen, first run."""
-    H.isolate_compiler_caches()
+    """First call of a freshly decorated 50-op function: trace, passes, codegen, first run.
+
+    C kernels are built in the background (fjit's default), so the first call returns before the
+    compiler runs; `c_build_ms` is how long after the call the kernels were loaded."""
+    global COLD_CACHE_ROOT
+    COLD_CACHE_ROOT = H.isolate_compiler_caches()
     gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(1024, generator=gen), torch.randn(1024, generator=gen)
-    samples_ns, errors = [], {}
+    samples_ns, build_ms, errors = [], [], {}
     for i in range(5 if quick else 10):
-        # Empty fjit's process-wide memo of meta results too: every sample is a true cold start.
+        # Empty fjit's process-wide memo of meta results and its kernel cache: every sample is a
+        # true cold start.
         meta.clear_memo()
+        _forget_c_kernels()
         fn = fresh_chain50(i)
         jf = fjit.jit(fn, **FJIT_OPTIONS)
         out = {}
         try:
             samples_ns.append(H.time_once_ns(lambda: out.setdefault("v", jf(x, y, SCALE))))
+            build_ms.append(H.time_once_ns(c_executor.wait_for_builds) / 1e6)
         except Exception as exc:  # noqa: BLE001 - reported in the results
             errors["fjit"] = H.describe_error(exc)
             break
@@ -117,6 +141,7 @@ def bench_cold(quick: bool) -> dict:
     for i in range(5 if quick else 10):
         fn = fresh_chain50(100 + i)
         warm_ns.append(H.time_once_ns(lambda: fjit.jit(fn, **FJIT_OPTIONS)(x, y, SCALE)))
+        c_executor.wait_for_builds()
     compile_ns = None
     fn = fresh_chain50(1000)
     compiled = torch.compile(fn)
@@ -130,6 +155,7 @@ def bench_cold(quick: bool) -> dict:
         "fjit_first_call_ms": fjit_ms,
         "fjit_samples_ms": [s / 1e6 for s in samples_ns],
         "fjit_warm_process_ms": statistics.median(warm_ns) / 1e6,
+        "c_build_ms": statistics.median(build_ms) if build_ms else None,
         "compile_first_call_ms": None if compile_ns is None else compile_ns / 1e6,
         "compile_over_fjit": H.ratio(compile_ns and compile_ns / 1e6, fjit_ms),
         "errors": errors,
@@ -137,10 +163,13 @@ def bench_cold(quick: bool) -> dict:
 
 
 def _cold_chain50_ms(index: int, args: tuple) -> float:
-    """First call of a fresh chain50 function, with the meta memo emptied before it."""
+    """First call of a fresh chain50 function, with the meta memo and kernel cache emptied before it."""
     meta.clear_memo()
+    _forget_c_kernels()
     f = fjit.jit(fresh_chain50(index), **FJIT_OPTIONS)
-    return H.time_once_ns(lambda: f(*args)) / 1e6
+    ms = H.time_once_ns(lambda: f(*args)) / 1e6
+    c_executor.wait_for_builds()    # the background build must not overlap the next sample
+    return ms
 
 
 def bench_detection(quick: bool) -> dict:
@@ -225,8 +254,10 @@ def report(rows: list[dict], cold: dict, first: dict, detection: dict) -> list[H
                            H.fmt(cold["fjit_warm_process_ms"]),
                            H.fmt(cold["compile_first_call_ms"], ".0f"),
                            H.fmt(cold["compile_over_fjit"], ".1f")]]))
-    print("  (fjit ms: meta-result memo emptied before each sample; warm process: a new function "
-          "of ops already traced)")
+    print("  (fjit ms: meta-result memo and kernel cache emptied before each sample; warm process: "
+          "a new function of ops already traced)")
+    print(f"  C kernels of chain50 built and loaded {H.fmt(cold['c_build_ms'])} ms after the first "
+          "call returned (background build; torch calls run until then)")
     for who, err in cold["errors"].items():
         print(f"  ! cold {who}: {err}")
     for who, r in first.items():
@@ -255,10 +286,66 @@ def report(rows: list[dict], cold: dict, first: dict, detection: dict) -> list[H
     return targets
 
 
+def arithmetic10(x, y, s):
+    """Ten ops with no C library call: what a C loop vectorizes."""
+    a = (x + y) * s
+    b = (a - x) * (a - x) + 1.0
+    c = b / y - s
+    return torch.clamp(torch.abs(c * 0.5), 0.0, 4.0)
+
+
+def softmax_rows(x, y, s):
+    return torch.softmax(x * s, -1) + y
+
+
+def bench_c_crossover(quick: bool) -> list[dict]:
+    """The C executor against fjit's torch calls and eager at growing sizes, every region claimed
+    whatever its size: where C stops paying is what MAX_NUMEL and MAX_NUMEL_LIBM are set from."""
+    limits = c_executor.MAX_NUMEL, c_executor.MAX_NUMEL_LIBM
+    c_executor.MAX_NUMEL = c_executor.MAX_NUMEL_LIBM = 1 << 40
+    os.environ["FJIT_C_KERNELS"] = "sync"
+    timer, rows = H.CpuTimer(), []
+    try:
+        for fn in (elementwise10, arithmetic10, softmax_rows):
+            for numel in (64, 256, 1024, 4096, 16384, 65536):
+                gen = torch.Generator().manual_seed(3)
+                shape = (numel // 64, 64) if fn is softmax_rows else (numel,)
+                args = (torch.randn(shape, generator=gen), torch.randn(shape, generator=gen), SCALE)
+                c = fjit.jit(fn)
+                torch_calls = fjit.jit(fn, executors=("torch",))
+                candidates = {"eager": lambda: fn(*args), "c": lambda: c(*args),
+                              "torch_calls": lambda: torch_calls(*args)}
+                for name in ("c", "torch_calls"):
+                    mismatch = H.check_close(candidates[name](), fn(*args))
+                    assert not mismatch, f"{fn.__name__} {name}: {mismatch}"
+                iters = H.calibrate_iters(candidates["eager"], timer, 5e6 if quick else 20e6)
+                stats = H.measure(candidates, timer, rounds=5 if quick else 11, iters=iters)
+                rows.append({"function": fn.__name__, "numel": numel,
+                             "eager_us": stats["eager"].median_us,
+                             "c_over_eager": H.paired_ratio(stats, "c", "eager"),
+                             "torch_calls_over_eager": H.paired_ratio(stats, "torch_calls", "eager")})
+    finally:
+        c_executor.MAX_NUMEL, c_executor.MAX_NUMEL_LIBM = limits
+        os.environ.pop("FJIT_C_KERNELS")
+    print(f"C kernels vs torch calls (MAX_NUMEL={limits[0]}, MAX_NUMEL_LIBM={limits[1]} lifted)")
+    print(H.format_table(["function", "elements", "eager us", "C/eager", "torch calls/eager"], [
+        [r["function"], f"{r['numel']:,}", H.fmt(r["eager_us"]), H.fmt(r["c_over_eager"], ".2f"),
+         H.fmt(r["torch_calls_over_eager"], ".2f")] for r in rows]))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short run (under a minute)")
+    parser.add_argument("--c-crossover", action="store_true",
+                        help="only the C-kernel size crossover table (results/cpu_c_crossover.json)")
     args = parser.parse_args(argv)
+    if args.c_crossover:
+        rows = bench_c_crossover(args.quick)
+        path = H.write_json("cpu_c_crossover.json", {"suite": "cpu_c_crossover", "quick": args.quick,
+                                                      "environment": H.environment(), "rows": rows})
+        print(f"\nwrote {path.relative_to(H.REPO_ROOT)}")
+        return 0
     rows = bench_elementwise(args.quick)
     cold = bench_cold(args.quick)
     first = bench_first_in_process(args.quick)

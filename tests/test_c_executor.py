@@ -2,6 +2,8 @@
 import os
 import re
 import stat
+import subprocess
+import sys
 import threading
 import warnings
 
@@ -192,6 +194,20 @@ def test_kernel_binaries_are_reused_from_disk(monkeypatch, fresh_cache):
         warnings.simplefilter("error")
         jf = _check(lambda x: x * 3 - 1, x)
     assert _kernels(jf) == [name] and c_executor._BINARIES[name].fn is not None
+
+
+def test_a_broken_binary_on_disk_is_built_again(fresh_cache):
+    """In a new process (this one has the kernel's library loaded under its name already)."""
+    x = torch.randn(6)
+    (name,) = _kernels(_check(lambda x: x * 3 - 1, x))
+    (fresh_cache / f"{name}.so").write_bytes(b"not a shared library")
+    script = ("import torch, fjit\n"
+              "f = fjit.jit(lambda x: x * 3 - 1)\n"
+              "x = torch.randn(6)\n"
+              "assert torch.equal(f(x), x * 3 - 1)\n")
+    env = dict(os.environ, FJIT_CACHE_DIR=str(fresh_cache), FJIT_C_KERNELS="sync")
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=300)
+    assert (fresh_cache / f"{name}.so").read_bytes()[:4] == b"\x7fELF"
 
 
 def test_a_failing_compiler_warns_once_and_results_stay_right(monkeypatch, fresh_cache, tmp_path):

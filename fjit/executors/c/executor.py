@@ -196,9 +196,7 @@ def _binary(kernel: Kernel) -> _Binary:
             binary = _BINARIES[kernel.name] = _Binary(kernel)
         if binary.fn is not None or binary.error is not None:
             return binary
-        path = _so_path(kernel.name)
-        if os.path.exists(path):
-            _load(binary, path)
+        if _load_from_disk(binary):
             return binary
         if mode() != "sync":
             if not binary.queued:
@@ -239,24 +237,37 @@ def _so_path(name: str) -> str:
     return os.path.join(kernel_cache_dir(), f"{name}.so")
 
 
+def _load_from_disk(binary: _Binary) -> bool:
+    """Load the kernel's binary if an earlier build left one; a broken one is built again."""
+    path = _so_path(binary.kernel.name)
+    if not os.path.exists(path):
+        return False
+    try:
+        _load(binary, path)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def _build(binary: _Binary) -> None:
     kernel = binary.kernel
     path = _so_path(kernel.name)
     try:
-        if not os.path.exists(path):
+        if not _load_from_disk(binary):
             tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"
             with open(f"{tmp}.c", "w") as f:
                 f.write(kernel.source)
-            result = subprocess.run([compiler(), *CFLAGS, "-o", tmp, f"{tmp}.c", "-lm"],
-                                    capture_output=True, text=True, timeout=300)
-            os.remove(f"{tmp}.c")
+            try:
+                result = subprocess.run([compiler(), *CFLAGS, "-o", tmp, f"{tmp}.c", "-lm"],
+                                        capture_output=True, text=True, timeout=300)
+            finally:
+                os.remove(f"{tmp}.c")
             if result.returncode != 0:
                 raise OSError(f"{compiler()} exited with {result.returncode}: "
                               f"{(result.stderr or result.stdout).strip()[-500:]}")
             os.replace(tmp, path)
-        with _LOCK:
             _load(binary, path)
-    except (OSError, subprocess.SubprocessError) as e:
+    except (OSError, AttributeError, subprocess.SubprocessError) as e:
         binary.error = str(e)
         if not _WARNED:
             _WARNED.append(True)
