@@ -307,6 +307,14 @@ def test_dead_intermediates_are_reused_in_place_but_inputs_never():
     assert torch.equal(x, x0) and torch.equal(y, y0)
 
 
+def test_results_of_reductions_are_reused_too():
+    def f(x, y):
+        return torch.softmax(x * 2, -1) + y.sum(-1, keepdim=True)
+    x, y = torch.randn(3, 5), torch.randn(3, 5)
+    jf = _eager_and_jit(f, x, y)
+    assert "torch.Tensor.__iadd__(t" in _final_source(jf), _final_source(jf)
+
+
 def test_no_reuse_of_a_value_a_live_view_aliases():
     def f(x):
         a = x * 2

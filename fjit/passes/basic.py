@@ -156,6 +156,13 @@ def _elementwise_only(b: BoundSymbol) -> bool:
         s.sym.has(Tag.ELEMENTWISE) for s in b.subsymbols)
 
 
+def _allocates(b: BoundSymbol) -> bool:
+    """An op whose prims are elementwise or reductions (softmax, layer_norm, sum): its results are
+    new tensors that alias nothing."""
+    return bool(b.subsymbols) and b.sym.name not in VIEW_OPS and all(
+        s.sym.has(Tag.ELEMENTWISE) or s.sym.has(Tag.REDUCTION) for s in b.subsymbols)
+
+
 def reuse_buffers(trace: Trace) -> Trace:
     """Run an elementwise op in place on its first operand when that operand is an intermediate
     this trace allocated, nothing else aliases it, and this op is its last use: on small tensors
@@ -166,10 +173,10 @@ def reuse_buffers(trace: Trace) -> Trace:
         return trace.with_stage("reuse_buffers")
     last_use = _last_reads(trace)
     keep = _output_vars(trace) | set(trace.consts)
-    fresh: set[str] = set()      # allocated by an elementwise op of this trace
+    fresh: set[str] = set()      # allocated by an elementwise or reduction op of this trace
     shared: set[str] = set()     # passed to an op whose result may alias it
     for b in trace.bsyms:
-        if _elementwise_only(b):
+        if _allocates(b):
             fresh.update(v.name for v in b.outputs())
         else:
             shared.update(v.name for v in b.inputs())
