@@ -130,6 +130,22 @@ def test_large_tensors_and_costly_math_stay_with_torch():
     assert "prims.sin" in str(fjit.last_traces(jf)[-1])
 
 
+def test_square_is_a_product_not_a_libm_call():
+    mid = torch.randn(c_executor.MAX_NUMEL_LIBM * 4)
+    jf = _check(lambda x: (x * 0.5).pow(2) + 1, mid, kernels=1, exact=True)
+    assert "(x0 * x0)" in _kernel_text(jf) or "v1 * v1" in _kernel_text(jf), _kernel_text(jf)
+
+
+def test_torch_level_ops_stay_whole_unless_all_their_prims_fuse():
+    """At a size where gelu's tanh stays with torch, gelu stays one torch call (not ten prims)."""
+    x = torch.randn(4, c_executor.MAX_NUMEL_LIBM)
+    jf = _check(lambda x, s: F.gelu(x, approximate="tanh") * s + 1, x, 0.5, kernels=1)
+    calls = [line for line in str(fjit.last_traces(jf)[-1]).splitlines()
+             if not line.strip().startswith("#")]
+    assert any("torch.nn.functional.gelu(" in c for c in calls), calls
+    assert not any("prims." in c for c in calls), calls
+
+
 def test_grad_stays_with_torch():
     x = torch.randn(4, requires_grad=True)
     jf = fjit.jit(lambda x: (x * 2 + 1).sin())

@@ -315,6 +315,18 @@ def test_results_of_reductions_are_reused_too():
     assert "torch.Tensor.__iadd__(t" in _final_source(jf), _final_source(jf)
 
 
+def test_commutative_ops_reuse_their_second_operand():
+    def f(x, y, z):
+        return x + torch.sin(y) * 2, x * (z - 1), x - (y * 3)   # '-' does not commute
+    x, y, z = torch.randn(3, 5), torch.randn(3, 5), torch.randn(5)
+    jf = _eager_and_jit(f, x, y, z)
+    src = _final_source(jf)
+    assert "torch.Tensor.__iadd__(t1, x)" in src, src
+    assert "torch.Tensor.__sub__(x, t" in src, src
+    # broadcasting: z - 1 is [5], the product [3, 5]: not written into the smaller buffer
+    assert "torch.Tensor.__mul__(x, t" in src, src
+
+
 def test_no_reuse_of_a_value_a_live_view_aliases():
     def f(x):
         a = x * 2

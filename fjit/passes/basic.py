@@ -150,6 +150,9 @@ _INPLACE.update({f"__{n}__": f"__i{n}__" for n in (
     "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor")})
 
 
+_COMMUTATIVE = {"add", "mul", "__add__", "__mul__"}
+
+
 def _elementwise_only(b: BoundSymbol) -> bool:
     """An op computed element by element into a new tensor: its result aliases nothing."""
     return bool(b.subsymbols) and b.sym.name not in VIEW_OPS and all(
@@ -180,21 +183,26 @@ def reuse_buffers(trace: Trace) -> Trace:
             fresh.update(v.name for v in b.outputs())
         else:
             shared.update(v.name for v in b.inputs())
+    def reusable(v, i: int, result) -> bool:
+        return (isinstance(v, TensorVar) and v.name in fresh and v.name not in shared
+                and v.name not in keep and last_use.get(v.name) == i
+                and (result.shape, result.dtype, result.strides, result.device) ==
+                    (v.shape, v.dtype, v.strides, v.device))
+
     out = []
     for i, b in enumerate(trace.bsyms):
-        target = b.args[0] if b.args else None
         method = _INPLACE.get(b.sym.name)
         result = b.output
         # torch.nn.functional's Python wrappers take other arguments (inplace=...) than the method
         if (method is not None and hasattr(torch.Tensor, method) and _elementwise_only(b)
-                and not b.sym.qualname.startswith("torch.nn.")
-                and not b.sym.has(Tag.RANDOM) and isinstance(target, TensorVar)
-                and isinstance(result, TensorVar) and target.name in fresh
-                and target.name not in shared and target.name not in keep
-                and last_use.get(target.name) == i
-                and (result.shape, result.dtype, result.strides, result.device) ==
-                    (target.shape, target.dtype, target.strides, target.device)):
-            sym = Symbol(f"torch.Tensor.{method}", getattr(torch.Tensor, method), b.sym.tags)
-            b = b.replace(sym=sym)
+                and not b.sym.qualname.startswith("torch.nn.") and not b.sym.has(Tag.RANDOM)
+                and isinstance(result, TensorVar) and b.args):
+            args = b.args
+            if (not reusable(args[0], i, result) and b.sym.name in _COMMUTATIVE and not b.kwargs
+                    and len(args) == 2 and reusable(args[1], i, result)):
+                args = (args[1], args[0])      # x + t -> t += x: IEEE + and * commute exactly
+            if reusable(args[0], i, result):
+                sym = Symbol(f"torch.Tensor.{method}", getattr(torch.Tensor, method), b.sym.tags)
+                b = b.replace(sym=sym, args=args)
         out.append(b)
     return trace.with_stage("reuse_buffers", out)

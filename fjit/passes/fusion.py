@@ -45,10 +45,15 @@ def _broadcasts_to(shape: tuple, domain: tuple) -> bool:
 
 
 class Partitioner:
-    """Greedy, in trace order.  `supported(bsym)` says whether the kernel generator can emit a prim."""
+    """Greedy, in trace order.  `supported(bsym)` says whether the kernel generator can emit a prim.
 
-    def __init__(self, supported: Callable[[BoundSymbol], bool]):
+    A torch-level op is replaced by its prims when all of them are supported; with
+    `split_partial_ops` also when only some are (the rest then run as single prims, which on a GPU
+    costs little next to the fusion won, but on a CPU can cost more than the op's own torch call)."""
+
+    def __init__(self, supported: Callable[[BoundSymbol], bool], split_partial_ops: bool = True):
         self.supported = supported
+        self.split_partial_ops = split_partial_ops
 
     def _try_add(self, region: Region | None, b: BoundSymbol) -> Region | None:
         """`region` extended by `b`, a new region for `b` when region is None, or None."""
@@ -102,7 +107,8 @@ class Partitioner:
         """Items in execution order: BoundSymbols (torch) and Regions."""
         flat = []
         for b in trace.bsyms:
-            flat.extend(b.subsymbols if b.subsymbols else (b,))
+            split = b.subsymbols and (self.split_partial_ops or all(map(self.supported, b.subsymbols)))
+            flat.extend(b.subsymbols if split else (b,))
         items: list = []
         region: Region | None = None
         produced: set = set()

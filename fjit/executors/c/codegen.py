@@ -90,7 +90,12 @@ def _compute_dtype(b: BoundSymbol, p: Prim) -> torch.dtype:
 def calls_libm(b: BoundSymbol) -> bool:
     """Whether the prim's C code calls a costly C library function (sin, exp, ...: not vectorized)."""
     p = _prim(b)
-    return "{f}(" in _FLOAT_ONLY.get(p, "") and p not in _CHEAP_LIBM
+    return "{f}(" in _FLOAT_ONLY.get(p, "") and p not in _CHEAP_LIBM and not _is_square(b)
+
+
+def _is_square(b: BoundSymbol) -> bool:
+    """x ** 2, which torch computes as x * x (exactly; powf would round the same, slower)."""
+    return _prim(b) is Prim.POW and type(b.args[1]) in (int, float) and b.args[1] == 2
 
 
 def supported(b: BoundSymbol) -> bool:
@@ -227,7 +232,7 @@ class _Emitter:
             ops = [self.operand(a, ct, names) for a in b.args]
         if p is Prim.BITWISE_NOT and ct == torch.bool:
             return f"(!{ops[0]})", torch.bool
-        template = _FLOAT_ONLY.get(p) or _ANY.get(p) or _INT_ONLY[p]
+        template = "({0} * {0})" if _is_square(b) else _FLOAT_ONLY.get(p) or _ANY.get(p) or _INT_ONLY[p]
         expr = template.format(*ops, f="f" if ct == torch.float32 else "")
         return expr, torch.bool if p in _COMPARE else out.dtype
 

@@ -67,7 +67,7 @@ def _small(b: BoundSymbol) -> bool:
                                 for v in b.inputs() + b.outputs() if isinstance(v, TensorVar))
 
 
-_PARTITIONER = Partitioner(_small)
+_PARTITIONER = Partitioner(_small, split_partial_ops=False)
 
 
 def _usable(trace: Trace) -> bool:
