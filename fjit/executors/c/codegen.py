@@ -20,9 +20,22 @@ from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.ops.prims import PRIM_OF_QUALNAME, Prim
 from fjit.passes.fusion import Region
 
+# C types of values; half types are held in float (rounded to their dtype after every op, as
+# torch's CPU kernels round each op's result) and stored as their 16 bits.
 C_TYPE = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
           torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
           torch.uint8: "uint8_t", torch.bool: "bool"}
+_HALF = {torch.float16: "f16", torch.bfloat16: "bf16"}
+DTYPES = set(C_TYPE) | set(_HALF)
+
+
+def _held(dt: torch.dtype) -> torch.dtype:
+    """The dtype a C variable of dtype `dt` is held in."""
+    return torch.float32 if dt in _HALF else dt
+
+
+def _storage(dt: torch.dtype) -> str:
+    return "uint16_t" if dt in _HALF else C_TYPE[dt]
 
 # prim -> C expression over operand names (already in the computation dtype); {f} is the libm
 # suffix ("f" for float, "" for double).
@@ -64,11 +77,38 @@ _PRELUDE = """\
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
-/* torch's maximum/minimum/clamp propagate NaN from either side */
-#define FJ_MAX(a, b) ((a) != (a) ? (a) : (b) != (b) ? (b) : (a) > (b) ? (a) : (b))
-#define FJ_MIN(a, b) ((a) != (a) ? (a) : (b) != (b) ? (b) : (a) < (b) ? (a) : (b))
+#include <string.h>
+/* torch's maximum/minimum/clamp propagate NaN from either side, and keep `a` when a == b
+   (maximum(-0.0, 0.0) is -0.0) */
+#define FJ_MAX(a, b) ((a) != (a) ? (a) : (b) != (b) ? (b) : (a) < (b) ? (b) : (a))
+#define FJ_MIN(a, b) ((a) != (a) ? (a) : (b) != (b) ? (b) : (a) > (b) ? (b) : (a))
 /* Python's modulo: the sign of the divisor (r is fmod(a, b)) */
 #define FJ_REMAINDER(a, b, r) ((r) != 0 && (((r) < 0) != ((b) < 0)) ? (r) + (b) : (r))
+/* 16-bit floats, converted with round-to-nearest-even as c10 converts them */
+static inline float fj_f32(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
+static inline uint32_t fj_bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
+static inline float fj_from_bf16(uint16_t h) { return fj_f32((uint32_t)h << 16); }
+static inline uint16_t fj_to_bf16(float f) {
+    uint32_t b = fj_bits(f);
+    if (f != f) return 0x7FC0;
+    return (uint16_t)((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+}
+static inline float fj_from_f16(uint16_t h) {
+    uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
+    float normalized = fj_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+    float denormalized = fj_f32((two_w >> 17) | (126u << 23)) - 0.5f;
+    return fj_f32(sign | (two_w < (1u << 27) ? fj_bits(denormalized) : fj_bits(normalized)));
+}
+static inline uint16_t fj_to_f16(float f) {
+    float base = (fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
+    uint32_t w = fj_bits(f), shl1_w = w + w, sign = w & 0x80000000u, bias = shl1_w & 0xFF000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    uint32_t bits = fj_bits(fj_f32((bias >> 1) + 0x07800000u) + base);
+    uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+static inline float fj_round_bf16(float f) { return fj_from_bf16(fj_to_bf16(f)); }
+static inline float fj_round_f16(float f) { return fj_from_f16(fj_to_f16(f)); }
 """
 
 
@@ -85,6 +125,11 @@ def _compute_dtype(b: BoundSymbol, p: Prim) -> torch.dtype:
     if p in (Prim.ISNAN, Prim.ISINF, Prim.ISFINITE, Prim.LOGICAL_NOT):
         return b.args[0].dtype
     return b.outputs()[0].dtype
+
+
+def _operand_dtype(b: BoundSymbol, p: Prim) -> torch.dtype:
+    """The C dtype operands are cast to: the computation dtype, float for half types."""
+    return _held(_compute_dtype(b, p))
 
 
 def calls_libm(b: BoundSymbol) -> bool:
@@ -105,7 +150,7 @@ def supported(b: BoundSymbol) -> bool:
         return False
     out = b.outputs()[0]
     tensors = [v for v in b.inputs() if isinstance(v, TensorVar)]
-    if not tensors or any(v.dtype not in C_TYPE or v.device.type != "cpu" for v in tensors + [out]):
+    if not tensors or any(v.dtype not in DTYPES or v.device.type != "cpu" for v in tensors + [out]):
         return False
     if any(isinstance(a, (complex, str)) for a in b.args):
         return False
@@ -117,7 +162,7 @@ def supported(b: BoundSymbol) -> bool:
         dt = _compute_dtype(b, p)
     except (TypeError, RuntimeError):
         return False
-    if dt not in C_TYPE:
+    if dt not in DTYPES:
         return False
     if p in _FLOAT_ONLY:
         return dt.is_floating_point
@@ -216,23 +261,45 @@ class _Emitter:
             return var if ct is None or held == ct else f"(({C_TYPE[ct]}){var})"
         return _literal(a, ct if ct is not None else torch.float64)
 
+    def declare(self, lines: list, names: dict, v, expr: str, dt: torch.dtype) -> None:
+        """`v` = `expr` (of dtype `dt`) as a new C variable, rounded to `dt` if it is a half type."""
+        var = self.fresh()
+        if dt in _HALF:
+            expr = f"fj_round_{_HALF[dt]}({expr})"
+        lines.append(f"{C_TYPE[_held(dt)]} {var} = {expr};")
+        names[v.name] = var
+        self.ctypes_of[v.name] = _held(dt)
+
+    def load(self, v: TensorVar, k: int) -> str:
+        element = f"in{k}[{self.offset(v)}]"
+        return f"fj_from_{_HALF[v.dtype]}({element})" if v.dtype in _HALF else element
+
+    def store(self, v: TensorVar, names: dict) -> str:
+        value = self.operand(v, _held(v.dtype), names)
+        return f"fj_to_{_HALF[v.dtype]}({value})" if v.dtype in _HALF else value
+
     def expression(self, b: BoundSymbol, names: dict) -> tuple[str, torch.dtype]:
-        """C expression of an elementwise prim and the dtype of its value."""
+        """C expression of an elementwise prim and the dtype of its value (before rounding)."""
         p = _prim(b)
         out = b.outputs()[0]
         if p is Prim.CONVERT:
             x = names[b.args[0].name]
             if out.dtype == torch.bool:
                 return f"({x} != 0)", torch.bool
-            return f"(({C_TYPE[out.dtype]}){x})", out.dtype
-        ct = _compute_dtype(b, p)
+            return f"(({C_TYPE[_held(out.dtype)]}){x})", out.dtype
+        ct = _operand_dtype(b, p)
         if p is Prim.WHERE:
             ops = [self.operand(b.args[0], None, names)] + [self.operand(a, ct, names) for a in b.args[1:]]
         else:
             ops = [self.operand(a, ct, names) for a in b.args]
         if p is Prim.BITWISE_NOT and ct == torch.bool:
             return f"(!{ops[0]})", torch.bool
-        template = "({0} * {0})" if _is_square(b) else _FLOAT_ONLY.get(p) or _ANY.get(p) or _INT_ONLY[p]
+        if _is_square(b):
+            template = "({0} * {0})"
+        elif p is Prim.ABS and ct.is_floating_point:
+            template = "fabs{f}({0})"      # the ternary would keep -0.0 negative
+        else:
+            template = _FLOAT_ONLY.get(p) or _ANY.get(p) or _INT_ONLY[p]
         expr = template.format(*ops, f="f" if ct == torch.float32 else "")
         return expr, torch.bool if p in _COMPARE else out.dtype
 
@@ -248,12 +315,12 @@ class _Emitter:
                 names[v.name] = f"s{k}"
                 self.ctypes_of[v.name] = torch.int64 if v.pytype is int else torch.float64
             else:
-                signature.append(f"const {C_TYPE[v.dtype]} *restrict in{k}")
+                signature.append(f"const {_storage(v.dtype)} *restrict in{k}")
                 code = "p"
             params.append(("in", k))
             arg_types.append(code)
         for k, v in enumerate(r.outputs):
-            signature.append(f"{C_TYPE[v.dtype]} *restrict out{k}")
+            signature.append(f"{_storage(v.dtype)} *restrict out{k}")
             params.append(("out", k))
             arg_types.append("p")
         passes = self.assign_levels()
@@ -270,21 +337,17 @@ class _Emitter:
         for k, v in enumerate(r.inputs):
             if isinstance(v, TensorVar):
                 var = f"x{k}"
-                lines.append(f"{C_TYPE[v.dtype]} {var} = in{k}[{self.offset(v)}];")
+                lines.append(f"{C_TYPE[_held(v.dtype)]} {var} = {self.load(v, k)};")
                 local[v.name] = var
-                self.ctypes_of[v.name] = v.dtype
+                self.ctypes_of[v.name] = _held(v.dtype)
         for b in r.bsyms:
             out = b.outputs()[0]
             if _prim(b) in _REDUCE or out.name in self.rows or self.level[out.name] > upto:
                 continue
-            expr, dt = self.expression(b, local)
-            var = self.fresh()
-            lines.append(f"{C_TYPE[dt]} {var} = {expr};")
-            local[out.name] = var
-            self.ctypes_of[out.name] = dt
+            self.declare(lines, local, out, *self.expression(b, local))
         for k, v in enumerate(r.outputs):
             if v.name not in self.rows and (store_level is None or self.level[v.name] == store_level):
-                lines.append(f"out{k}[{self.offset(v)}] = {self.operand(v, v.dtype, local)};")
+                lines.append(f"out{k}[{self.offset(v)}] = {self.store(v, local)};")
         return lines, local
 
     def body(self, passes: int, names: dict) -> list[str]:
@@ -302,11 +365,7 @@ class _Emitter:
             for b in r.bsyms:
                 o = b.outputs()[0]
                 if o.name in self.rows and self.level[o.name] == p and _prim(b) not in _REDUCE:
-                    expr, dt = self.expression(b, row_names)
-                    var = self.fresh()
-                    row_lines.append(f"{C_TYPE[dt]} {var} = {expr};")
-                    row_names[o.name] = var
-                    self.ctypes_of[o.name] = dt
+                    self.declare(row_lines, row_names, o, *self.expression(b, row_names))
             if p == passes:
                 break
             reductions = [b for b in r.bsyms if _prim(b) in _REDUCE and self.level[b.outputs()[0].name] == p + 1]
@@ -323,14 +382,11 @@ class _Emitter:
             row_lines.append("}")
             for b, acc in accs:
                 o = b.outputs()[0]
-                var = self.fresh()
-                row_lines.append(f"{C_TYPE[o.dtype]} {var} = ({C_TYPE[o.dtype]}){acc};")
-                row_names[o.name] = var
-                self.ctypes_of[o.name] = o.dtype
+                self.declare(row_lines, row_names, o, f"({C_TYPE[_held(o.dtype)]}){acc}", o.dtype)
         for k, v in enumerate(r.outputs):
             if v.name in self.rows:
                 row_lines.append(f"out{k}[{self.offset(v, rows_only=True)}] = "
-                                 f"{self.operand(v, v.dtype, row_names)};")
+                                 f"{self.store(v, row_names)};")
         out += ["    " + x for x in row_lines]
         out.append("}")
         return out
@@ -341,7 +397,7 @@ class _Emitter:
         if p in (Prim.SUM, Prim.PROD):
             ctype = "double" if o.dtype.is_floating_point else "int64_t"
             return acc, f"{ctype} {acc} = {0 if p is Prim.SUM else 1};"
-        ctype = C_TYPE[o.dtype]
+        ctype = C_TYPE[_held(o.dtype)]
         if o.dtype.is_floating_point:
             start = "-INFINITY" if p is Prim.AMAX else "INFINITY"
         elif o.dtype == torch.bool:

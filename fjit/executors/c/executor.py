@@ -8,8 +8,9 @@ win, and those regions stay torch calls.
 The system C compiler (`$CC`, else `cc`, else `gcc`) builds each kernel in about 80 ms, more than a
 whole cold compile is allowed to take, so by default kernels are built on one background thread:
 until a kernel's binary is loaded its region runs as torch calls of its prims (the fallback), and
-from then on the same launcher calls the kernel.  Results of the two differ at most in the last bit
-of a transcendental function.  Binaries are kept in the kernel cache directory by source hash, so a
+from then on the same launcher calls the kernel.  Results of the two differ only in rounding (the C
+library's sin or exp against torch's, float sums accumulated in double), within the dtype tolerance
+fjit promises.  Binaries are kept in the kernel cache directory by source hash, so a
 later process loads them while compiling, with no wait.
 
 FJIT_C_KERNELS selects the mode: "background" (the default), "sync" (build before the compile
@@ -46,9 +47,15 @@ CFLAGS = ("-O2", "-shared", "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-
 _ARG_TYPES = {"p": ctypes.c_void_p, "d": ctypes.c_double, "q": ctypes.c_int64}
 
 
+_MODES = {"background": "background", "sync": "sync", "0": "off", "off": "off"}
+
+
 def mode() -> str:
     value = os.environ.get("FJIT_C_KERNELS", "background")
-    return "off" if value in ("0", "off", "") else value
+    if value not in _MODES:
+        raise ValueError(f"fjit: FJIT_C_KERNELS={value!r} is not one of 'background', 'sync', "
+                         f"'0' (off)")
+    return _MODES[value]
 
 
 _COMPILER: list = []   # [path or None], found once
@@ -110,7 +117,7 @@ def _region_bsym(region: Region, trace: Trace) -> BoundSymbol:
     fallback = _Fallback(region, trace, binary)
     launch = _launcher(region, kernel, binary, fallback)
     outs = tuple(region.outputs)
-    comment = f"C kernel {kernel.name}\n{kernel.source[kernel.source.index('void '):]}"
+    comment = f"C kernel {kernel.name}\n{kernel.source[kernel.source.index(f'void {kernel.name}('):]}"
     return BoundSymbol(Symbol(f"c_kernel.{kernel.name}", launch), tuple(region.inputs), {},
                        outs if len(outs) > 1 else outs[0], comment=comment)
 
