@@ -57,6 +57,10 @@ BINARY = {Prim.ADD, Prim.SUB, Prim.MUL, Prim.DIV, Prim.FLOOR_DIVIDE, Prim.TRUNC_
           Prim.CLAMP_MAX, Prim.ATAN2, Prim.EQ, Prim.NE, Prim.LT, Prim.LE, Prim.GT, Prim.GE,
           Prim.LOGICAL_AND, Prim.LOGICAL_OR, Prim.LOGICAL_XOR, Prim.BITWISE_AND, Prim.BITWISE_OR,
           Prim.BITWISE_XOR, Prim.SHIFT_LEFT, Prim.SHIFT_RIGHT}
+# Prims whose result is bool whatever their operands' dtype (computed in the operands' promotion).
+BOOL_RESULT = {Prim.EQ, Prim.NE, Prim.LT, Prim.LE, Prim.GT, Prim.GE, Prim.LOGICAL_AND,
+               Prim.LOGICAL_OR, Prim.LOGICAL_XOR, Prim.LOGICAL_NOT, Prim.ISNAN, Prim.ISINF,
+               Prim.ISFINITE}
 REDUCTIONS = {Prim.SUM, Prim.PROD, Prim.AMAX, Prim.AMIN, Prim.ARGMAX, Prim.ARGMIN}
 SHAPE_OPS = {Prim.RESHAPE, Prim.PERMUTE, Prim.EXPAND, Prim.SLICE, Prim.SQUEEZE, Prim.UNSQUEEZE}
 

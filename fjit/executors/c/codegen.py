@@ -17,7 +17,7 @@ import math
 import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
-from fjit.ops.prims import PRIM_OF_QUALNAME, Prim
+from fjit.ops.prims import BOOL_RESULT, PRIM_OF_QUALNAME, Prim
 from fjit.passes.fusion import Region
 
 # C types of values; half types are held in float (rounded to their dtype after every op, as
@@ -68,8 +68,6 @@ _ANY = {
 }
 _INT_ONLY = {Prim.BITWISE_AND: "({0} & {1})", Prim.BITWISE_OR: "({0} | {1})",
              Prim.BITWISE_XOR: "({0} ^ {1})", Prim.BITWISE_NOT: "(~{0})"}
-_COMPARE = {Prim.EQ, Prim.NE, Prim.LT, Prim.LE, Prim.GT, Prim.GE, Prim.LOGICAL_AND, Prim.LOGICAL_OR,
-            Prim.LOGICAL_XOR, Prim.LOGICAL_NOT, Prim.ISNAN, Prim.ISINF, Prim.ISFINITE}
 _CHEAP_LIBM = {Prim.SQRT, Prim.RSQRT, Prim.FLOOR, Prim.CEIL, Prim.TRUNC, Prim.ROUND}
 _REDUCE = {Prim.SUM, Prim.PROD, Prim.AMAX, Prim.AMIN}
 
@@ -118,7 +116,7 @@ def _prim(b: BoundSymbol):
 
 def _compute_dtype(b: BoundSymbol, p: Prim) -> torch.dtype:
     """The dtype torch computes `b` in: its output's, or for a comparison its operands' promotion."""
-    if p in _COMPARE and p not in (Prim.ISNAN, Prim.ISINF, Prim.ISFINITE, Prim.LOGICAL_NOT):
+    if p in BOOL_RESULT and p not in (Prim.ISNAN, Prim.ISINF, Prim.ISFINITE, Prim.LOGICAL_NOT):
         metas = [torch.empty((), dtype=a.dtype) if isinstance(a, TensorVar) else
                  (1.0 if isinstance(a, NumberVar) else a) for a in b.args]
         return torch.result_type(*metas)
@@ -301,7 +299,7 @@ class _Emitter:
         else:
             template = _FLOAT_ONLY.get(p) or _ANY.get(p) or _INT_ONLY[p]
         expr = template.format(*ops, f="f" if ct == torch.float32 else "")
-        return expr, torch.bool if p in _COMPARE else out.dtype
+        return expr, torch.bool if p in BOOL_RESULT else out.dtype
 
     # -- the kernel ------------------------------------------------------------------------------
     def generate(self, name: str) -> Kernel:

@@ -14,7 +14,7 @@ import math
 import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
-from fjit.ops.prims import PRIM_OF_QUALNAME, Prim
+from fjit.ops.prims import BOOL_RESULT, PRIM_OF_QUALNAME, Prim
 from fjit.passes.fusion import Region
 
 TL_DTYPE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -53,8 +53,6 @@ _ANY = {
 }
 _INT_ONLY = {Prim.BITWISE_AND: "({0} & {1})", Prim.BITWISE_OR: "({0} | {1})",
              Prim.BITWISE_XOR: "({0} ^ {1})", Prim.BITWISE_NOT: "(~{0})"}
-_COMPARE = {Prim.EQ, Prim.NE, Prim.LT, Prim.LE, Prim.GT, Prim.GE, Prim.LOGICAL_AND, Prim.LOGICAL_OR,
-            Prim.LOGICAL_XOR, Prim.LOGICAL_NOT, Prim.ISNAN, Prim.ISINF, Prim.ISFINITE}
 _REDUCE = {Prim.SUM: "tl.sum", Prim.AMAX: "tl.max", Prim.AMIN: "tl.min"}
 
 _HELPERS = '''
@@ -83,7 +81,7 @@ def _prim(b: BoundSymbol):
 def _compute_dtype(b: BoundSymbol, p: Prim) -> torch.dtype:
     """The dtype torch computes `b` in (before rounding to the output dtype)."""
     out = b.outputs()[0]
-    if p in _COMPARE or p is Prim.WHERE:
+    if p in BOOL_RESULT or p is Prim.WHERE:
         operands = [a for a in (b.args[1:] if p is Prim.WHERE else b.args)]
         metas = [torch.empty((), dtype=a.dtype) if isinstance(a, TensorVar) else
                  (1.0 if isinstance(a, NumberVar) else a) for a in operands]
@@ -289,7 +287,7 @@ class _Emitter:
             ops = [self.operand(a, ct) for a in b.args]
         template = _FLOAT_ONLY.get(p) or _ANY.get(p) or _INT_ONLY[p]
         self.emit(f"{val} = {template.format(*ops, t=TL_DTYPE[ct])}")
-        self.finish(out, val, torch.bool if p in _COMPARE else ct)
+        self.finish(out, val, torch.bool if p in BOOL_RESULT else ct)
 
     def finish(self, out: TensorVar, val: str, ct: torch.dtype) -> None:
         if out.dtype in _HALF:   # round to the half type as torch does, keep computing in f32
