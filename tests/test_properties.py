@@ -53,14 +53,8 @@ INPUT_DTYPES = (F32, F32, F64, BF16, I64, BOOL)
 CAST_DTYPES = (F32, F64, BF16, F16, I64, I32, BOOL)
 
 # coarseness order of rounding error, and the default tolerances of assert_close for each
-# LOOSE: a half-precision result eager computes with an absolute error of an intermediate's ulp:
-# log_softmax rounds log(sum(exp)) to the half type before subtracting it, so a fused kernel that
-# keeps it in float32 differs by up to half an ulp of log(n) (~0.008 in bfloat16), whatever the
-# output's magnitude.
-LOOSE = "loose"
-_COARSE = {F64: 0, F32: 1, F16: 2, BF16: 3, LOOSE: 4}
-_TOL = {F64: (1e-7, 1e-7), F32: (1.3e-6, 1e-5), F16: (1e-3, 1e-5), BF16: (1.6e-2, 1e-5),
-        "loose": (1.6e-2, 1e-2)}
+_COARSE = {F64: 0, F32: 1, F16: 2, BF16: 3}
+_TOL = {F64: (1e-7, 1e-7), F32: (1.3e-6, 1e-5), F16: (1e-3, 1e-5), BF16: (1.6e-2, 1e-5)}
 
 # no "explain" phase: it reruns many variations of a failing program, which is slow here
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
@@ -453,7 +447,6 @@ class Builder:
             return None
         out = meta.dtype
         errs = [v.err for v in srcs]
-        loose = approx is LOOSE
         if self.lowp_approx and out in (BF16, F16) and any(
                 is_float(v.dtype) or v.dtype != out for v in srcs):
             approx = True
@@ -462,8 +455,6 @@ class Builder:
             err = coarsest(*errs, out if is_float(out) else None) or F64
         if ill_conditioned and any(e is not None for e in errs) and is_float(out):
             err = coarsest(err, BF16)
-        if loose:
-            err = LOOSE
         if bounded is None:
             bounded = True
         bounded = bounded and all(v.bounded for v in srcs)
@@ -643,7 +634,12 @@ class Builder:
         dt, shape, rank = v.dtype, v.shape, len(v.shape)
         ops = ["sum", "amax", "amin", "max_dim", "min_dim", "max_all"]
         if is_float(dt):
-            ops += ["mean", "var", "std", "prod", "softmax", "log_softmax"]
+            ops += ["mean", "var", "std", "prod", "softmax"]
+        if dt in (F32, F64):
+            # not on half types: torch's kernel rounds log(sum(exp)) to the half type before the
+            # subtraction, an absolute error (~0.008 in bfloat16) that later ops scale without
+            # bound, where fjit's decomposition stays in float32 (tests/test_c_executor.py)
+            ops.append("log_softmax")
         if v.exact:
             ops += ["any", "all"]
             if dt != BOOL:
@@ -707,7 +703,7 @@ class Builder:
         elif name in ("softmax", "log_softmax"):
             dim = draw_dim(False, False)
             expr = f"F.{name}({x}, dim={dim})"
-            approx = LOOSE if name == "log_softmax" and v.dtype in (BF16, F16) else True
+            approx = True
         elif name in ("argmax", "argmin"):
             dim = draw_dim(True, False)
             if reduced_count(dim) == 0:
