@@ -161,7 +161,7 @@ def optimize(trace: Trace, executors: tuple, leaves: list) -> list[Trace]:
     fused = _triton_stage(traces[-1], leaves) if Executor.TRITON in executors else None
     if fused is None and Executor.C in executors:
         from fjit.executors.c import executor as c_executor
-        fused = c_executor.claim(traces[-1])
+        fused = c_executor.claim(traces[-1], leaves)
     if fused is not None:
         traces.append(fused)
     traces.append(torch_executor.finalize(traces[-1]))

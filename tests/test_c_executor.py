@@ -192,6 +192,21 @@ def test_torch_level_ops_stay_whole_unless_all_their_prims_fuse():
     assert not any("prims." in c for c in calls), calls
 
 
+def test_tensors_with_the_negative_bit_are_read_by_value():
+    """x.conj().imag is a view whose data holds -value: kernels read raw data, so such inputs (and
+    programs making complex values) stay with torch, and the cache keeps them apart."""
+    z = torch.randn(4, dtype=torch.complex64)
+    neg = z.conj().imag
+    assert neg.is_neg()
+    plain = neg.resolve_neg()
+    jf = fjit.jit(lambda x: x * 2 + 1)
+    assert torch.equal(jf(plain), plain * 2 + 1) and _kernels(jf)
+    assert torch.equal(jf(neg), neg * 2 + 1) and not _kernels(jf)
+    assert fjit.cache_info(jf).misses == 2
+    jf = _check(lambda z: z.conj().imag * 2 + 1, z)
+    assert not _kernels(jf)
+
+
 def test_grad_stays_with_torch():
     x = torch.randn(4, requires_grad=True)
     jf = fjit.jit(lambda x: (x * 2 + 1).sin())

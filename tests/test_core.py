@@ -250,6 +250,16 @@ def test_adversarial_strings_are_never_executed():
 
 # -- options and API -----------------------------------------------------------------------------
 
+def test_sparse_tensor_input_is_fj201_naming_the_layout():
+    sparse = torch.eye(3).to_sparse()
+    jf = fjit.jit(lambda x: x * 2 * 3)
+    jf(torch.eye(3))
+    with pytest.raises(fjit.UnsupportedInputError, match=r"FJ201.*torch.sparse_coo tensor.*to_dense"):
+        jf(sparse)
+    with pytest.raises(fjit.UnsupportedInputError, match=r"torch.sparse_coo"):   # nested
+        fjit.jit(lambda xs: xs[0] * 2)([sparse])
+
+
 def test_bad_option_lists_allowed_values():
     with pytest.raises(ValueError, match="'error', 'warn', 'allow'"):
         fjit.jit(lambda x: x, sharp_edges="strict")

@@ -34,8 +34,8 @@ def call_key(args: tuple, kwargs: dict, specialized: frozenset) -> tuple[tuple, 
     leaves: list = []
     for a in args:
         t = type(a)
-        if t is torch.Tensor:
-            parts.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad))
+        if t is torch.Tensor and a.layout is torch.strided:
+            parts.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad, a.is_neg()))
             leaves.append(a)
         else:
             _walk(a, parts, leaves, specialized, "argument")
@@ -64,9 +64,10 @@ def fast_path(args: tuple, specialized: frozenset):
         t = type(a)
         name = f"a{i}"
         if t is torch.Tensor:
-            checks.append(f"type({name}) is not _Tensor")
+            checks.append(f"type({name}) is not _Tensor or {name}.layout is not _strided")
+            # the negative bit (x.conj().imag of a complex x) is not in the data a kernel reads
             key += [f"{name}.shape", f"{name}.stride()", f"{name}.dtype", f"{name}.device",
-                    f"{name}.requires_grad"]
+                    f"{name}.requires_grad", f"{name}.is_neg()"]
             leaves.append(name)
         elif t is float:
             checks.append(f"type({name}) is not float")
@@ -98,7 +99,7 @@ def fast_path(args: tuple, specialized: frozenset):
               f"        return None\n"
               f"    return ({', '.join(key)},)\n")
     cache: dict = {}
-    namespace = {"_Tensor": torch.Tensor, "_grad": torch.is_grad_enabled,
+    namespace = {"_Tensor": torch.Tensor, "_strided": torch.strided, "_grad": torch.is_grad_enabled,
                  "_autocast": torch.is_autocast_enabled, "MISS": MISS, "cache": cache}
     namespace.update({f"_c{i}": type(a) for i, a in enumerate(args) if type(a) in _FAST_CONSTANTS})
     exec(compile(source, "<fjit fast path>", "exec"), namespace)
@@ -108,7 +109,9 @@ def fast_path(args: tuple, specialized: frozenset):
 def _walk(x, parts, leaves, specialized, where):
     t = type(x)
     if t in _TENSOR_TYPES:
-        parts.append((x.shape, x.stride(), x.dtype, x.device, x.requires_grad))
+        if x.layout is not torch.strided:
+            raise _unsupported(x, where, f"a {x.layout} tensor")
+        parts.append((x.shape, x.stride(), x.dtype, x.device, x.requires_grad, x.is_neg()))
         leaves.append(x)
     elif t is float:
         parts.append(("f", x) if len(leaves) in specialized else float)
@@ -132,16 +135,20 @@ def _walk(x, parts, leaves, specialized, where):
         raise _unsupported(x, where)
 
 
-def _unsupported(x, where: str) -> UnsupportedInputError:
+def _unsupported(x, where: str, what: str | None = None) -> UnsupportedInputError:
     t = type(x)
     name = f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else t.__qualname__
     if isinstance(x, torch.nn.Module):
         fix = ("pass dict(module.named_parameters()) and call torch.func.functional_call inside "
                "(see sharp_edges_catalog/FJ201_object_input.py)")
+    elif what is not None:      # a tensor of another layout than strided
+        fix = "pass a dense tensor (x.to_dense()), and convert back after the call if you need to"
     else:
         fix = catalog_fix("FJ201_tensor_subclass" if isinstance(x, torch.Tensor) else "FJ201_object_input")
-    return UnsupportedInputError(located("FJ201", f"{where} of type {name} cannot be proxied; fjit "
-                                                  f"accepts {ACCEPTED}", *user_location(), fix))
+    described = f"{where}, {what}," if what else f"{where} of type {name}"
+    return UnsupportedInputError(located("FJ201", f"{described} cannot be proxied; fjit accepts "
+                                                  f"{ACCEPTED} (tensors of strided layout)",
+                                         *user_location(), fix))
 
 
 # ----------------------------------------------------------------------------------------------

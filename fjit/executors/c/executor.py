@@ -35,7 +35,7 @@ import torch
 from fjit.core.ir import BoundSymbol, Symbol, TensorVar, Trace
 from fjit.executors import kernel_cache_dir
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
-from fjit.passes.fusion import Partitioner, Region
+from fjit.passes.fusion import Partitioner, Region, raw_data_is_the_value
 
 # The largest tensors a prim may touch to be claimed.  A libm call (sin, exp, ...) costs ~10 ns per
 # element in a scalar C loop against ~1 ns in torch's vectorized kernel, so past a few hundred
@@ -77,8 +77,8 @@ def _small(b: BoundSymbol) -> bool:
 _PARTITIONER = Partitioner(_small, split_partial_ops=False)
 
 
-def _usable(trace: Trace) -> bool:
-    if mode() == "off" or compiler() is None:
+def _usable(trace: Trace, leaves: list) -> bool:
+    if mode() == "off" or compiler() is None or not raw_data_is_the_value(trace, leaves):
         return False
     tensors = [v for v in trace.inputs if isinstance(v, TensorVar)]
     if any(v.device.type != "cpu" for v in tensors):
@@ -86,9 +86,9 @@ def _usable(trace: Trace) -> bool:
     return not (torch.is_grad_enabled() and any(v.requires_grad for v in tensors))
 
 
-def claim(trace: Trace) -> Trace | None:
+def claim(trace: Trace, leaves: list) -> Trace | None:
     """The trace with each small fusion region replaced by one C kernel call, or None."""
-    if not _usable(trace):
+    if not _usable(trace, leaves):
         return None
     items = _PARTITIONER.partition(trace)
     if not any(_worth_a_kernel(i) for i in items):

@@ -20,7 +20,7 @@ import triton  # noqa: F401  (a missing triton makes this executor unavailable)
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, TensorVar, Trace
 from fjit.executors import kernel_cache_dir
 from fjit.executors.triton.codegen import Kernel, generate, supported
-from fjit.passes.fusion import Partitioner, Region
+from fjit.passes.fusion import Partitioner, Region, raw_data_is_the_value
 
 _KERNELS: dict[str, object] = {}      # source hash -> triton.jit function
 _LOCK = threading.Lock()
@@ -40,6 +40,8 @@ def _usable(trace: Trace, leaves: list) -> bool:
     if any(v.device != device for v in tensors):
         return False
     if device.type != "cuda" and not (device.type == "cpu" and interpreting()):
+        return False
+    if not raw_data_is_the_value(trace, leaves):
         return False
     return not (torch.is_grad_enabled() and any(v.requires_grad for v in tensors))
 
