@@ -263,6 +263,22 @@ def test_background_build_runs_torch_until_the_kernel_is_loaded(monkeypatch, fre
     assert fjit.cache_info(jf).misses == 1
 
 
+def test_every_case_is_right_while_its_kernel_is_still_building(monkeypatch, fresh_cache, tmp_path):
+    """Until a kernel is loaded its region's prims run one by one (the fallback)."""
+    monkeypatch.setenv("FJIT_C_KERNELS", "background")
+    cc, go = _slow_compiler(tmp_path)
+    monkeypatch.setattr(c_executor, "_COMPILER", [cc])
+    try:
+        for name, (fn, make, kernels) in CASES.items():
+            args = make()
+            jf = fjit.jit(fn)
+            torch.testing.assert_close(jf(*args), fn(*args), equal_nan=True, msg=name)
+            assert all(c_executor._BINARIES[k].fn is None for k in _kernels(jf)), name
+    finally:
+        go.touch()
+        assert c_executor.wait_for_builds(120)
+
+
 def test_kernel_binaries_are_reused_from_disk(monkeypatch, fresh_cache):
     x = torch.randn(6)
     (name,) = _kernels(_check(lambda x: x * 3 - 1, x))

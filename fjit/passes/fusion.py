@@ -67,9 +67,9 @@ class Partitioner:
         self.supported = supported
         self.split_partial_ops = split_partial_ops
 
-    def _try_add(self, region: Region | None, b: BoundSymbol) -> Region | None:
+    def _try_add(self, region: Region | None, b: BoundSymbol, supported) -> Region | None:
         """`region` extended by `b`, a new region for `b` when region is None, or None."""
-        if not self.supported(b):
+        if not supported(b):
             return None
         out = b.outputs()[0]
         tensors = [v for v in b.inputs() if isinstance(v, TensorVar)]
@@ -117,19 +117,26 @@ class Partitioner:
 
     def partition(self, trace: Trace) -> list:
         """Items in execution order: BoundSymbols (torch) and Regions."""
+        verdicts: dict[int, bool] = {}    # id(prim) -> supported: each prim is asked up to 3 times
+
+        def supported(b: BoundSymbol) -> bool:
+            verdict = verdicts.get(id(b))
+            if verdict is None:
+                verdict = verdicts[id(b)] = self.supported(b)
+            return verdict
         flat = []
         for b in trace.bsyms:
-            split = b.subsymbols and (self.split_partial_ops or all(map(self.supported, b.subsymbols)))
+            split = b.subsymbols and (self.split_partial_ops or all(map(supported, b.subsymbols)))
             flat.extend(b.subsymbols if split else (b,))
         items: list = []
         region: Region | None = None
         produced: set = set()
         for b in flat:
-            grown = self._try_add(region, b) if region is not None else None
+            grown = self._try_add(region, b, supported) if region is not None else None
             if grown is not None:
                 produced.update(v.name for v in b.outputs())
                 continue
-            fresh = self._try_add(None, b)
+            fresh = self._try_add(None, b, supported)
             if fresh is not None:
                 if region is not None:
                     items.append(region)

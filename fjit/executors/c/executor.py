@@ -32,7 +32,7 @@ import warnings
 
 import torch
 
-from fjit.core.ir import BoundSymbol, Symbol, TensorVar, Trace
+from fjit.core.ir import BoundSymbol, Symbol, TensorVar, Trace, Var, map_values
 from fjit.executors import kernel_cache_dir
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
 from fjit.passes.fusion import Partitioner, Region, raw_data_is_the_value
@@ -123,23 +123,26 @@ def _region_bsym(region: Region, trace: Trace) -> BoundSymbol:
 
 
 class _Fallback:
-    """The region's prims as torch calls, compiled on first use: what runs while the kernel is not
-    built (or could not be).  A build lost to fork is queued again from here."""
+    """The region's prims run one by one as torch calls: what runs while the kernel is not built
+    (or could not be).  Interpreted, not compiled to Python, so a cold compile pays nothing for it.
+    A build lost to fork is queued again from here."""
 
     def __init__(self, region: Region, trace: Trace, binary: "_Binary"):
-        outs = tuple(region.outputs)
-        self.trace = Trace(f"{trace.name}_region", list(region.inputs), list(region.bsyms),
-                           outs if len(outs) > 1 else outs[0], consts=dict(trace.consts),
-                           stage="c_fallback", namespace=dict(trace.namespace))
+        self.params = [v.name for v in region.inputs]
+        self.bsyms = list(region.bsyms)
+        self.outputs = [v.name for v in region.outputs]
         self.binary = binary
-        self.fn = None
 
     def __call__(self, *inputs):
         if not self.binary.queued and self.binary.error is None:
             _binary(self.binary.kernel)
-        if self.fn is None:
-            self.fn = self.trace.python_callable()
-        return self.fn(*inputs)
+        env = dict(zip(self.params, inputs))
+        value = lambda a: env[a.name] if isinstance(a, Var) else a  # noqa: E731
+        for b in self.bsyms:
+            env[b.outputs()[0].name] = b.sym.fn(*map_values(value, b.args),
+                                                 **map_values(value, b.kwargs))
+        outs = tuple(env[name] for name in self.outputs)
+        return outs if len(outs) > 1 else outs[0]
 
 
 # -- launching -------------------------------------------------------------------------------------
