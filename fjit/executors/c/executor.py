@@ -110,7 +110,8 @@ def _worth_a_kernel(item) -> bool:
 
 def _region_bsym(region: Region, trace: Trace) -> BoundSymbol:
     kernel = generate(region, "fused")
-    digest = hashlib.sha1(kernel.source.encode()).hexdigest()[:16]
+    # the flags are part of what a binary is: a change of them must not load an old one
+    digest = hashlib.sha1(" ".join(CFLAGS).encode() + kernel.source.encode()).hexdigest()[:16]
     kernel.name = f"fjit_c_{digest}"
     kernel.source = kernel.source.replace("void fused(", f"void {kernel.name}(")
     binary = _binary(kernel)
