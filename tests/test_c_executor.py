@@ -296,7 +296,10 @@ def test_a_broken_binary_on_disk_is_built_again(fresh_cache):
     """In a new process (this one has the kernel's library loaded under its name already)."""
     x = torch.randn(6)
     (name,) = _kernels(_check(lambda x: x * 3 - 1, x))
-    (fresh_cache / f"{name}.so").write_bytes(b"not a shared library")
+    # replaced (a new file, as a build writes one), never overwritten: this process has the
+    # library mapped, and truncating a mapped file kills the process with SIGBUS when it is read
+    (fresh_cache / "broken").write_bytes(b"not a shared library")
+    os.replace(fresh_cache / "broken", fresh_cache / f"{name}.so")
     script = ("import torch, fjit\n"
               "f = fjit.jit(lambda x: x * 3 - 1)\n"
               "x = torch.randn(6)\n"
