@@ -1,6 +1,7 @@
 """The C executor: small CPU regions as C kernels built by the system compiler (FJIT_C_KERNELS)."""
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
@@ -374,6 +375,7 @@ def test_build_state_is_reset_in_a_forked_child(monkeypatch, fresh_cache):
     jf(x)
     pid = os.fork()
     if pid == 0:   # the child: a build it inherited unfinished is queued again by the next call
+        signal.alarm(120)    # a hung child must fail the test, not hang it
         ok = torch.equal(jf(x), x * 7 + 1) and c_executor.wait_for_builds(60)
         ok = ok and all(b.fn is not None for b in c_executor._BINARIES.values())
         os._exit(0 if ok and torch.equal(jf(x), x * 7 + 1) else 1)
