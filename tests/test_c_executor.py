@@ -310,6 +310,17 @@ def test_a_broken_binary_on_disk_is_built_again(fresh_cache):
     assert (fresh_cache / f"{name}.so").read_bytes()[:4] == b"\x7fELF"
 
 
+def test_an_unwritable_cache_directory_gives_one_temporary_directory(monkeypatch, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    monkeypatch.setenv("FJIT_CACHE_DIR", str(blocked / "kernels"))
+    monkeypatch.setattr(c_executor, "_BINARIES", {})
+    kernels_dir = c_executor.kernel_cache_dir()
+    assert kernels_dir != str(blocked / "kernels") and os.path.isdir(kernels_dir)
+    _check(lambda x: x * 4 - 1, torch.randn(3), kernels=1)
+    assert c_executor.kernel_cache_dir() == kernels_dir and len(os.listdir(kernels_dir)) == 1
+
+
 def test_a_failing_compiler_warns_once_and_results_stay_right(monkeypatch, fresh_cache, tmp_path):
     failing = tmp_path / "broken-cc"
     failing.write_text("#!/bin/sh\necho 'cc: fatal error: no space left' >&2\nexit 1\n")
