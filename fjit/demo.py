@@ -34,6 +34,11 @@ def main() -> None:
     torch.manual_seed(0)
     jitted = fjit.jit(gelu_layer)
     print(f"fjit demo on {device}\n")
+    # torch's Python meta kernels import torch._dynamo the first time one runs in a process (the
+    # same for torch.compile); paid here, and reported, so the first-call figure is fjit's own
+    t0 = time.perf_counter()
+    torch.sin(torch.empty(1, device="meta"))
+    print(f"torch's one-time import for its meta kernels: {(time.perf_counter() - t0) * 1e3:.0f} ms\n")
     for n in (4, 1024):
         x = torch.randn(n, 256, device=device)
         w = torch.randn(256, 256, device=device) / 16
