@@ -449,3 +449,14 @@ def test_in_place_table_is_covered():
     untested = set(_INPLACE) - set(_POINTWISE) - {"bitwise_and", "bitwise_or", "bitwise_xor",
                                                   "bitwise_not", "__and__", "__or__", "__xor__"}
     assert not untested, untested
+
+
+def test_demo_runs_and_prints_its_trace_and_timings(monkeypatch, capsys):
+    """The README's first command runs `python -m fjit.demo`: keep it working (timing shortened)."""
+    from fjit import demo
+    fast = demo._median_us
+    monkeypatch.setattr(demo, "_median_us", lambda fns, args: fast(fns, args, repeat=2, number=3))
+    demo.main()
+    out = capsys.readouterr().out
+    assert "# fjit trace of 'gelu_layer', stage: torch_executor" in out
+    assert out.count("cached call") == 2 and "CacheInfo(hits=" in out
