@@ -98,7 +98,7 @@ def claim(trace: Trace, leaves: list) -> Trace | None:
         if not isinstance(item, Region):
             bsyms.append(item)
         elif _worth_a_kernel(item):
-            bsyms.append(_region_bsym(item, trace))
+            bsyms.append(_region_bsym(item))
         elif item.outputs:
             bsyms.extend(item.bsyms)    # one prim: a torch call costs what a kernel call does
     return trace.with_stage("c_fusion", bsyms)
@@ -108,14 +108,14 @@ def _worth_a_kernel(item) -> bool:
     return isinstance(item, Region) and bool(item.outputs) and len(item.bsyms) > 1
 
 
-def _region_bsym(region: Region, trace: Trace) -> BoundSymbol:
+def _region_bsym(region: Region) -> BoundSymbol:
     kernel = generate(region, "fused")
     # the flags are part of what a binary is: a change of them must not load an old one
     digest = hashlib.sha1(" ".join(CFLAGS).encode() + kernel.source.encode()).hexdigest()[:16]
     kernel.name = f"fjit_c_{digest}"
     kernel.source = kernel.source.replace("void fused(", f"void {kernel.name}(")
     binary = _binary(kernel)
-    fallback = _Fallback(region, trace, binary)
+    fallback = _Fallback(region, binary)
     launch = _launcher(region, kernel, binary, fallback)
     outs = tuple(region.outputs)
     comment = f"C kernel {kernel.name}\n{kernel.source[kernel.source.index(f'void {kernel.name}('):]}"
@@ -128,7 +128,7 @@ class _Fallback:
     (or could not be).  Interpreted, not compiled to Python, so a cold compile pays nothing for it.
     A build lost to fork is queued again from here."""
 
-    def __init__(self, region: Region, trace: Trace, binary: "_Binary"):
+    def __init__(self, region: Region, binary: "_Binary"):
         self.params = [v.name for v in region.inputs]
         self.bsyms = list(region.bsyms)
         self.outputs = [v.name for v in region.outputs]
