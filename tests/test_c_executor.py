@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -278,6 +279,19 @@ def test_every_case_is_right_while_its_kernel_is_still_building(monkeypatch, fre
     finally:
         go.touch()
         assert c_executor.wait_for_builds(120)
+
+
+def test_a_kernel_no_program_refers_to_is_unloaded(fresh_cache, monkeypatch):
+    import gc
+    monkeypatch.setattr(c_executor, "_BINARIES", weakref.WeakValueDictionary())
+    jf = _check(lambda x: x * 3 + 2, torch.randn(5), kernels=1)
+    (name,) = _kernels(jf)
+    assert name in c_executor._BINARIES
+    del jf
+    gc.collect()
+    assert name not in c_executor._BINARIES
+    jf = _check(lambda x: x * 3 + 2, torch.randn(5), kernels=1)    # loaded again from disk
+    assert c_executor._BINARIES[name].fn is not None
 
 
 def test_kernel_binaries_are_reused_from_disk(monkeypatch, fresh_cache):

@@ -29,6 +29,9 @@ import shutil
 import subprocess
 import threading
 import warnings
+import weakref
+
+import _ctypes
 
 import torch
 
@@ -192,7 +195,9 @@ class _Binary:
         self.done = threading.Event()
 
 
-_BINARIES: dict[str, _Binary] = {}
+# Kernels by name, held by the launchers that call them: once no compiled program refers to a
+# kernel (its cache entries evicted, its function gone), its library is closed.
+_BINARIES: "weakref.WeakValueDictionary[str, _Binary]" = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
 _QUEUE: queue.SimpleQueue = queue.SimpleQueue()
 _WORKER: list = []          # [Thread] while one runs
@@ -240,7 +245,7 @@ def _work() -> None:
 def wait_for_builds(timeout: float = 60.0) -> bool:
     """Block until every queued kernel is built or failed (tests and benchmarks); False on timeout."""
     with _LOCK:
-        pending = [b for b in _BINARIES.values() if b.queued and not b.done.is_set()]
+        pending = [b for b in list(_BINARIES.values()) if b.queued and not b.done.is_set()]
     return all(b.done.wait(timeout) for b in pending)
 
 
@@ -289,11 +294,16 @@ def _build(binary: _Binary) -> None:
 
 
 def _load(binary: _Binary, path: str) -> None:
-    fn = getattr(ctypes.CDLL(path), binary.kernel.name)
+    library = ctypes.CDLL(path)
+    fn = getattr(library, binary.kernel.name)
     fn.argtypes = [_ARG_TYPES[t] for t in binary.kernel.arg_types]
     fn.restype = None
     binary.fn = fn
     binary.done.set()
+    if hasattr(_ctypes, "dlclose"):     # ctypes never unloads a library by itself
+        # A launcher running the kernel keeps `binary` alive through its globals, so this runs
+        # only when nothing can call the kernel; not at exit, where nothing is gained.
+        weakref.finalize(binary, _ctypes.dlclose, library._handle).atexit = False
 
 
 def _after_fork_in_child() -> None:
@@ -301,7 +311,7 @@ def _after_fork_in_child() -> None:
     global _LOCK, _QUEUE
     _LOCK, _QUEUE = threading.Lock(), queue.SimpleQueue()
     _WORKER.clear()
-    for binary in _BINARIES.values():
+    for binary in list(_BINARIES.values()):
         if binary.fn is None and binary.error is None:
             binary.queued = False
             binary.done = threading.Event()
