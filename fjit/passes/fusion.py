@@ -152,6 +152,24 @@ class Partitioner:
         return items
 
 
+    def fuse(self, trace: Trace, stage: str, kernel_call: Callable[[Region], BoundSymbol],
+             worth: Callable[[Region], bool] = lambda region: True) -> Trace | None:
+        """The trace with each region `worth` a kernel replaced by `kernel_call(region)` (the rest
+        stay prims), or None when no region is."""
+        items = self.partition(trace)
+        if not any(isinstance(i, Region) and i.outputs and worth(i) for i in items):
+            return None
+        bsyms = []
+        for item in items:
+            if not isinstance(item, Region):
+                bsyms.append(item)
+            elif item.outputs and worth(item):
+                bsyms.append(kernel_call(item))
+            elif item.outputs:
+                bsyms.extend(item.bsyms)
+        return trace.with_stage(stage, bsyms)
+
+
 def _connect(items: list, trace: Trace) -> None:
     """Fill each region's external inputs and the outputs anything after it reads."""
     needed_later: set = {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}

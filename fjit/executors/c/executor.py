@@ -93,22 +93,8 @@ def claim(trace: Trace, leaves: list) -> Trace | None:
     """The trace with each small fusion region replaced by one C kernel call, or None."""
     if not _usable(trace, leaves):
         return None
-    items = _PARTITIONER.partition(trace)
-    if not any(_worth_a_kernel(i) for i in items):
-        return None
-    bsyms = []
-    for item in items:
-        if not isinstance(item, Region):
-            bsyms.append(item)
-        elif _worth_a_kernel(item):
-            bsyms.append(_region_bsym(item))
-        elif item.outputs:
-            bsyms.extend(item.bsyms)    # one prim: a torch call costs what a kernel call does
-    return trace.with_stage("c_fusion", bsyms)
-
-
-def _worth_a_kernel(item) -> bool:
-    return isinstance(item, Region) and bool(item.outputs) and len(item.bsyms) > 1
+    # a region of one prim stays a torch call: that costs what a kernel call does
+    return _PARTITIONER.fuse(trace, "c_fusion", _region_bsym, worth=lambda r: len(r.bsyms) > 1)
 
 
 def _region_bsym(region: Region) -> BoundSymbol:

@@ -50,17 +50,7 @@ def claim(trace: Trace, leaves: list) -> Trace | None:
     """The trace with each fusion region replaced by one kernel launch, or None if not applicable."""
     if not _usable(trace, leaves):
         return None
-    items = _PARTITIONER.partition(trace)
-    if not any(isinstance(i, Region) and i.outputs for i in items):
-        return None
-    bsyms = []
-    for item in items:
-        if isinstance(item, Region):
-            if item.outputs:
-                bsyms.append(_region_bsym(item))
-        else:
-            bsyms.append(item)
-    return trace.with_stage("triton_fusion", bsyms)
+    return _PARTITIONER.fuse(trace, "triton_fusion", _region_bsym)
 
 
 def _region_bsym(region: Region) -> BoundSymbol:
