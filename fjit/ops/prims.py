@@ -11,7 +11,7 @@ import types
 
 import torch
 
-from fjit.core.ir import Symbol, Tag
+from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar
 from fjit.frontend.context import current
 from fjit.frontend.dispatch import trace_call
 
@@ -144,6 +144,23 @@ def _tags(prim: Prim) -> frozenset:
 
 PRIMS: dict[Prim, Symbol] = {p: Symbol(f"prims.{p.value}", _lowering(p), _tags(p)) for p in Prim}
 PRIM_OF_QUALNAME: dict[str, Prim] = {s.qualname: p for p, s in PRIMS.items()}
+
+
+def prim_of(b: BoundSymbol) -> Prim | None:
+    """The prim `b` applies, or None for a torch-level op."""
+    return PRIM_OF_QUALNAME.get(b.sym.qualname)
+
+
+def computation_dtype(b: BoundSymbol) -> torch.dtype:
+    """The dtype torch computes the elementwise prim `b` in, before the result is rounded to its
+    output dtype: a comparison's operands' promotion, isnan's or logical_not's operand's dtype, or
+    else the output's.  (Kernel generators then compute half types in float32.)"""
+    if prim_of(b) in BOOL_RESULT:
+        if len(b.args) == 1:
+            return b.args[0].dtype
+        return torch.result_type(*(torch.empty((), dtype=a.dtype) if isinstance(a, TensorVar) else
+                                   1.0 if isinstance(a, NumberVar) else a for a in b.args))
+    return b.outputs()[0].dtype
 
 # What printed traces call `prims.<name>` with.
 NAMESPACE = types.SimpleNamespace(**{p.value: s.fn for p, s in PRIMS.items()})

@@ -17,7 +17,7 @@ import math
 import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
-from fjit.ops.prims import BOOL_RESULT, PRIM_OF_QUALNAME, Prim
+from fjit.ops.prims import BOOL_RESULT, Prim, computation_dtype, prim_of
 from fjit.passes.fusion import Region
 
 # C types of values; half types are held in float (rounded to their dtype after every op, as
@@ -110,40 +110,25 @@ static inline float fj_round_f16(float f) { return fj_from_f16(fj_to_f16(f)); }
 """
 
 
-def _prim(b: BoundSymbol):
-    return PRIM_OF_QUALNAME.get(b.sym.qualname)
-
-
-def _compute_dtype(b: BoundSymbol, p: Prim) -> torch.dtype:
-    """The dtype torch computes `b` in: its output's, or for a comparison its operands' promotion."""
-    if p in BOOL_RESULT and p not in (Prim.ISNAN, Prim.ISINF, Prim.ISFINITE, Prim.LOGICAL_NOT):
-        metas = [torch.empty((), dtype=a.dtype) if isinstance(a, TensorVar) else
-                 (1.0 if isinstance(a, NumberVar) else a) for a in b.args]
-        return torch.result_type(*metas)
-    if p in (Prim.ISNAN, Prim.ISINF, Prim.ISFINITE, Prim.LOGICAL_NOT):
-        return b.args[0].dtype
-    return b.outputs()[0].dtype
-
-
-def _operand_dtype(b: BoundSymbol, p: Prim) -> torch.dtype:
+def _operand_dtype(b: BoundSymbol) -> torch.dtype:
     """The C dtype operands are cast to: the computation dtype, float for half types."""
-    return _held(_compute_dtype(b, p))
+    return _held(computation_dtype(b))
 
 
 def calls_libm(b: BoundSymbol) -> bool:
     """Whether the prim's C code calls a costly C library function (sin, exp, ...: not vectorized)."""
-    p = _prim(b)
+    p = prim_of(b)
     return "{f}(" in _FLOAT_ONLY.get(p, "") and p not in _CHEAP_LIBM and not _is_square(b)
 
 
 def _is_square(b: BoundSymbol) -> bool:
     """x ** 2, which torch computes as x * x (exactly; powf would round the same, slower)."""
-    return _prim(b) is Prim.POW and type(b.args[1]) in (int, float) and b.args[1] == 2
+    return prim_of(b) is Prim.POW and type(b.args[1]) in (int, float) and b.args[1] == 2
 
 
 def supported(b: BoundSymbol) -> bool:
     """Whether this generator can emit `b` inside a region."""
-    p = _prim(b)
+    p = prim_of(b)
     if p is None or len(b.outputs()) != 1 or not isinstance(b.outputs()[0], TensorVar):
         return False
     out = b.outputs()[0]
@@ -157,7 +142,7 @@ def supported(b: BoundSymbol) -> bool:
     if p is Prim.CONVERT:
         return True
     try:
-        dt = _compute_dtype(b, p)
+        dt = computation_dtype(b)
     except (TypeError, RuntimeError):
         return False
     if dt not in DTYPES:
@@ -238,7 +223,7 @@ class _Emitter:
             out = b.outputs()[0]
             ins = [a for a in b.inputs() if a.name in self.level]
             lvl = max((self.level[a.name] for a in ins), default=0)
-            if _prim(b) in _REDUCE:
+            if prim_of(b) in _REDUCE:
                 lvl += 1           # known after the pass that reads its input
                 passes = max(passes, lvl)
             self.level[out.name] = lvl
@@ -278,14 +263,14 @@ class _Emitter:
 
     def expression(self, b: BoundSymbol, names: dict) -> tuple[str, torch.dtype]:
         """C expression of an elementwise prim and the dtype of its value (before rounding)."""
-        p = _prim(b)
+        p = prim_of(b)
         out = b.outputs()[0]
         if p is Prim.CONVERT:
             x = names[b.args[0].name]
             if out.dtype == torch.bool:
                 return f"({x} != 0)", torch.bool
             return f"(({C_TYPE[_held(out.dtype)]}){x})", out.dtype
-        ct = _operand_dtype(b, p)
+        ct = _operand_dtype(b)
         if p is Prim.WHERE:
             ops = [self.operand(b.args[0], None, names)] + [self.operand(a, ct, names) for a in b.args[1:]]
         else:
@@ -340,7 +325,7 @@ class _Emitter:
                 self.ctypes_of[v.name] = _held(v.dtype)
         for b in r.bsyms:
             out = b.outputs()[0]
-            if _prim(b) in _REDUCE or out.name in self.rows or self.level[out.name] > upto:
+            if prim_of(b) in _REDUCE or out.name in self.rows or self.level[out.name] > upto:
                 continue
             self.declare(lines, local, out, *self.expression(b, local))
         for k, v in enumerate(r.outputs):
@@ -362,11 +347,11 @@ class _Emitter:
             # row values of level p: reductions finished by pass p - 1, then elementwise on rows
             for b in r.bsyms:
                 o = b.outputs()[0]
-                if o.name in self.rows and self.level[o.name] == p and _prim(b) not in _REDUCE:
+                if o.name in self.rows and self.level[o.name] == p and prim_of(b) not in _REDUCE:
                     self.declare(row_lines, row_names, o, *self.expression(b, row_names))
             if p == passes:
                 break
-            reductions = [b for b in r.bsyms if _prim(b) in _REDUCE and self.level[b.outputs()[0].name] == p + 1]
+            reductions = [b for b in r.bsyms if prim_of(b) in _REDUCE and self.level[b.outputs()[0].name] == p + 1]
             accs = []
             for b in reductions:
                 acc, init = self.accumulator(b)
@@ -390,7 +375,7 @@ class _Emitter:
         return out
 
     def accumulator(self, b: BoundSymbol) -> tuple[str, str]:
-        p, o = _prim(b), b.outputs()[0]
+        p, o = prim_of(b), b.outputs()[0]
         acc = self.fresh()
         if p in (Prim.SUM, Prim.PROD):
             ctype = "double" if o.dtype.is_floating_point else "int64_t"
@@ -408,7 +393,7 @@ class _Emitter:
         return acc, f"{ctype} {acc} = {start};"
 
     def accumulate(self, b: BoundSymbol, acc: str, local: dict) -> str:
-        p, x = _prim(b), b.args[0]
+        p, x = prim_of(b), b.args[0]
         value = local[x.name]
         if p is Prim.SUM:
             return f"{acc} += {value};"

@@ -14,7 +14,7 @@ import math
 import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
-from fjit.ops.prims import BOOL_RESULT, PRIM_OF_QUALNAME, Prim
+from fjit.ops.prims import BOOL_RESULT, Prim, computation_dtype, prim_of
 from fjit.passes.fusion import Region
 
 TL_DTYPE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -74,23 +74,9 @@ def _round_to_bf16(x):
 '''
 
 
-def _prim(b: BoundSymbol):
-    return PRIM_OF_QUALNAME.get(b.sym.qualname)
-
-
-def _compute_dtype(b: BoundSymbol, p: Prim) -> torch.dtype:
-    """The dtype torch computes `b` in (before rounding to the output dtype)."""
-    out = b.outputs()[0]
-    if p in BOOL_RESULT or p is Prim.WHERE:
-        operands = [a for a in (b.args[1:] if p is Prim.WHERE else b.args)]
-        metas = [torch.empty((), dtype=a.dtype) if isinstance(a, TensorVar) else
-                 (1.0 if isinstance(a, NumberVar) else a) for a in operands]
-        dt = torch.result_type(*metas) if len(metas) == 2 else (
-            metas[0].dtype if isinstance(metas[0], torch.Tensor) else torch.float32)
-        if p is Prim.WHERE:
-            dt = out.dtype
-    else:
-        dt = out.dtype
+def _compute_dtype(b: BoundSymbol) -> torch.dtype:
+    """The dtype the kernel computes `b` in: torch's, with half types in float32."""
+    dt = computation_dtype(b)
     return torch.float32 if dt in _HALF else dt
 
 
@@ -107,7 +93,7 @@ def _neutral(p: Prim, ct: torch.dtype) -> str:
 
 def supported(b: BoundSymbol) -> bool:
     """Whether this generator can emit `b` inside a region."""
-    p = _prim(b)
+    p = prim_of(b)
     if p is None or len(b.outputs()) != 1 or not isinstance(b.outputs()[0], TensorVar):
         return False
     out = b.outputs()[0]
@@ -121,7 +107,7 @@ def supported(b: BoundSymbol) -> bool:
     if p is Prim.CONVERT:
         return True
     try:
-        dt = _compute_dtype(b, p)
+        dt = _compute_dtype(b)
     except (TypeError, RuntimeError):
         return False
     if dt == torch.float64 and any(isinstance(a, NumberVar) or isinstance(a, float) and not
@@ -252,7 +238,7 @@ class _Emitter:
         return Kernel(name, source, grid, block, warps, self.scalars, self.params)
 
     def emit_bsym(self, b: BoundSymbol) -> None:
-        p = _prim(b)
+        p = prim_of(b)
         out = b.outputs()[0]
         val = self.fresh()
         if p in _REDUCE:
@@ -280,7 +266,7 @@ class _Emitter:
                 self.emit(f"{val} = {expr}.to({TL_DTYPE[ct]})" if dt != ct else f"{val} = {expr}")
                 self.finish(out, val, ct)
             return
-        ct = _compute_dtype(b, p)
+        ct = _compute_dtype(b)
         if p is Prim.WHERE:
             ops = [self.operand(b.args[0], None)] + [self.operand(a, ct) for a in b.args[1:]]
         else:
