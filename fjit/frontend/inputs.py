@@ -23,6 +23,13 @@ _CONSTANT_TYPES = (int, bool, str, type(None), torch.dtype, torch.device, torch.
                    type(Ellipsis))
 
 
+# What a compiled program depends on in a tensor, as attribute expressions: the general path's key
+# function and the generated fast path are both made from this one list.  The negative bit
+# (x.conj().imag of a complex x) is there because kernels read raw data, which does not hold it.
+_TENSOR_KEY = ("shape", "stride()", "dtype", "device", "requires_grad", "is_neg()")
+_tensor_key = eval("lambda x: (" + ", ".join(f"x.{f}" for f in _TENSOR_KEY) + ")")  # noqa: S307
+
+
 def _is_namedtuple(x) -> bool:
     return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
@@ -35,7 +42,7 @@ def call_key(args: tuple, kwargs: dict, specialized: frozenset) -> tuple[tuple, 
     for a in args:
         t = type(a)
         if t is torch.Tensor and a.layout is torch.strided:
-            parts.append((a.shape, a.stride(), a.dtype, a.device, a.requires_grad, a.is_neg()))
+            parts.append(_tensor_key(a))
             leaves.append(a)
         else:
             _walk(a, parts, leaves, specialized, "argument")
@@ -65,9 +72,7 @@ def fast_path(args: tuple, specialized: frozenset):
         name = f"a{i}"
         if t is torch.Tensor:
             checks.append(f"type({name}) is not _Tensor or {name}.layout is not _strided")
-            # the negative bit (x.conj().imag of a complex x) is not in the data a kernel reads
-            key += [f"{name}.shape", f"{name}.stride()", f"{name}.dtype", f"{name}.device",
-                    f"{name}.requires_grad", f"{name}.is_neg()"]
+            key += [f"{name}.{f}" for f in _TENSOR_KEY]
             leaves.append(name)
         elif t is float:
             checks.append(f"type({name}) is not float")
@@ -111,7 +116,7 @@ def _walk(x, parts, leaves, specialized, where):
     if t in _TENSOR_TYPES:
         if x.layout is not torch.strided:
             raise _unsupported(x, where, f"a {x.layout} tensor")
-        parts.append((x.shape, x.stride(), x.dtype, x.device, x.requires_grad, x.is_neg()))
+        parts.append(_tensor_key(x))
         leaves.append(x)
     elif t is float:
         parts.append(("f", x) if len(leaves) in specialized else float)
