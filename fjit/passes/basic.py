@@ -153,17 +153,11 @@ _INPLACE.update({f"__{n}__": f"__i{n}__" for n in (
 _COMMUTATIVE = {"add", "mul", "__add__", "__mul__"}
 
 
-def _elementwise_only(b: BoundSymbol) -> bool:
-    """An op computed element by element into a new tensor: its result aliases nothing."""
+def _made_of(b: BoundSymbol, *tags: Tag) -> bool:
+    """Whether `b` is an op (not a view) whose prims all carry one of `tags`.  Elementwise and
+    reduction prims (softmax, layer_norm, sum) make new tensors, so its results alias nothing."""
     return bool(b.subsymbols) and b.sym.name not in VIEW_OPS and all(
-        s.sym.has(Tag.ELEMENTWISE) for s in b.subsymbols)
-
-
-def _allocates(b: BoundSymbol) -> bool:
-    """An op whose prims are elementwise or reductions (softmax, layer_norm, sum): its results are
-    new tensors that alias nothing."""
-    return bool(b.subsymbols) and b.sym.name not in VIEW_OPS and all(
-        s.sym.has(Tag.ELEMENTWISE) or s.sym.has(Tag.REDUCTION) for s in b.subsymbols)
+        any(s.sym.has(t) for t in tags) for s in b.subsymbols)
 
 
 def reuse_buffers(trace: Trace) -> Trace:
@@ -179,10 +173,11 @@ def reuse_buffers(trace: Trace) -> Trace:
     fresh: set[str] = set()      # allocated by an elementwise or reduction op of this trace
     shared: set[str] = set()     # passed to an op whose result may alias it
     for b in trace.bsyms:
-        if _allocates(b):
+        if _made_of(b, Tag.ELEMENTWISE, Tag.REDUCTION):
             fresh.update(v.name for v in b.outputs())
         else:
             shared.update(v.name for v in b.inputs())
+
     def reusable(v, i: int, result) -> bool:
         return (isinstance(v, TensorVar) and v.name in fresh and v.name not in shared
                 and v.name not in keep and last_use.get(v.name) == i
@@ -194,7 +189,7 @@ def reuse_buffers(trace: Trace) -> Trace:
         method = _INPLACE.get(b.sym.name)
         result = b.output
         # torch.nn.functional's Python wrappers take other arguments (inplace=...) than the method
-        if (method is not None and hasattr(torch.Tensor, method) and _elementwise_only(b)
+        if (method is not None and hasattr(torch.Tensor, method) and _made_of(b, Tag.ELEMENTWISE)
                 and not b.sym.qualname.startswith("torch.nn.") and not b.sym.has(Tag.RANDOM)
                 and isinstance(result, TensorVar) and b.args):
             args = b.args

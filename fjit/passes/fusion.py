@@ -151,7 +151,6 @@ class Partitioner:
         _connect(items, trace)
         return items
 
-
     def fuse(self, trace: Trace, stage: str, kernel_call: Callable[[Region], BoundSymbol],
              worth: Callable[[Region], bool] = lambda region: True) -> Trace | None:
         """The trace with each region `worth` a kernel replaced by `kernel_call(region)` (the rest
