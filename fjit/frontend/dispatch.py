@@ -201,7 +201,8 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         if real and func in _METADATA_GETTERS:
             return func(*args, **kwargs)      # e.g. .shape of a global tensor: a bound constant
     if any(type(x) is not TensorProxy and isinstance(x, torch.Tensor) for x in leaves):
-        args, kwargs = map_values(lambda x: _capture(ctx, x) if isinstance(x, torch.Tensor) else x,
+        args, kwargs = map_values(lambda x: _capture(ctx, x) if type(x) is not TensorProxy and
+                                  isinstance(x, torch.Tensor) else x,
                                   (args, kwargs))
 
     metas: dict[int, TensorProxy] = {}   # id(meta tensor) -> the handle it stands for
@@ -215,7 +216,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
             alive.append(m)
             return m
         if isinstance(x, NumberProxy):
-            return float.__float__(x)
+            return x._fj_value
         if isinstance(x, torch.device) or (isinstance(x, str) and x in ("cpu", "cuda") or
                                            isinstance(x, str) and x.startswith("cuda:")):
             return torch.device("meta")
@@ -287,8 +288,8 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         pos = next((i for i in positions if args[i] is parent), None)
         static = pos is not None and not any(isinstance(x, (TensorProxy, NumberProxy)) for i, x in
                                              enumerate(flatten_values((args, kwargs))) if x is not parent)
-        root = parent if parent.root is None else parent.root
-        chain = None if (parent.chain is None or not static) else parent.chain + (
+        root = parent if parent._fj_root is None else parent._fj_root
+        chain = None if (parent._fj_chain is None or not static) else parent._fj_chain + (
             (func, args[:pos] + args[pos + 1:], kwargs, pos, index),)
         return TensorProxy(var, root=root, chain=chain)
 
@@ -467,7 +468,7 @@ def _check_inplace_allowed(func, args, kwargs):
     def to_meta(x):
         if isinstance(x, TensorProxy):
             return meta_tensor(x.ir)
-        return float.__float__(x) if isinstance(x, NumberProxy) else x
+        return x._fj_value if isinstance(x, NumberProxy) else x
     with torch._C.DisableTorchFunction():
         margs, mkwargs = map_values(to_meta, (args, kwargs))
         func(*margs, **mkwargs)
@@ -484,25 +485,25 @@ def _conform(value, target: TensorProxy):
 
 def _write(ctx: TraceContext, target: TensorProxy, value: TensorProxy, func, entry: str, how: str):
     """Point `target` (and whatever it aliases) at `value`."""
-    base = target.base_input()
+    base = target._fj_base_input()
     if base is not None:
-        if target.root is not None and entry == "FJ102_inplace_input":
+        if target._fj_root is not None and entry == "FJ102_inplace_input":
             entry = "FJ102_view_of_input"
         label = ctx.input_labels.get(id(base), "an input")
-        through = " through a view of it" if target.root is not None else ""
+        through = " through a view of it" if target._fj_root is not None else ""
         ctx.sharp_edge(entry, f"{how} writes to input {label} of '{ctx.fn_name}'{through}; "
                               f"the compiled function does not mutate its inputs", user_location())
-    root = target.root
+    root = target._fj_root
     if root is None:
-        target._var = value.ir
-        target.epoch += 1
+        target._fj_var = value.ir
+        target._fj_epoch += 1
         return
-    if target.chain is None:
+    if target._fj_chain is None:
         raise UnsupportedOpError(located(
             "FJ202", f"{_op_name(func)} writes into a view fjit cannot replay", *user_location(),
             "clone() the tensor before writing into it"))
-    new_root = trace_call(ctx, _VIEW_SCATTER, view_scatter, (root, value, target.chain), {})
-    root._var = new_root.ir
-    root.epoch += 1
-    target._var = value.ir
-    target.seen_epoch = root.epoch
+    new_root = trace_call(ctx, _VIEW_SCATTER, view_scatter, (root, value, target._fj_chain), {})
+    root._fj_var = new_root.ir
+    root._fj_epoch += 1
+    target._fj_var = value.ir
+    target._fj_seen = root._fj_epoch

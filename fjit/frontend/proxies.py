@@ -1,14 +1,27 @@
 """Proxies: the stand-ins for signature inputs that the traced function runs on.
 
-A `TensorProxy` is a mutable *handle* to an SSA `TensorVar`.  Functionalization works by moving the
+A `TensorProxy` is a real `torch.Tensor` subclass (a storage-less wrapper, as FakeTensor and
+torch.func's wrappers are), so every question a library asks of a tensor gets eager's answer:
+`isinstance(x, torch.Tensor)`, `torch.is_tensor(x)`, unbound `torch.Tensor.add(x, y)`,
+`hasattr(x, "weight")`, and metadata such as `is_sparse`, `layout`, `itemsize`, `nbytes`.  Every
+torch call on it reaches the dispatcher through `__torch_function__` (or the tracer's mode);
+anything that gets below that layer (`__torch_dispatch__`) is an error, never a silent result.
+
+A proxy is also a mutable *handle* to an SSA `TensorVar`.  Functionalization works by moving the
 handle: `x.add_(1)` records `t1 = add(t0, 1)` and points `x` at `t1`.  A view remembers its root
 handle and the chain of view ops that made it; when the root moves (because it or another view of it
 was written), the view is recomputed from the new root the next time it is read, so aliases stay
-correct without any in-place op in the trace.
+correct without any in-place op in the trace.  Because the handle can move to a value with other
+strides or requires_grad, metadata is answered from the current `TensorVar`, never from the
+wrapper's own (construction-time) fields; the fjit state lives in `_fj_*` attributes so that
+`hasattr(x, name)` answers as eager for every name a library might probe.
 
-A `NumberProxy` is a float subclass (so torch's argument parser accepts it) standing for a runtime
-float input; Python arithmetic on it is recorded, and using it for control flow specializes the trace
-on its value.
+A `NumberProxy` stands for a runtime float input.  It is deliberately *not* a float subclass: C code
+(math.log, struct, numpy, '%f' formatting) reads a float subclass's value directly and would bake
+the trace-time value in; an object that is not a float must be converted through `__float__`, which
+specializes the trace on the value (with a guard in the cache key).  `isinstance(s, float)` still
+answers True (its `__class__` is float); torch's argument parser accepts it anywhere because it has
+`__torch_function__`; Python arithmetic on it is recorded.
 """
 from __future__ import annotations
 
@@ -17,53 +30,75 @@ import operator
 import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar
-from fjit.errors import UnsupportedOpError
-from fjit.frontend.context import current
+from fjit.errors import FjitError, UnsupportedOpError, located
+from fjit.frontend.context import current, user_location
 from fjit.frontend.meta import meta_tensor
 
-# Metadata that is static for a trace: answered from the proxy, never recorded.
-_STATIC_METHODS = {"size", "dim", "ndimension", "numel", "nelement", "stride", "is_contiguous",
-                   "is_floating_point", "is_complex", "element_size", "get_device", "is_signed",
-                   "has_names", "is_sparse", "is_quantized", "is_meta"}
+
+def _dispatch(func, args, kwargs=None):
+    ctx = current()
+    if ctx is None:
+        raise FjitError("fjit internal error: a tracing proxy was used after its trace ended")
+    return ctx.dispatch(func, args, kwargs or {})
 
 
-class TensorProxy:
-    __slots__ = ("_var", "root", "chain", "seen_epoch", "epoch", "is_input", "__weakref__")
+class TensorProxy(torch.Tensor):
+    @staticmethod
+    def __new__(cls, var: TensorVar, root: "TensorProxy | None" = None, chain: tuple | None = (),
+                is_input: bool = False):
+        grad = var.requires_grad and (var.dtype.is_floating_point or var.dtype.is_complex)
+        self = torch.Tensor._make_wrapper_subclass(cls, var.shape, strides=var.strides,
+                                                   dtype=var.dtype, device=var.device,
+                                                   requires_grad=grad)
+        self._fj_var = var
+        self._fj_root = root        # the handle this is a view of (None: not a view)
+        self._fj_chain = chain      # ((func, other_args, kwargs, base_position, output_index), ...)
+        self._fj_epoch = 0          # bumped whenever this root handle is written
+        self._fj_seen = root._fj_epoch if root is not None else 0
+        self._fj_is_input = is_input
+        return self
 
-    def __init__(self, var: TensorVar, root: "TensorProxy | None" = None, chain: tuple = (),
-                 is_input: bool = False):
-        self._var = var
-        self.root = root            # the handle this is a view of (None: not a view)
-        self.chain = chain          # ((func, other_args, kwargs, base_position, output_index), ...)
-        self.epoch = 0              # bumped whenever this root handle is written
-        self.seen_epoch = root.epoch if root is not None else 0
-        self.is_input = is_input
+    def __init__(self, *args, **kwargs):
+        pass
 
     # -- the current value ---------------------------------------------------------------------
     @property
     def ir(self) -> TensorVar:
-        root = self.root
-        if root is not None and self.seen_epoch != root.epoch:
+        root = self._fj_root
+        if root is not None and self._fj_seen != root._fj_epoch:
             # The root was written since this view was taken: re-derive the view from it.
-            self.seen_epoch = root.epoch
-            if self.chain is None:
-                raise UnsupportedOpError(
-                    "fjit cannot re-derive this view after its base was written; clone() the "
-                    "tensor before taking the view")
+            self._fj_seen = root._fj_epoch
+            if self._fj_chain is None:
+                raise UnsupportedOpError(located(
+                    "FJ202", "fjit cannot re-derive this view after its base was written",
+                    *user_location(), "clone() the tensor before taking the view"))
             value = root
-            for func, args, kwargs, pos, index in self.chain:
-                value = current().dispatch(func, (*args[:pos], value, *args[pos:]), kwargs)
+            for func, args, kwargs, pos, index in self._fj_chain:
+                value = _dispatch(func, (*args[:pos], value, *args[pos:]), kwargs)
                 if index is not None:
                     value = value[index]
-            self._var = value.ir
-        return self._var
+            self._fj_var = value.ir
+        return self._fj_var
 
-    def base_input(self) -> "TensorProxy | None":
+    def _fj_base_input(self) -> "TensorProxy | None":
         """The input handle this aliases (itself or through views), if any."""
-        r = self if self.root is None else self.root
-        return r if r.is_input else None
+        r = self if self._fj_root is None else self._fj_root
+        return r if r._fj_is_input else None
 
-    # -- static metadata -----------------------------------------------------------------------
+    # -- torch's protocols: every call is traced, nothing runs on the (storage-less) wrapper ---
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return _dispatch(func, args, kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise UnsupportedOpError(located(
+            "FJ202", f"{func} reached fjit's proxy below torch's Python API (through a C++ path "
+                     f"that skips __torch_function__), so fjit cannot trace it", *user_location(),
+            "call the op through torch's Python API (torch.*, Tensor methods) or outside the "
+            "compiled function"))
+
+    # -- metadata: static for a trace, answered from the current value --------------------------
     shape = property(lambda self: torch.Size(self.ir.shape))
     dtype = property(lambda self: self.ir.dtype)
     device = property(lambda self: self.ir.device)
@@ -71,9 +106,39 @@ class TensorProxy:
     requires_grad = property(lambda self: self.ir.requires_grad)
     is_cuda = property(lambda self: self.ir.device.type == "cuda")
     is_cpu = property(lambda self: self.ir.device.type == "cpu")
+    is_meta = property(lambda self: False)
+    is_leaf = property(lambda self: self._fj_is_input or not self.ir.requires_grad)
     layout = property(lambda self: torch.strided)
-    is_leaf = property(lambda self: True)
-    grad = property(lambda self: None)
+    itemsize = property(lambda self: self.ir.dtype.itemsize)
+    nbytes = property(lambda self: self.ir.numel() * self.ir.dtype.itemsize)
+
+    @property
+    def grad(self):
+        raise UnsupportedOpError(located(
+            "FJ202", ".grad of a tensor inside a compiled function is the gradient of an earlier "
+                     "backward, a value fjit would freeze", *user_location(),
+            "pass the gradient in as an argument"))
+
+    def size(self, dim=None):
+        shape = torch.Size(self.ir.shape)
+        return shape if dim is None else shape[dim]
+
+    def dim(self):
+        return len(self.ir.shape)
+
+    ndimension = dim
+
+    def numel(self):
+        return self.ir.numel()
+
+    nelement = numel
+
+    def stride(self, dim=None):
+        strides = self.ir.strides
+        return strides if dim is None else strides[dim]
+
+    def get_device(self):
+        return self.ir.device.index if self.ir.device.type != "cpu" else -1
 
     def __len__(self):
         if not self.ir.shape:
@@ -81,92 +146,38 @@ class TensorProxy:
         return self.ir.shape[0]
 
     def __iter__(self):
-        return iter(self.unbind(0))
+        return iter(_dispatch(torch.Tensor.unbind, (self, 0)))
 
     def __hash__(self):
         return id(self)
 
-    def __repr__(self):
-        v = self.ir
-        return f"TensorProxy({v.name}: {v.type_string()})"
+    # An alias that autograd does not see through (writes to it reach the base: FJ102 on inputs).
+    @property
+    def data(self):
+        return _dispatch(torch.Tensor.detach, (self,))
 
-    __str__ = __repr__
-
-    def __format__(self, spec):
-        return repr(self)
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        return current().dispatch(func, args, kwargs or {})
-
-    def __getattr__(self, name):
-        attr = getattr(torch.Tensor, name, None)
-        if name in _STATIC_METHODS:
-            return _static_method(self, name)
-        if attr is None or not callable(attr):
-            raise UnsupportedOpError(
-                f"fjit cannot trace tensor attribute {name!r}; compute it from the tensor's "
-                f"shape/dtype or pass it in")
-        dispatch = current().dispatch
-        return lambda *args, **kwargs: dispatch(attr, (self, *args), kwargs)
-
-    # Data-dependent conversions (FJ106) are caught in the dispatcher; these route there.
-    def __bool__(self):
-        return current().dispatch(torch.Tensor.__bool__, (self,), {})
-
-    def __int__(self):
-        return current().dispatch(torch.Tensor.__int__, (self,), {})
-
-    def __float__(self):
-        return current().dispatch(torch.Tensor.__float__, (self,), {})
-
-    def __index__(self):
-        return current().dispatch(torch.Tensor.__index__, (self,), {})
-
-    def __complex__(self):
-        return current().dispatch(torch.Tensor.__complex__, (self,), {})
-
-    def __array__(self, *args, **kwargs):
-        return current().dispatch(torch.Tensor.numpy, (self,), {})
-
-    # Properties that are ops.
-    T = property(lambda self: current().dispatch(torch.Tensor.T.__get__, (self,), {}))
-    mT = property(lambda self: current().dispatch(torch.Tensor.mT.__get__, (self,), {}))
-    real = property(lambda self: current().dispatch(torch.Tensor.real.__get__, (self,), {}))
-    imag = property(lambda self: current().dispatch(torch.Tensor.imag.__get__, (self,), {}))
-    data = property(lambda self: self)   # shares storage: writes through .data are writes to self
+    @data.setter
+    def data(self, value):
+        _dispatch(_set_data, (self, value))
 
 
-def _static_method(proxy: TensorProxy, name: str):
-    def static(*args, **kwargs):
-        v = proxy.ir
-        if name == "get_device":
-            return v.device.index if v.device.type != "cpu" else -1
+def _set_data(x, value):
+    """What `x.data = value` does (a marker for the dispatcher, never called)."""
+    raise AssertionError("fjit: _set_data is traced, never run")
+
+
+def _metadata_via_meta(name):
+    """A metadata method answered by torch's own implementation on a meta tensor of the value."""
+    def method(self, *args, **kwargs):
         with torch._C.DisableTorchFunction():
-            return getattr(meta_tensor(v), name)(*args, **kwargs)
-    return static
-
-
-def _tensor_dunder(name):
-    func = getattr(torch.Tensor, name)
-
-    def method(self, *args):
-        return current().dispatch(func, (self, *args), {})
+            return getattr(meta_tensor(self.ir), name)(*args, **kwargs)
     method.__name__ = name
     return method
 
 
-for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
-              "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__",
-              "__rpow__", "__matmul__", "__rmatmul__", "__and__", "__rand__", "__or__", "__ror__",
-              "__xor__", "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__",
-              "__neg__", "__pos__", "__abs__", "__invert__", "__eq__", "__ne__", "__lt__", "__le__",
-              "__gt__", "__ge__", "__getitem__", "__setitem__", "__iadd__", "__isub__", "__imul__",
-              "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__",
-              "__ixor__", "__ilshift__", "__irshift__"):
-    if hasattr(torch.Tensor, _name):
-        setattr(TensorProxy, _name, _tensor_dunder(_name))
-TensorProxy.__imatmul__ = lambda self, other: current().dispatch(torch.Tensor.__matmul__, (self, other), {})
+for _name in ("is_contiguous", "is_floating_point", "is_complex", "element_size", "is_signed",
+              "has_names"):
+    setattr(TensorProxy, _name, _metadata_via_meta(_name))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -177,29 +188,34 @@ def _number_symbol(op) -> Symbol:
     return Symbol(f"operator.{op.__name__}", op, frozenset({Tag.NUMBER}))
 
 
-class NumberProxy(float):
-    """A runtime float: its trace-time value plus the input positions it was computed from."""
+class NumberProxy:
+    """A runtime float: its trace-time value plus the input positions it was computed from.
 
-    __slots__ = ("ir", "sources")
+    Whatever takes its value out of the trace (float(), int(), math.*, str(), a comparison, a hash,
+    any float method) goes through `concrete()`, which makes the trace depend on the value: the
+    positions it came from join the cache key, so a new value recompiles instead of reusing a
+    stale one."""
 
-    def __new__(cls, value: float, var: NumberVar, sources: frozenset):
-        self = float.__new__(cls, value)
+    __slots__ = ("_fj_value", "ir", "_fj_sources")
+
+    def __init__(self, value: float, var: NumberVar, sources: frozenset):
+        self._fj_value = float(value)
         self.ir = var
-        self.sources = sources
-        return self
+        self._fj_sources = sources
+
+    # isinstance(s, float) and isinstance(s, numbers.Real) answer as for the float it stands for.
+    __class__ = property(lambda self: float)
 
     def concrete(self) -> float:
         """The trace-time value; the trace now depends on it, so it is guarded by the cache key."""
         ctx = current()
         if ctx is not None:
-            ctx.specialized |= self.sources
-        return float.__float__(self)
+            ctx.specialized |= self._fj_sources
+        return self._fj_value
 
-    def __repr__(self):
-        return f"NumberProxy({self.ir.name}={float.__repr__(self)})"
-
-    def __bool__(self):
-        return bool(self.concrete())
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return _dispatch(func, args, kwargs)
 
     def __float__(self):
         return self.concrete()
@@ -207,27 +223,61 @@ class NumberProxy(float):
     def __int__(self):
         return int(self.concrete())
 
+    def __bool__(self):
+        return bool(self.concrete())
+
     def __hash__(self):
         return hash(self.concrete())
 
-    def __round__(self, n=None):
-        return round(self.concrete(), n)
+    def __repr__(self):
+        return repr(self.concrete())
+
+    __str__ = __repr__
 
     def __format__(self, spec):
         return format(self.concrete(), spec)
 
-    __str__ = __repr__
-    __trunc__ = lambda self: int(self.concrete())   # noqa: E731
+    def __round__(self, n=None):
+        return round(self.concrete(), n)
+
+    def __complex__(self):
+        return complex(self.concrete())
+
+    def __trunc__(self):
+        return self.concrete().__trunc__()
+
+    def __floor__(self):
+        return self.concrete().__floor__()
+
+    def __ceil__(self):
+        return self.concrete().__ceil__()
+
+    def __divmod__(self, other):
+        return divmod(self.concrete(), _value_of(other))
+
+    def __rdivmod__(self, other):
+        return divmod(_value_of(other), self.concrete())
+
+    def __getattr__(self, name):
+        # Every other float attribute (is_integer, as_integer_ratio, hex, real, ...) reads the value.
+        if name.startswith("_fj_"):
+            raise AttributeError(name)
+        return getattr(self.concrete(), name)
+
+    def __reduce__(self):
+        return (float, (self.concrete(),))
+
+
+def _value_of(x):
+    return x.concrete() if isinstance(x, NumberProxy) else x
 
 
 def _number_binary(op, reflected: bool):
     sym = _number_symbol(op)
 
     def method(self, other):
-        if isinstance(other, TensorProxy):
-            return NotImplemented
-        if type(other) not in (int, float, bool) and not isinstance(other, NumberProxy):
-            return NotImplemented
+        if type(other) not in (int, float, bool) and type(other) is not NumberProxy:
+            return NotImplemented    # a tensor (its reflected op traces it), or anything else
         a, b = (other, self) if reflected else (self, other)
         return _number_op(sym, op, a, b)
     return method
@@ -235,14 +285,14 @@ def _number_binary(op, reflected: bool):
 
 def _number_op(sym: Symbol, op, *operands):
     ctx = current()
-    values = [float.__float__(x) if isinstance(x, NumberProxy) else x for x in operands]
+    values = [x._fj_value if type(x) is NumberProxy else x for x in operands]
     result = op(*values)
     if ctx is None or not isinstance(result, float):
         return result
     var = NumberVar(ctx.new_name("n"))
-    args = tuple(x.ir if isinstance(x, NumberProxy) else x for x in operands)
+    args = tuple(x.ir if type(x) is NumberProxy else x for x in operands)
     ctx.record(BoundSymbol(sym, args, {}, var))
-    sources = frozenset().union(*(x.sources for x in operands if isinstance(x, NumberProxy)))
+    sources = frozenset().union(*(x._fj_sources for x in operands if type(x) is NumberProxy))
     return NumberProxy(result, var, sources)
 
 
@@ -258,12 +308,13 @@ for _op, _name in ((operator.neg, "__neg__"), (operator.pos, "__pos__"), (operat
 
 
 def _number_compare(name: str):
+    op = getattr(operator, name.strip("_"))
+
     def method(self, other):
-        if isinstance(other, TensorProxy):
+        if isinstance(other, torch.Tensor):
             return NotImplemented   # `s < x` is x's reflected op, a traced tensor comparison
         # A Python bool decides control flow: the trace specializes on this float.
-        return getattr(float, name)(self.concrete(),
-                                    float(other) if isinstance(other, NumberProxy) else other)
+        return op(self.concrete(), _value_of(other))
     return method
 
 
