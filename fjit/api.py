@@ -15,10 +15,10 @@ import threading
 
 import torch
 
-from fjit.core.ir import Binding, Trace
+from fjit.core.ir import Binding, Tag, Trace
 from fjit.errors import SharpEdge
 from fjit.executors import torch_executor
-from fjit.frontend.context import Mode, current
+from fjit.frontend.context import AMP_DEVICES, Mode, autocast_state, current
 from fjit.frontend.inputs import MISS, call_key, fast_path
 from fjit.frontend.tracer import scan_bindings, trace_function
 from fjit.ops import TRACE_NAMESPACE
@@ -93,13 +93,14 @@ class JittedFunction:
             return self._fn(*args, **kwargs)
         key, leaves = call_key(args, kwargs, self._specialized)
         program = self._cache.get(key)
+        first = _NOT_RUN
         if program is None:
-            program = self._compile(key, args, kwargs, leaves)
+            program, first = self._compile(key, args, kwargs, leaves)
         else:
             self._hits += 1
         if self._cache_mode is CacheMode.METADATA and not kwargs:
             self._remember_fast(args, program)
-        return program(*leaves)
+        return program(*leaves) if first is _NOT_RUN else first
 
     def _remember_fast(self, args, program):
         """File the program in the fast path's cache (generating the fast path on first use)."""
@@ -129,11 +130,12 @@ class JittedFunction:
             program = self._cache.get(key)
             if program is not None:
                 self._hits += 1
-                return program
+                return program, _NOT_RUN
             self._misses += 1
-            result = trace_function(self._fn, args, kwargs, leaves, self._mode, TRACE_NAMESPACE)
-            traces = optimize(result.trace, self._executors, leaves)
+            result, traces, first = self._trace_with_real_layouts(args, kwargs, leaves)
             program = torch_executor.compile_trace(traces[-1])
+            if any(b.sym.has(Tag.MODE) for b in traces[-1].bsyms):
+                program = _restoring_modes_on_error(program)
             if os.environ.get("FJIT_CHECK") == "1":
                 check_traces(traces, leaves)
             self._last_traces = traces
@@ -147,16 +149,74 @@ class JittedFunction:
                 if len(self._cache) >= CACHE_SIZE:
                     self._cache.pop(next(iter(self._cache)))   # evict the oldest entry
                 self._cache[key] = program
-            return program
+            return program, first
+
+    def _trace_with_real_layouts(self, args, kwargs, leaves):
+        """(trace result, stages, the first call's result or _NOT_RUN).  A program with opaque ops
+        runs once op by op with torch; where an opaque op's real layout differs from its meta
+        kernel's, the function is traced again with the real one (downstream layouts follow), and
+        that run's result is this call's.  If layouts still disagree, only torch calls run."""
+        observed: dict = {}
+        executors = self._executors
+        for attempt in range(3):
+            result = trace_function(self._fn, args, kwargs, leaves, self._mode, TRACE_NAMESPACE,
+                                    observed)
+            traces = optimize(result.trace, executors, leaves)
+            before_executors = traces[len(PASSES)]
+            if not torch_executor.has_opaque_ops(before_executors):
+                return result, traces, _NOT_RUN
+            rng = _rng_state()
+            first, wrong = _restoring_modes_on_error(torch_executor.run_observing_layouts)(
+                before_executors, leaves)
+            if not wrong or attempt == 2:
+                break
+            _set_rng_state(rng)      # the next run must draw what this one drew
+            observed.update(wrong)
+            if attempt == 1:
+                executors = (Executor.TORCH,)   # torch calls read any layout
+        if wrong:
+            traces = optimize(result.trace, (Executor.TORCH,), leaves)
+        return result, traces, first
 
     def __repr__(self):
         return f"<fjit.jit of {self._fn!r}>"
 
 
+def _restoring_modes_on_error(program):
+    """A program that enters grad-mode or autocast regions leaves them as eager's `with` blocks do
+    when an op raises (when it returns, the trace has already restored or kept them as eager)."""
+    def run(*leaves):
+        grad, amp = torch.is_grad_enabled(), autocast_state()
+        try:
+            return program(*leaves)
+        except BaseException:
+            torch._C._set_grad_enabled(grad)
+            for device, (on, dtype) in zip(AMP_DEVICES, amp):
+                torch.set_autocast_enabled(device, on)
+                torch.set_autocast_dtype(device, dtype)
+            raise
+    return run
+
+
+_NOT_RUN = object()
+PASSES = (dce, cse, constant_fold, dce)
+
+
+def _rng_state():
+    return (torch.get_rng_state(),
+            torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None)
+
+
+def _set_rng_state(state):
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state_all(state[1])
+
+
 def optimize(trace: Trace, executors: tuple, leaves: list) -> list[Trace]:
     """Every stage from the traced program to the one the generated function runs."""
     traces = [trace]
-    for stage in (dce, cse, constant_fold, dce):
+    for stage in PASSES:
         traces.append(stage(traces[-1]))
     fused = _triton_stage(traces[-1], leaves) if Executor.TRITON in executors else None
     if fused is None and Executor.C in executors:

@@ -27,6 +27,8 @@ class Tag(enum.Enum):
     VIEW = "view"                # output aliases its first input in eager torch
     NUMBER = "number"            # Python arithmetic on runtime numbers
     IMPURE = "impure"            # must stay even when its outputs are unused
+    MODE = "mode"                # sets grad mode or autocast for what follows: a barrier for
+                                 # CSE and fusion, never moved or removed
 
 
 # ----------------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from fjit.core.ir import Trace
+import torch
+
+from fjit.core.ir import Tag, TensorVar, Trace, Var, flatten_values, map_values
 from fjit.passes.basic import free_dead_values, reuse_buffers
 
 
@@ -18,3 +20,43 @@ def finalize(trace: Trace) -> Trace:
 
 def compile_trace(trace: Trace) -> Callable:
     return trace.python_callable()
+
+
+def run_observing_layouts(trace: Trace, leaves: list) -> tuple[object, dict]:
+    """Run `trace` op by op with torch (which reads any layout), and return its result with the
+    strides of every opaque op's output that differ from the recorded ones (name -> strides).
+
+    An opaque op's recorded strides come from its meta kernel, which can disagree with the real
+    kernel (CPU conv2d and group_norm on channels_last, SDPA on transposed heads); a generated
+    kernel that assumed them would read the data wrongly.  The compile runs the program this way
+    once; where a layout differs, it retraces with the observed one."""
+    env = dict(trace.consts)
+    env.update((v.name, x) for v, x in zip(trace.inputs, leaves))
+    last_use: dict[str, int] = {}
+    for i, b in enumerate(trace.bsyms):
+        for v in b.inputs():
+            last_use[v.name] = i
+    keep = {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}
+    value = lambda x: env[x.name] if isinstance(x, Var) else x  # noqa: E731
+    wrong: dict = {}
+    for i, b in enumerate(trace.bsyms):
+        args, kwargs = map_values(value, (b.args, b.kwargs))
+        out = b.sym.fn(*args, **kwargs)
+        if b.output is None:
+            continue
+        names = flatten_values(b.output)
+        outs = [out] if isinstance(b.output, Var) else flatten_values(out)
+        for var, real in zip(names, outs):
+            if isinstance(var, Var):
+                env[var.name] = real
+                if (isinstance(var, TensorVar) and b.sym.has(Tag.FALLBACK) and
+                        isinstance(real, torch.Tensor) and real.stride() != var.strides):
+                    wrong[var.name] = real.stride()
+        for v in b.inputs():       # free what nothing later reads (a first call's peak memory)
+            if last_use.get(v.name) == i and v.name not in keep and v.name not in trace.consts:
+                env.pop(v.name, None)
+    return map_values(value, trace.output), wrong
+
+
+def has_opaque_ops(trace: Trace) -> bool:
+    return any(b.sym.has(Tag.FALLBACK) and b.outputs() for b in trace.bsyms)

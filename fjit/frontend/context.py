@@ -73,6 +73,19 @@ def user_location(frame=None) -> tuple[str, int]:
     return "<unknown>", 0
 
 
+AMP_DEVICES = ("cpu", "cuda")
+
+
+def autocast_state() -> tuple:
+    """(enabled, dtype) of autocast per device type."""
+    return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in AMP_DEVICES)
+
+
+def autocast_key():
+    """Autocast's part of the cache key: False when it is off everywhere (one C call)."""
+    return torch._C._is_any_autocast_enabled() and autocast_state()
+
+
 class TraceContext:
     def __init__(self, fn, mode: Mode, dispatch, namespace: dict):
         self.fn = fn
@@ -90,6 +103,11 @@ class TraceContext:
         self.tensor_origins: dict[int, tuple[str, str]] = {}  # id(tensor) -> (entry, description)
         self.input_labels: dict[int, str] = {}  # id(input handle) -> how the user names it
         self.raised: SharpEdge | None = None
+        self.observed_strides: dict[str, tuple] = {}   # var name -> real strides of an opaque op
+        # The grad mode and autocast state the ops recorded so far run under (the caller's at
+        # first); the dispatcher records a mode change when the traced code enters a region.
+        self.grad_mode = torch.is_grad_enabled()
+        self.autocast = autocast_state()
 
     # -- names and recording -------------------------------------------------------------------
     def new_name(self, prefix: str = "t") -> str:

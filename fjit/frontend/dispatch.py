@@ -18,7 +18,7 @@ import torch
 from fjit.core.ir import (BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Trace, flatten_values,
                           map_values)
 from fjit.errors import UnsupportedOpError, catalog_fix, located
-from fjit.frontend.context import TraceContext, current, user_location
+from fjit.frontend.context import AMP_DEVICES, TraceContext, autocast_state, current, user_location
 from fjit.frontend.meta import meta_tensor, run_meta
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 
@@ -34,18 +34,33 @@ RANDOM_OPS = {torch.rand, torch.randn, torch.randint, torch.rand_like, torch.ran
               torch.Tensor.random_, torch.Tensor.exponential_, torch.Tensor.geometric_,
               torch.Tensor.log_normal_, torch.Tensor.cauchy_, torch.Tensor.bernoulli}
 
-# Conversions that need a tensor's data in Python: entry of the catalog and what to call it.
+# Questions whose answer is a tensor's data in Python: catalog entry and how to say it.  In the
+# permissive modes the question is put to this call's concrete values (the trace then specializes
+# on the answer without a guard, as docs/design.md says).
 DATA_DEPENDENT = {
-    torch.Tensor.__bool__: ("FJ106_if_tensor", "bool() of", bool),
-    torch.Tensor.is_nonzero: ("FJ106_if_tensor", "is_nonzero() of", bool),
-    torch.Tensor.item: ("FJ106_item", ".item() of", lambda t: t.item()),
-    torch.Tensor.tolist: ("FJ106_tolist", ".tolist() of", lambda t: t.tolist()),
-    torch.Tensor.numpy: ("FJ106_tolist", ".numpy() of", lambda t: t.numpy()),
-    torch.Tensor.__int__: ("FJ106_int_of_tensor", "int() of", int),
-    torch.Tensor.__index__: ("FJ106_int_of_tensor", "use as an index of", int),
-    torch.Tensor.__float__: ("FJ106_int_of_tensor", "float() of", float),
-    torch.Tensor.__complex__: ("FJ106_int_of_tensor", "complex() of", complex),
+    torch.Tensor.__bool__: ("FJ106_if_tensor", "bool() of"),
+    torch.Tensor.is_nonzero: ("FJ106_if_tensor", "is_nonzero() of"),
+    torch.Tensor.__contains__: ("FJ106_if_tensor", "`in` on"),
+    torch.allclose: ("FJ106_if_tensor", "torch.allclose() of"),
+    torch.Tensor.allclose: ("FJ106_if_tensor", "allclose() of"),
+    torch.equal: ("FJ106_if_tensor", "torch.equal() of"),
+    torch.Tensor.equal: ("FJ106_if_tensor", "equal() of"),
+    torch.Tensor.item: ("FJ106_item", ".item() of"),
+    torch.Tensor.tolist: ("FJ106_tolist", ".tolist() of"),
+    torch.Tensor.numpy: ("FJ106_tolist", ".numpy() of"),
+    torch.Tensor.__array__: ("FJ106_tolist", "numpy conversion (np.asarray) of"),
+    torch.Tensor.__int__: ("FJ106_int_of_tensor", "int() of"),
+    torch.Tensor.__index__: ("FJ106_int_of_tensor", "use as an index of"),
+    torch.Tensor.__float__: ("FJ106_int_of_tensor", "float() of"),
+    torch.Tensor.__complex__: ("FJ106_int_of_tensor", "complex() of"),
+    torch.Tensor.__repr__: ("FJ106_tolist", "formatting (str/repr/print) of"),
+    torch.Tensor.__format__: ("FJ106_tolist", "formatting (f-string/format) of"),
 }
+
+# Questions about memory, not values or metadata: no trace-time answer is eager's.
+RUNTIME_IDENTITY = {torch.Tensor.data_ptr, torch.Tensor.storage, torch.Tensor.untyped_storage,
+                    torch.Tensor.storage_offset, torch.Tensor._version.__get__,
+                    torch.Tensor.__reduce_ex__, torch.Tensor.__setstate__}
 
 # Reading these from a tensor that is not an input binds a constant; it is not an op on its data.
 _METADATA_GETTERS = {getattr(torch.Tensor, n).__get__ for n in (
@@ -110,6 +125,73 @@ _SETITEM = Symbol("fjit_ops.setitem", setitem)
 _FUNCTIONAL_INPLACE = Symbol("fjit_ops.functional_inplace", functional_inplace)
 _FUNCTIONAL_INPLACE_RANDOM = Symbol("fjit_ops.functional_inplace", functional_inplace,
                                     frozenset({Tag.RANDOM}))
+
+
+# ----------------------------------------------------------------------------------------------
+# Grad mode and autocast regions
+# ----------------------------------------------------------------------------------------------
+
+_MODE_TAGS = frozenset({Tag.IMPURE, Tag.MODE})
+_SET_GRAD = Symbol("torch._C._set_grad_enabled", torch._C._set_grad_enabled, _MODE_TAGS)
+_SET_AUTOCAST = Symbol("torch.set_autocast_enabled", torch.set_autocast_enabled, _MODE_TAGS)
+_SET_AUTOCAST_DTYPE = Symbol("torch.set_autocast_dtype", torch.set_autocast_dtype, _MODE_TAGS)
+
+
+def record_mode_changes(ctx: TraceContext) -> None:
+    """The traced code runs for real, so `with torch.no_grad():` (or autocast, inference_mode,
+    set_grad_enabled, a decorator) has changed the global state by the time the next op is
+    dispatched: record the change, so that the program runs that op under the same mode."""
+    grad = torch.is_grad_enabled()
+    if grad != ctx.grad_mode:
+        ctx.record(BoundSymbol(_SET_GRAD, (grad,), {}, None))
+        ctx.grad_mode = grad
+    amp = autocast_state()
+    if amp != ctx.autocast:
+        for device, (was_on, was_dtype), (on, dtype) in zip(AMP_DEVICES, ctx.autocast, amp):
+            if dtype != was_dtype:
+                ctx.record(BoundSymbol(_SET_AUTOCAST_DTYPE, (device, dtype), {}, None))
+            if on != was_on:
+                ctx.record(BoundSymbol(_SET_AUTOCAST, (device, on), {}, None))
+        ctx.autocast = amp
+
+
+class _AutocastProbe(torch.Tensor):
+    """A storage-less tensor on the op's real device, so torch's own autocast kernels run on it
+    (meta tensors have no autocast); the ops autocast forwards reach __torch_dispatch__, which
+    answers with meta kernels.  Only its metadata is ever read."""
+
+    @staticmethod
+    def __new__(cls, m: torch.Tensor, device):
+        return torch.Tensor._make_wrapper_subclass(cls, m.shape, strides=m.stride(), dtype=m.dtype,
+                                                   device=device)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        device = next(x.device for x in flatten_values((args, kwargs))
+                      if isinstance(x, _AutocastProbe))
+        margs, mkwargs = map_values(lambda x: torch.empty_strided(x.shape, x.stride(), dtype=x.dtype,
+                                                                  device="meta")
+                                    if isinstance(x, _AutocastProbe) else x, (args, kwargs or {}))
+        out = func(*margs, **mkwargs)
+        return map_values(lambda m: _AutocastProbe(m, device) if isinstance(m, torch.Tensor) else m,
+                          out)
+
+
+def _autocast_outputs(func, args, kwargs, mout):
+    """None when autocast is off for the op's devices; else `mout` as autocast makes it (the cast
+    inputs' dtypes; `mout` itself, views included, where autocast leaves the op alone)."""
+    devices = {x.ir.device.type for x in flatten_values((args, kwargs)) if isinstance(x, TensorProxy)}
+    if not any(torch.is_autocast_enabled(d) for d in devices if d in AMP_DEVICES):
+        return None
+    probes = map_values(lambda x: _AutocastProbe(meta_tensor(x.ir), x.ir.device)
+                        if isinstance(x, TensorProxy) else
+                        x._fj_value if isinstance(x, NumberProxy) else x, (args, kwargs))
+    pout = func(*probes[0], **probes[1])
+    if [m.dtype for m in _tensor_leaves(pout)] == [m.dtype for m in _tensor_leaves(mout)]:
+        return mout
+    return map_values(lambda p: torch.empty_strided(p.shape, p.stride(), dtype=p.dtype,
+                                                    device="meta") if isinstance(p, torch.Tensor)
+                      else p, pout)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,8 +260,17 @@ def dispatch(func, args: tuple, kwargs: dict):
 
 
 def _dispatch(ctx, func, args, kwargs):
+    if len(ctx.scopes) == 1:      # a top-level op (not a prim of a decomposition)
+        record_mode_changes(ctx)
     if func in DATA_DEPENDENT:
-        return _data_dependent(ctx, func, args[0])
+        return _data_dependent(ctx, func, args, kwargs)
+    if func in RUNTIME_IDENTITY:
+        raise UnsupportedOpError(located(
+            "FJ202", f"{_op_name(func)} asks about a tensor's memory, which a traced program "
+                     f"cannot know at trace time", *user_location(),
+            "compute it outside the compiled function and pass the result in"))
+    if func is torch.Tensor.__deepcopy__:     # copy.deepcopy(t): a new tensor with t's values
+        return dispatch(torch.Tensor.clone, (args[0],), {})
     if _is_mutation(func, kwargs):
         return _functionalize(ctx, func, args, kwargs)
     return trace_call(ctx, torch_symbol(func), func, args, kwargs, DECOMPOSITIONS.get(func))
@@ -243,11 +334,21 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
 
     if not any(isinstance(m, torch.Tensor) for m in flatten_values(mout)):
         return mout   # metadata-only result (a dtype, a size): static for this trace
+    if torch._C._is_any_autocast_enabled():
+        autocast = _autocast_outputs(func, args, kwargs, mout)
+        if autocast is not None:
+            # Under autocast every op stays one torch call, run under the same autocast state
+            # (its prims' torch lowerings would be autocast too, and fused kernels would not).
+            mout, decomposition = autocast, None
     meta_inputs = {id(m): m for m in flatten_values((margs, mkwargs)) if isinstance(m, torch.Tensor)}
     default_device = out_device or _first_device(args, kwargs)
 
     def make_var(m):
-        return TensorVar(ctx.new_name(), m.shape, m.dtype, default_device, m.stride(), m.requires_grad)
+        # An opaque op's strides are its meta kernel's guess, which can differ from its real
+        # kernel's (CPU conv2d on channels_last); a layout observed on the first call wins.
+        name = ctx.new_name()
+        return TensorVar(name, m.shape, m.dtype, default_device,
+                         ctx.observed_strides.get(name) or m.stride(), m.requires_grad)
 
     subsymbols = ()
     if decomposition is not None:
@@ -388,12 +489,15 @@ def _const_var(name, tensor):
                      tensor.requires_grad)
 
 
-def _data_dependent(ctx: TraceContext, func, proxy):
-    entry, what, convert = DATA_DEPENDENT[func]
+def _data_dependent(ctx: TraceContext, func, args, kwargs):
+    entry, what = DATA_DEPENDENT[func]
+    proxy = next(x for x in flatten_values(args) if isinstance(x, TensorProxy))
     ctx.sharp_edge(entry, f"{what} {_describe(ctx, proxy)} needs its data in Python while "
                           f"tracing '{ctx.fn_name}'; the compiled code would freeze one call's "
                           f"value", user_location())
-    return convert(concrete_value(ctx, proxy))
+    args, kwargs = map_values(lambda x: concrete_value(ctx, x) if isinstance(x, TensorProxy) else
+                              x._fj_value if isinstance(x, NumberProxy) else x, (args, kwargs))
+    return func(*args, **kwargs)
 
 
 def _describe(ctx: TraceContext, proxy: TensorProxy) -> str:

@@ -12,7 +12,7 @@ import torch
 
 from fjit.core.ir import NumberVar, TensorVar
 from fjit.errors import UnsupportedInputError, catalog_fix, located
-from fjit.frontend.context import user_location
+from fjit.frontend.context import autocast_key, user_location
 from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
 
 ACCEPTED = ("torch.Tensor, int, float, bool, str, None, torch.dtype, torch.device, slice, Ellipsis, "
@@ -37,7 +37,7 @@ def _is_namedtuple(x) -> bool:
 def call_key(args: tuple, kwargs: dict, specialized: frozenset) -> tuple[tuple, list]:
     """(cache key, flat runtime values).  Floats are runtime values unless a trace specialized on
     the one at that position, in which case its value is part of the key."""
-    parts: list = [torch.is_grad_enabled(), torch.is_autocast_enabled()]
+    parts: list = [torch.is_grad_enabled(), autocast_key()]
     leaves: list = []
     for a in args:
         t = type(a)
@@ -105,7 +105,7 @@ def fast_path(args: tuple, specialized: frozenset):
               f"    return ({', '.join(key)},)\n")
     cache: dict = {}
     namespace = {"_Tensor": torch.Tensor, "_strided": torch.strided, "_grad": torch.is_grad_enabled,
-                 "_autocast": torch.is_autocast_enabled, "MISS": MISS, "cache": cache}
+                 "_autocast": autocast_key, "MISS": MISS, "cache": cache}
     namespace.update({f"_c{i}": type(a) for i, a in enumerate(args) if type(a) in _FAST_CONSTANTS})
     exec(compile(source, "<fjit fast path>", "exec"), namespace)
     return namespace["call"], namespace["key"], cache
@@ -175,8 +175,10 @@ def _var_name(label: str, used: set) -> str:
     return name
 
 
-def make_proxies(ctx, params: list[tuple[str, object]], leaves: list):
-    """Proxied values for the named parameters; fills ctx.inputs, ctx.real_inputs, input labels."""
+def make_proxies(ctx, params: list[tuple[str, object]], leaves: list, concrete_floats=False):
+    """Proxied values for the named parameters; fills ctx.inputs, ctx.real_inputs, input labels.
+    With `concrete_floats`, float inputs stay real floats (still program inputs, but the trace
+    specializes on their values)."""
     used: set = set()
     counter = iter(range(len(leaves)))
 
@@ -194,6 +196,9 @@ def make_proxies(ctx, params: list[tuple[str, object]], leaves: list):
             i = next(counter)
             var = NumberVar(_var_name(label, used))
             ctx.inputs.append(var)
+            if concrete_floats:
+                ctx.specialized.add(i)
+                return x
             return NumberProxy(x, var, frozenset({i}))
         if t is list:
             return InputList(build(y, f"{label}_{j}") for j, y in enumerate(x))

@@ -7,10 +7,12 @@ proxy itself.  Globals and closure variables are read once, here, and recorded a
 from __future__ import annotations
 
 import dataclasses
+import dis
 import inspect
 import itertools
 import re
 import types
+import typing
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -18,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 from fjit.core.ir import Binding, Trace, map_values
 from fjit.errors import UnsupportedOpError, error_for, located
 from fjit.frontend.context import Mode, TraceContext, user_location
-from fjit.frontend.dispatch import _capture, dispatch
+from fjit.frontend.dispatch import _capture, dispatch, record_mode_changes
 from fjit.frontend.inputs import make_proxies
 from fjit.frontend.observer import observe
 from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
@@ -37,13 +39,20 @@ class TraceResult:
 
 
 def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
-                   namespace: dict) -> TraceResult:
+                   namespace: dict, observed_strides: dict | None = None) -> TraceResult:
+    """Trace `fn` on proxies of `args`.  `observed_strides` (var name -> strides) corrects the
+    layouts that opaque ops' meta kernels predicted wrongly on an earlier trace of this call."""
     ctx = TraceContext(fn, mode, dispatch, namespace)
-    ctx.tensor_origins, bindings = scan_bindings(fn)
+    ctx.observed_strides = observed_strides or {}
+    scan = scan_bindings(fn)
+    ctx.tensor_origins, bindings = scan.origins, scan.bindings
     names = _positional_names(fn, len(args))
     with ctx:
+        # `type(s) is float` cannot be True of a proxy: code that asks type() gets real floats,
+        # and the trace specializes on their values (make_proxies puts them in ctx.specialized).
         proxied = make_proxies(ctx, [(n, a) for n, a in zip(names, args)] +
-                               [(k, v) for k, v in kwargs.items()], leaves)
+                               [(k, v) for k, v in kwargs.items()], leaves,
+                               concrete_floats=scan.asks_type)
         pargs, pkwargs = proxied[:len(args)], dict(zip(kwargs, proxied[len(args):]))
         with observe(ctx, fn), _Intercept():
             try:
@@ -55,6 +64,7 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
                 raise error from None
             if ctx.raised is not None:   # a try/except in the user's code caught a sharp edge
                 raise error_for(ctx.raised)
+            record_mode_changes(ctx)     # a mode the function set and left set stays set
             output = _output_structure(ctx, result)
         trace = Trace(ctx.fn_name, list(ctx.inputs), list(ctx.scopes[0]), output, dict(ctx.consts),
                       stage="traced", bindings=bindings, namespace=namespace)
@@ -131,14 +141,28 @@ def _code_objects(code):
             yield from _code_objects(c)
 
 
+def _loads_global(code, name: str) -> bool:
+    """Whether `code` (or code nested in it) reads the global/builtin `name` (not an attribute)."""
+    return any(ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval == name
+               for c in _code_objects(code) for ins in dis.get_instructions(c))
+
+
 _SCAN_DEPTH, _SCAN_WIDTH = 3, 256   # how far scan_bindings looks into bound objects (trace-time cost)
 
 
-def scan_bindings(fn) -> tuple[dict, list]:
-    """(id(tensor) -> (catalog entry, where it came from), [Binding]) for what `fn` can read."""
+class Scan(typing.NamedTuple):
+    origins: dict      # id(tensor) -> (catalog entry, where it came from)
+    bindings: list     # [Binding]: the globals and closure variables fn reads
+    asks_type: bool    # whether fn (or a function of its module it calls) calls the builtin type()
+
+
+def scan_bindings(fn) -> Scan:
+    """What `fn` can read from outside: the tensors (for FJ101), the bindings, and whether it asks
+    type() of something."""
     origins: dict = {}
     bindings: list = []
     seen_fns: set = set()
+    asks_type = False
 
     def note_tensors(obj, describe, entry, depth=0):
         """Tensors reachable from a bound value (attributes and items, a few levels deep) and the
@@ -163,6 +187,7 @@ def scan_bindings(fn) -> tuple[dict, list]:
             note_tensors(value, child, "FJ101_attribute_tensor", depth + 1)
 
     def visit(f, top: bool):
+        nonlocal asks_type
         f = inspect.unwrap(f) if callable(f) else f
         code = getattr(f, "__code__", None)
         if code is None or id(f) in seen_fns:
@@ -172,6 +197,8 @@ def scan_bindings(fn) -> tuple[dict, list]:
         for c in _code_objects(code):
             names.update(c.co_names)
         g = getattr(f, "__globals__", {})
+        if "type" in names and "type" not in g and _loads_global(code, "type"):
+            asks_type = True
         for name in sorted(names):
             if name not in g:
                 continue
@@ -206,5 +233,5 @@ def scan_bindings(fn) -> tuple[dict, list]:
                 origins.setdefault(id(p.default), ("FJ101_default_arg_tensor", f"default argument '{p.name}'"))
 
     visit(fn, True)
-    return origins, bindings
+    return Scan(origins, bindings, asks_type)
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from fjit.frontend.dispatch import DECOMPOSITIONS
-from fjit.frontend.proxies import TensorProxy
+from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.ops.prims import Prim, prim
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -81,7 +81,8 @@ def _binary(p, swap=False):
         else:
             p2 = p
         _no_kwargs(kwargs)
-        if alpha is not None and alpha != 1:
+        # (a runtime float alpha is multiplied in whatever its value: comparing it would specialize)
+        if alpha is not None and (isinstance(alpha, NumberProxy) or alpha != 1):
             b = prim(Prim.MUL, b, alpha)
         return prim(p2, b, a) if swap else prim(p2, a, b)
     return decomposition

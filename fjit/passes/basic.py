@@ -62,6 +62,8 @@ def cse(trace: Trace) -> Trace:
     out = []
     for b in trace.bsyms:
         b = _rename(mapping, b)
+        if b.sym.has(Tag.MODE):   # x * 2 under no_grad is not x * 2 with grad
+            seen.clear()
         if b.sym.has(Tag.RANDOM) or b.sym.has(Tag.IMPURE):
             out.append(b)
             continue

@@ -132,6 +132,9 @@ class Partitioner:
         region: Region | None = None
         produced: set = set()
         for b in flat:
+            if b.sym.has(Tag.MODE) and region is not None:   # a region runs under one mode
+                items.append(region)
+                region, produced = None, set()
             grown = self._try_add(region, b, supported) if region is not None else None
             if grown is not None:
                 produced.update(v.name for v in b.outputs())
