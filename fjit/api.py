@@ -20,6 +20,7 @@ from fjit.errors import SharpEdge
 from fjit.executors import torch_executor
 from fjit.frontend.context import Mode, current
 from fjit.frontend.inputs import MISS, call_key, fast_path
+from fjit.frontend.rng import rng_preserved
 from fjit.frontend.tracer import scan_bindings, trace_function
 from fjit.ops import TRACE_NAMESPACE
 from fjit.passes.basic import constant_fold, cse, dce
@@ -178,12 +179,15 @@ def _triton_stage(trace: Trace, leaves: list):
 
 
 def check_traces(traces: list[Trace], leaves: list) -> None:
-    """Check mode (FJIT_CHECK=1): every stage's printed source runs and agrees with the first."""
-    expected = traces[0].python_callable()(*leaves)
-    for t in traces[1:]:
-        got = t.python_callable()(*leaves)
-        torch.testing.assert_close(got, expected, equal_nan=True,
-                                   msg=lambda m: f"fjit check: stage {t.stage} differs: {m}")
+    """Check mode (FJIT_CHECK=1): every stage's printed source runs and agrees with the first.
+    Every stage draws the same random numbers, and the generators are left as they were."""
+    with rng_preserved(traces[0].bsyms) as rewind:
+        expected = traces[0].python_callable()(*leaves)
+        for t in traces[1:]:
+            rewind()
+            got = t.python_callable()(*leaves)
+            torch.testing.assert_close(got, expected, equal_nan=True,
+                                       msg=lambda m: f"fjit check: stage {t.stage} differs: {m}")
 
 
 def jit(fn=None, *, sharp_edges="error", executors=DEFAULT_EXECUTORS, cache="metadata"):

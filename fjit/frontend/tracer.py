@@ -22,6 +22,7 @@ from fjit.frontend.dispatch import _capture, dispatch
 from fjit.frontend.inputs import make_proxies
 from fjit.frontend.observer import observe
 from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
+from fjit.frontend.rng import generators_traced
 
 
 class _Intercept(TorchFunctionMode):
@@ -45,7 +46,7 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
         proxied = make_proxies(ctx, [(n, a) for n, a in zip(names, args)] +
                                [(k, v) for k, v in kwargs.items()], leaves)
         pargs, pkwargs = proxied[:len(args)], dict(zip(kwargs, proxied[len(args):]))
-        with observe(ctx, fn), _Intercept():
+        with observe(ctx, fn), _Intercept(), generators_traced():
             try:
                 result = fn(*pargs, **pkwargs)
             except TypeError as e:
