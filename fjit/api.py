@@ -20,6 +20,7 @@ from fjit.errors import SharpEdge
 from fjit.executors import torch_executor
 from fjit.frontend.context import AMP_DEVICES, Mode, autocast_state, current
 from fjit.frontend.inputs import MISS, call_key, fast_path
+from fjit.frontend.rng import rng_preserved, rng_snapshot
 from fjit.frontend.tracer import scan_bindings, trace_function
 from fjit.ops import TRACE_NAMESPACE
 from fjit.passes.basic import constant_fold, cse, dce
@@ -165,12 +166,12 @@ class JittedFunction:
             before_executors = traces[len(PASSES)]
             if not torch_executor.has_opaque_ops(before_executors):
                 return result, traces, _NOT_RUN
-            rng = _rng_state()
+            rewind = rng_snapshot(before_executors.bsyms)
             first, wrong = _restoring_modes_on_error(torch_executor.run_observing_layouts)(
                 before_executors, leaves)
             if not wrong or attempt == 2:
                 break
-            _set_rng_state(rng)      # the next run must draw what this one drew
+            rewind()      # the next run must draw what this one drew
             observed.update(wrong)
             if attempt == 1:
                 executors = (Executor.TORCH,)   # torch calls read any layout
@@ -202,17 +203,6 @@ _NOT_RUN = object()
 PASSES = (dce, cse, constant_fold, dce)
 
 
-def _rng_state():
-    return (torch.get_rng_state(),
-            torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None)
-
-
-def _set_rng_state(state):
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state_all(state[1])
-
-
 def optimize(trace: Trace, executors: tuple, leaves: list) -> list[Trace]:
     """Every stage from the traced program to the one the generated function runs."""
     traces = [trace]
@@ -238,12 +228,15 @@ def _triton_stage(trace: Trace, leaves: list):
 
 
 def check_traces(traces: list[Trace], leaves: list) -> None:
-    """Check mode (FJIT_CHECK=1): every stage's printed source runs and agrees with the first."""
-    expected = traces[0].python_callable()(*leaves)
-    for t in traces[1:]:
-        got = t.python_callable()(*leaves)
-        torch.testing.assert_close(got, expected, equal_nan=True,
-                                   msg=lambda m: f"fjit check: stage {t.stage} differs: {m}")
+    """Check mode (FJIT_CHECK=1): every stage's printed source runs and agrees with the first.
+    Every stage draws the same random numbers, and the generators are left as they were."""
+    with rng_preserved(traces[0].bsyms) as rewind:
+        expected = traces[0].python_callable()(*leaves)
+        for t in traces[1:]:
+            rewind()
+            got = t.python_callable()(*leaves)
+            torch.testing.assert_close(got, expected, equal_nan=True,
+                                       msg=lambda m: f"fjit check: stage {t.stage} differs: {m}")
 
 
 def jit(fn=None, *, sharp_edges="error", executors=DEFAULT_EXECUTORS, cache="metadata"):

@@ -80,7 +80,24 @@ class NumberVar:
         return self.name
 
 
-Var = (TensorVar, NumberVar)
+class GeneratorVar:
+    """An SSA torch.Generator the program creates itself (a generator made inside the traced
+    function): random ops that take it draw from it in program order."""
+
+    __slots__ = ("name", "device")
+
+    def __init__(self, name, device):
+        self.name = name
+        self.device = device
+
+    def type_string(self) -> str:
+        return f"generator {self.device.type}"
+
+    def __repr__(self):
+        return self.name
+
+
+Var = (TensorVar, NumberVar, GeneratorVar)
 
 DTYPE_SHORT = {
     torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",

@@ -15,12 +15,13 @@ import types
 
 import torch
 
-from fjit.core.ir import (BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Trace, flatten_values,
-                          map_values)
+from fjit.core.ir import (BoundSymbol, GeneratorVar, NumberVar, Symbol, Tag, TensorVar, Trace,
+                          flatten_values, map_values)
 from fjit.errors import UnsupportedOpError, catalog_fix, located
 from fjit.frontend.context import AMP_DEVICES, TraceContext, autocast_state, current, user_location
 from fjit.frontend.meta import meta_tensor, run_meta
 from fjit.frontend.proxies import NumberProxy, TensorProxy
+from fjit.frontend.rng import bind_generators, generator, rng_preserved
 
 # fjit.ops fills this at import: torch callable -> decomposition into prims over proxies.
 DECOMPOSITIONS: dict = {}
@@ -119,7 +120,7 @@ def functional_inplace(op, x, *args, **kwargs):
 
 
 FJIT_OPS = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem,
-                                 functional_inplace=functional_inplace)
+                                 functional_inplace=functional_inplace, generator=generator)
 _VIEW_SCATTER = Symbol("fjit_ops.view_scatter", view_scatter)
 _SETITEM = Symbol("fjit_ops.setitem", setitem)
 _FUNCTIONAL_INPLACE = Symbol("fjit_ops.functional_inplace", functional_inplace)
@@ -271,6 +272,8 @@ def _dispatch(ctx, func, args, kwargs):
             "compute it outside the compiled function and pass the result in"))
     if func is torch.Tensor.__deepcopy__:     # copy.deepcopy(t): a new tensor with t's values
         return dispatch(torch.Tensor.clone, (args[0],), {})
+    if func in RANDOM_OPS or "generator" in kwargs:
+        args, kwargs = bind_generators(ctx, args, kwargs)   # see frontend/rng.py
     if _is_mutation(func, kwargs):
         return _functionalize(ctx, func, args, kwargs)
     return trace_call(ctx, torch_symbol(func), func, args, kwargs, DECOMPOSITIONS.get(func))
@@ -308,6 +311,8 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
             return m
         if isinstance(x, NumberProxy):
             return x._fj_value
+        if isinstance(x, (torch._C.Generator, GeneratorVar)):
+            return None          # shapes do not depend on it, and a meta op must not draw from it
         if isinstance(x, torch.device) or (isinstance(x, str) and x in ("cpu", "cuda") or
                                            isinstance(x, str) and x.startswith("cuda:")):
             return torch.device("meta")
@@ -318,8 +323,9 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
             margs, mkwargs = map_values(to_meta, (args, kwargs))
             if func is torch.Tensor.__getitem__:
                 margs = (margs[0], _scalar_indices_as_ints(margs[1]))
-            if "device" in mkwargs:
-                mkwargs["device"] = "meta"
+            if "device" in mkwargs or sym.has(Tag.RANDOM) and not any(
+                    isinstance(m, torch.Tensor) for m in flatten_values(margs)):
+                mkwargs["device"] = "meta"     # a factory: torch.randn(4, 5) must not draw here
             mout = run_meta(func, margs, mkwargs)
     except (NotImplementedError, RuntimeError) as e:
         # How meta kernels refuse data-dependent output shapes, or values (x[i] with a 0-d index).
@@ -529,7 +535,7 @@ def concrete_value(ctx: TraceContext, proxy: TensorProxy) -> torch.Tensor:
     """Permissive modes: run the trace so far on this call's inputs to get a value."""
     trace = Trace(ctx.fn_name, ctx.inputs, list(ctx.scopes[0]), proxy.ir, dict(ctx.consts),
                   stage="replay", namespace=ctx.namespace)
-    with torch._C.DisableTorchFunction():
+    with torch._C.DisableTorchFunction(), rng_preserved(trace.bsyms):   # draw nothing
         return trace.python_callable()(*ctx.real_inputs)
 
 

@@ -40,6 +40,9 @@ _GLOBAL_STATE_FUNCS = {inspect.unwrap(f).__code__ for f in (
     torch.use_deterministic_algorithms, torch.cuda.manual_seed, torch.cuda.manual_seed_all)
     if hasattr(inspect.unwrap(f), "__code__")}
 _GLOBAL_STATE_BUILTINS = {torch.set_num_threads, torch.set_num_interop_threads}
+# Methods that reseed or reposition a torch.Generator.  On one created inside the function they
+# are traced (frontend/rng.py: TracedGenerator overrides them in Python, so no c_call is seen).
+_GENERATOR_SETTERS = {"manual_seed", "seed", "set_state", "set_offset", "graphsafe_set_state"}
 
 
 def _classify_builtin(fn) -> tuple[str, str] | None:
@@ -65,6 +68,8 @@ def _classify_builtin(fn) -> tuple[str, str] | None:
             return "FJ105_numpy_random", f"numpy.random.{name}()"
         if mod == "torch" and fn in _GLOBAL_STATE_BUILTINS:
             return "FJ104_manual_seed", f"torch.{name}()"
+    if isinstance(owner, torch._C.Generator) and name in _GENERATOR_SETTERS:
+        return "FJ104_manual_seed", f"torch.Generator.{name}() on a generator that existed before the call"
     if owner in (datetime.datetime, datetime.date) and name in ("now", "utcnow", "today"):
         return "FJ105_time", f"{owner.__name__}.{name}()"
     if isinstance(owner, random.Random) and owner is random._inst:

@@ -24,6 +24,7 @@ from fjit.frontend.dispatch import _capture, dispatch, record_mode_changes
 from fjit.frontend.inputs import make_proxies
 from fjit.frontend.observer import observe
 from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
+from fjit.frontend.rng import generators_traced
 
 
 class _Intercept(TorchFunctionMode):
@@ -54,7 +55,7 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
                                [(k, v) for k, v in kwargs.items()], leaves,
                                concrete_floats=scan.asks_type)
         pargs, pkwargs = proxied[:len(args)], dict(zip(kwargs, proxied[len(args):]))
-        with observe(ctx, fn), _Intercept():
+        with observe(ctx, fn), _Intercept(), generators_traced():
             try:
                 result = fn(*pargs, **pkwargs)
             except TypeError as e:

@@ -22,10 +22,12 @@ def _output_vars(trace: Trace) -> set[str]:
 
 
 def dce(trace: Trace) -> Trace:
+    """Drops ops whose results nothing reads, except random ops: eager's draw moves the generator,
+    so dropping it would change the numbers every later random op draws."""
     live = _output_vars(trace)
     kept = []
     for b in reversed(trace.bsyms):
-        if b.sym.has(Tag.IMPURE) or any(v.name in live for v in b.outputs()):
+        if b.sym.has(Tag.IMPURE) or b.sym.has(Tag.RANDOM) or any(v.name in live for v in b.outputs()):
             kept.append(b)
             live.update(v.name for v in b.inputs())
     return trace.with_stage("dce", reversed(kept))
