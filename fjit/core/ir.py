@@ -197,6 +197,10 @@ class Trace:
     stage: str = "traced"
     bindings: list = dataclasses.field(default_factory=list)
     namespace: dict = dataclasses.field(default_factory=dict)  # extra names the source refers to
+    # None: `output` is the caller's structure and prints as it.  Otherwise `output` is a flat
+    # tuple of values and the caller gets rebuild(*output) (dataclasses, OrderedDict, torch.Size...:
+    # see frontend/outputs.py); its __doc__ names the types it builds, for the printed trace.
+    rebuild: Callable | None = None
 
     def with_stage(self, stage: str, bsyms=None, **changes) -> "Trace":
         return dataclasses.replace(self, stage=stage, bsyms=list(self.bsyms if bsyms is None else bsyms),
@@ -308,7 +312,11 @@ class TracePrinter:
             lines.append("  # " + "  ".join(f"{v.name}: \"{v.type_string()}\"" for v in t.inputs))
         for b in t.bsyms:
             lines += self.bsym_lines(b, "  ")
-        lines.append(f"  return {self.value(t.output)}")
+        if t.rebuild is None:
+            lines.append(f"  return {self.value(t.output)}")
+        else:
+            args = ", ".join(self.value(v) for v in t.output)
+            lines.append(f"  return {self.const(t.rebuild)}({args})  # rebuilds {t.rebuild.__doc__}")
         return "\n".join(lines) + "\n"
 
 

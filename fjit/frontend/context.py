@@ -90,6 +90,7 @@ class TraceContext:
         self.tensor_origins: dict[int, tuple[str, str]] = {}  # id(tensor) -> (entry, description)
         self.input_labels: dict[int, str] = {}  # id(input handle) -> how the user names it
         self.raised: SharpEdge | None = None
+        self.return_location: tuple[str, int] | None = None   # the user's outermost `return` seen
 
     # -- names and recording -------------------------------------------------------------------
     def new_name(self, prefix: str = "t") -> str:

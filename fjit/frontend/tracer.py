@@ -15,13 +15,13 @@ import types
 import torch
 from torch.overrides import TorchFunctionMode
 
-from fjit.core.ir import Binding, Trace, map_values
+from fjit.core.ir import Binding, Trace
 from fjit.errors import UnsupportedOpError, error_for, located
 from fjit.frontend.context import Mode, TraceContext, user_location
-from fjit.frontend.dispatch import _capture, dispatch
+from fjit.frontend.dispatch import dispatch
 from fjit.frontend.inputs import make_proxies
 from fjit.frontend.observer import observe
-from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
+from fjit.frontend.outputs import output_structure
 
 
 class _Intercept(TorchFunctionMode):
@@ -55,9 +55,10 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
                 raise error from None
             if ctx.raised is not None:   # a try/except in the user's code caught a sharp edge
                 raise error_for(ctx.raised)
-            output = _output_structure(ctx, result)
+            where = ctx.return_location or _definition(fn)
+            output, rebuild = output_structure(ctx, result, where)
         trace = Trace(ctx.fn_name, list(ctx.inputs), list(ctx.scopes[0]), output, dict(ctx.consts),
-                      stage="traced", bindings=bindings, namespace=namespace)
+                      stage="traced", bindings=bindings, namespace=namespace, rebuild=rebuild)
     return TraceResult(trace, frozenset(ctx.specialized), list(ctx.edges))
 
 
@@ -80,6 +81,11 @@ def _unbound_method_error(e: TypeError) -> UnsupportedOpError | None:
                  f"intercept", *where, f"call it as a method: x.{name}(...)"))
 
 
+def _definition(fn) -> tuple[str, int]:
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return (code.co_filename, code.co_firstlineno) if code is not None else user_location()
+
+
 def _positional_names(fn, n: int) -> list[str]:
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -94,30 +100,6 @@ def _positional_names(fn, n: int) -> list[str]:
             star = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), "arg")
             names.append(f"{star}_{i}")
     return names
-
-
-def _output_structure(ctx: TraceContext, result):
-    def leaf(x):
-        if isinstance(x, (TensorProxy, NumberProxy)):
-            return x.ir
-        if isinstance(x, torch.Tensor):
-            return _capture(ctx, x).ir
-        return x
-    if isinstance(result, (InputList, InputDict)):
-        result = list(result) if isinstance(result, list) else dict(result)
-    return map_values(leaf, _plain_containers(result))
-
-
-def _plain_containers(x):
-    if isinstance(x, InputList):
-        return [_plain_containers(y) for y in x]
-    if isinstance(x, InputDict):
-        return {k: _plain_containers(v) for k, v in x.items()}
-    if type(x) in (list, tuple):
-        return type(x)(_plain_containers(y) for y in x)
-    if type(x) is dict:
-        return {k: _plain_containers(v) for k, v in x.items()}
-    return x
 
 
 # ----------------------------------------------------------------------------------------------
