@@ -10,6 +10,7 @@ import enum
 import linecache
 import math
 import operator
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -221,7 +222,11 @@ class Trace:
         filename = f"<fjit {self.name} {self.stage} {id(self):x}>"
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
         exec(compile(src, filename, "exec"), ns)
-        return ns["computation"]
+        fn = ns.pop("computation")   # not in its own globals: no cycle, freed as soon as unused
+        # Tracebacks show the generated source while the function lives; an evicted program (or a
+        # check-mode stage) takes its source with it, so linecache does not grow with recompiles.
+        weakref.finalize(fn, _forget_source, filename, linecache.cache[filename]).atexit = False
+        return fn
 
 
 class TracePrinter:
@@ -318,6 +323,11 @@ class TracePrinter:
             args = ", ".join(self.value(v) for v in t.output)
             lines.append(f"  return {self.const(t.rebuild)}({args})  # rebuilds {t.rebuild.__doc__}")
         return "\n".join(lines) + "\n"
+
+
+def _forget_source(filename: str, entry) -> None:
+    if linecache.cache.get(filename) is entry:    # not an entry a later trace re-registered
+        del linecache.cache[filename]
 
 
 _RESOLVABLE: dict[str, bool] = {}
