@@ -10,6 +10,7 @@ import enum
 import linecache
 import math
 import operator
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -216,6 +217,10 @@ class Trace:
     stage: str = "traced"
     bindings: list = dataclasses.field(default_factory=list)
     namespace: dict = dataclasses.field(default_factory=dict)  # extra names the source refers to
+    # None: `output` is the caller's structure and prints as it.  Otherwise `output` is a flat
+    # tuple of values and the caller gets rebuild(*output) (dataclasses, OrderedDict, torch.Size...:
+    # see frontend/outputs.py); its __doc__ names the types it builds, for the printed trace.
+    rebuild: Callable | None = None
 
     def with_stage(self, stage: str, bsyms=None, **changes) -> "Trace":
         return dataclasses.replace(self, stage=stage, bsyms=list(self.bsyms if bsyms is None else bsyms),
@@ -236,7 +241,11 @@ class Trace:
         filename = f"<fjit {self.name} {self.stage} {id(self):x}>"
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
         exec(compile(src, filename, "exec"), ns)
-        return ns["computation"]
+        fn = ns.pop("computation")   # not in its own globals: no cycle, freed as soon as unused
+        # Tracebacks show the generated source while the function lives; an evicted program (or a
+        # check-mode stage) takes its source with it, so linecache does not grow with recompiles.
+        weakref.finalize(fn, _forget_source, filename, linecache.cache[filename]).atexit = False
+        return fn
 
 
 class TracePrinter:
@@ -327,8 +336,17 @@ class TracePrinter:
             lines.append("  # " + "  ".join(f"{v.name}: \"{v.type_string()}\"" for v in t.inputs))
         for b in t.bsyms:
             lines += self.bsym_lines(b, "  ")
-        lines.append(f"  return {self.value(t.output)}")
+        if t.rebuild is None:
+            lines.append(f"  return {self.value(t.output)}")
+        else:
+            args = ", ".join(self.value(v) for v in t.output)
+            lines.append(f"  return {self.const(t.rebuild)}({args})  # rebuilds {t.rebuild.__doc__}")
         return "\n".join(lines) + "\n"
+
+
+def _forget_source(filename: str, entry) -> None:
+    if linecache.cache.get(filename) is entry:    # not an entry a later trace re-registered
+        del linecache.cache[filename]
 
 
 _RESOLVABLE: dict[str, bool] = {}

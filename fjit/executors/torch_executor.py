@@ -55,7 +55,8 @@ def run_observing_layouts(trace: Trace, leaves: list) -> tuple[object, dict]:
         for v in b.inputs():       # free what nothing later reads (a first call's peak memory)
             if last_use.get(v.name) == i and v.name not in keep and v.name not in trace.consts:
                 env.pop(v.name, None)
-    return map_values(value, trace.output), wrong
+    out = map_values(value, trace.output)
+    return (out if trace.rebuild is None else trace.rebuild(*out)), wrong
 
 
 def has_opaque_ops(trace: Trace) -> bool:

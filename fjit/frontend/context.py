@@ -108,6 +108,7 @@ class TraceContext:
         # first); the dispatcher records a mode change when the traced code enters a region.
         self.grad_mode = torch.is_grad_enabled()
         self.autocast = autocast_state()
+        self.return_location: tuple[str, int] | None = None   # the user's outermost `return` seen
 
     # -- names and recording -------------------------------------------------------------------
     def new_name(self, prefix: str = "t") -> str:

@@ -242,6 +242,13 @@ def observe(ctx: TraceContext, fn):
                 if found:
                     ctx.sharp_edge(found[0], _message(found, ctx),
                                    (caller.f_code.co_filename, caller.f_lineno))
+        elif event == "return":
+            # the traced function's own return (user code returning into fjit): where an output
+            # fjit cannot rebuild is reported
+            caller = frame.f_back
+            if is_user_file(frame.f_code.co_filename) and (
+                    caller is None or not is_user_file(caller.f_code.co_filename)):
+                ctx.return_location = (frame.f_code.co_filename, frame.f_lineno)
         elif event == "c_call" and is_user_file(frame.f_code.co_filename):
             found = _classify_builtin(arg)
             owner = getattr(arg, "__self__", None)

@@ -10,20 +10,19 @@ import dataclasses
 import dis
 import inspect
 import itertools
-import re
 import types
 import typing
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from fjit.core.ir import Binding, Trace, map_values
-from fjit.errors import UnsupportedOpError, error_for, located
+from fjit.core.ir import Binding, Trace
+from fjit.errors import error_for
 from fjit.frontend.context import Mode, TraceContext, user_location
-from fjit.frontend.dispatch import _capture, dispatch, record_mode_changes
+from fjit.frontend.dispatch import dispatch, record_mode_changes
 from fjit.frontend.inputs import make_proxies
 from fjit.frontend.observer import observe
-from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
+from fjit.frontend.outputs import output_structure
 from fjit.frontend.rng import generators_traced
 
 
@@ -56,39 +55,20 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
                                concrete_floats=scan.asks_type)
         pargs, pkwargs = proxied[:len(args)], dict(zip(kwargs, proxied[len(args):]))
         with observe(ctx, fn), _Intercept(), generators_traced():
-            try:
-                result = fn(*pargs, **pkwargs)
-            except TypeError as e:
-                error = _unbound_method_error(e)
-                if error is None:
-                    raise
-                raise error from None
+            result = fn(*pargs, **pkwargs)
             if ctx.raised is not None:   # a try/except in the user's code caught a sharp edge
                 raise error_for(ctx.raised)
             record_mode_changes(ctx)     # a mode the function set and left set stays set
-            output = _output_structure(ctx, result)
+            where = ctx.return_location or _definition(fn)
+            output, rebuild = output_structure(ctx, result, where)
         trace = Trace(ctx.fn_name, list(ctx.inputs), list(ctx.scopes[0]), output, dict(ctx.consts),
-                      stage="traced", bindings=bindings, namespace=namespace)
+                      stage="traced", bindings=bindings, namespace=namespace, rebuild=rebuild)
     return TraceResult(trace, frozenset(ctx.specialized), list(ctx.edges))
 
 
-_UNBOUND = re.compile(r"descriptor '(\w+)' for 'torch\._C\.TensorBase' objects doesn't apply to "
-                      r"a 'TensorProxy' object")
-
-
-def _unbound_method_error(e: TypeError) -> UnsupportedOpError | None:
-    """torch.Tensor.add_(x, 1) type-checks `x` in C before any torch-function hook can see it."""
-    m = _UNBOUND.search(str(e))
-    if m is None:
-        return None
-    tb = e.__traceback__
-    while tb.tb_next is not None:       # the innermost frame; user_location walks out from it
-        tb = tb.tb_next
-    where = user_location(tb.tb_frame)
-    name = m.group(1)
-    return UnsupportedOpError(located(
-        "FJ202", f"torch.Tensor.{name}(x, ...) is an unbound Tensor method, which fjit cannot "
-                 f"intercept", *where, f"call it as a method: x.{name}(...)"))
+def _definition(fn) -> tuple[str, int]:
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return (code.co_filename, code.co_firstlineno) if code is not None else user_location()
 
 
 def _positional_names(fn, n: int) -> list[str]:
@@ -105,30 +85,6 @@ def _positional_names(fn, n: int) -> list[str]:
             star = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), "arg")
             names.append(f"{star}_{i}")
     return names
-
-
-def _output_structure(ctx: TraceContext, result):
-    def leaf(x):
-        if isinstance(x, (TensorProxy, NumberProxy)):
-            return x.ir
-        if isinstance(x, torch.Tensor):
-            return _capture(ctx, x).ir
-        return x
-    if isinstance(result, (InputList, InputDict)):
-        result = list(result) if isinstance(result, list) else dict(result)
-    return map_values(leaf, _plain_containers(result))
-
-
-def _plain_containers(x):
-    if isinstance(x, InputList):
-        return [_plain_containers(y) for y in x]
-    if isinstance(x, InputDict):
-        return {k: _plain_containers(v) for k, v in x.items()}
-    if type(x) in (list, tuple):
-        return type(x)(_plain_containers(y) for y in x)
-    if type(x) is dict:
-        return {k: _plain_containers(v) for k, v in x.items()}
-    return x
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,220 @@
+"""Outputs: what the traced function returned, as the trace's output plus how to rebuild it.
+
+The caller must get what eager returns (DESIGN.md section 2, "Outputs"): same types, same field
+values, same keys in the same order, and never a proxy.  Plain tuples, lists, dicts with literal
+keys and namedtuples of traced values print as themselves in the trace's `return`, which stays
+readable and costs nothing more per call.  Anything else (dataclasses, SimpleNamespace, OrderedDict,
+dicts with dtype or tuple keys, torch.Size, nodes registered with `torch.utils._pytree`) is flattened
+to its traced values: the trace returns `rebuild(t3, t5)`, a function generated once per trace that
+builds the caller's structure from the flat values, so a cached call pays one Python call for it.
+
+Structure is read with `torch.utils._pytree`'s registry first (the user's registrations win), then
+fjit's own rules for dataclasses and SimpleNamespace.  A value fjit cannot rebuild (an arbitrary
+object or a closure holding a tensor, an iterator) is FJ201 at compile time, with the line of the
+`return`; an object holding no tensor is returned as the constant eager would return.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import types
+
+import torch
+import torch.utils._pytree as pytree
+
+from fjit.core.ir import is_structseq, map_values
+from fjit.errors import UnsupportedInputError, located
+from fjit.frontend.dispatch import _capture
+from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
+
+RETURNABLE = ("tensors, numbers, strings, None, dtypes, devices, torch.Size, and tuples, lists, "
+              "dicts, namedtuples, OrderedDicts, dataclasses, SimpleNamespaces and "
+              "torch.utils._pytree nodes of these, or objects that hold no tensor")
+
+_LITERALS = (type(None), bool, int, str)          # print as themselves in generated source
+_PLAIN_KEYS = (str, int, bool, type(None))        # the dict keys TracePrinter prints literally
+_PLAIN_LEAVES = (type(None), bool, int, float, str, torch.dtype, torch.device)
+
+
+def output_structure(ctx, result, where):
+    """(the trace's output, rebuild or None).  `where` is the (file, line) of the user's return.
+
+    With rebuild None the output is the caller's structure itself (it prints as Python); otherwise
+    it is a flat tuple of traced values and `rebuild(*values)` gives the caller's structure."""
+    def leaf(x):
+        if isinstance(x, (TensorProxy, NumberProxy)):
+            return x.ir
+        if isinstance(x, torch.Tensor):
+            return _capture(ctx, x).ir      # a tensor from outside the signature: FJ101's path
+        return x
+
+    if _plain(result):
+        return map_values(leaf, _plain_containers(result)), None
+    builder = _Builder(where)
+    body = builder.expr(result)
+    return tuple(leaf(x) for x in builder.leaves), builder.function(body)
+
+
+def _plain(x) -> bool:
+    t = type(x)
+    if isinstance(x, (TensorProxy, NumberProxy, torch.Tensor)):
+        return True
+    if t in _PLAIN_LEAVES:
+        return True
+    if t is tuple or t is list or t is InputList or (isinstance(x, tuple) and hasattr(t, "_fields")) \
+            or is_structseq(x):
+        return all(_plain(y) for y in x)
+    if t is dict or t is InputDict:
+        return all(type(k) in _PLAIN_KEYS for k in x) and all(_plain(v) for v in x.values())
+    return False
+
+
+def _plain_containers(x):
+    if isinstance(x, InputList):
+        return [_plain_containers(y) for y in x]
+    if isinstance(x, InputDict):
+        return {k: _plain_containers(v) for k, v in x.items()}
+    if type(x) in (list, tuple):
+        return type(x)(_plain_containers(y) for y in x)
+    if type(x) is dict:
+        return {k: _plain_containers(v) for k, v in x.items()}
+    return x
+
+
+def _restore(cls, attributes: dict):
+    """An instance of `cls` with exactly these attributes, as the traced run made it: no __init__
+    or __post_init__ runs again (they ran while tracing), and a frozen dataclass is filled too."""
+    obj = cls.__new__(cls)
+    if hasattr(obj, "__dict__"):
+        obj.__dict__.update(attributes)
+    else:                                   # __slots__
+        for name, value in attributes.items():
+            object.__setattr__(obj, name, value)
+    return obj
+
+
+class _Builder:
+    """Walks the returned value once, collecting the traced leaves and writing the Python
+    expression that rebuilds the value from them (`l0, l1, ...`)."""
+
+    def __init__(self, where):
+        self.where = where
+        self.leaves: list = []
+        self.ns: dict = {"_restore": _restore}
+        self.types: list[str] = []
+
+    def name(self, value, prefix: str) -> str:
+        n = f"{prefix}{len(self.ns)}"
+        self.ns[n] = value
+        return n
+
+    def constant(self, x) -> str:
+        if type(x) in _LITERALS:
+            return repr(x)
+        return self.name(x, "_k")
+
+    def expr(self, x) -> str:
+        t = type(x)
+        if isinstance(x, (TensorProxy, NumberProxy, torch.Tensor)):
+            self.leaves.append(x)
+            return f"l{len(self.leaves) - 1}"
+        if t is tuple:
+            inner = ", ".join(self.expr(y) for y in x)
+            return f"({inner},)" if len(x) == 1 else f"({inner})"
+        if t is list or t is InputList:
+            return "[" + ", ".join(self.expr(y) for y in x) + "]"
+        if t is dict or t is InputDict:
+            return "{" + ", ".join(f"{self.constant(k)}: {self.expr(v)}" for k, v in x.items()) + "}"
+        if t is torch.Size:           # pytree's own Size node rebuilds a plain tuple
+            self.types.append("Size")
+            return f"{self.name(torch.Size, '_t')}([{', '.join(self.expr(y) for y in x)}])"
+        node = pytree.SUPPORTED_NODES.get(pytree._get_node_type(x))
+        if node is not None:          # the registry first: a user's registration wins
+            self.types.append(t.__qualname__)
+            children, context = node.flatten_fn(x)
+            return (f"{self.name(node.unflatten_fn, '_u')}([{', '.join(self.expr(c) for c in children)}], "
+                    f"{self.name(context, '_x')})")
+        if (dataclasses.is_dataclass(x) and not isinstance(x, type)) or \
+                isinstance(x, types.SimpleNamespace):
+            self.types.append(t.__qualname__)
+            attributes = vars(x) if hasattr(x, "__dict__") else \
+                {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+            inner = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in attributes.items())
+            return f"_restore({self.name(t, '_t')}, {{{inner}}})"
+        self.check_constant(x)
+        return self.constant(x)
+
+    def check_constant(self, x) -> None:
+        """A leaf returned as a constant: the same object on every call, as eager would return an
+        object it did not build.  Not if it holds a traced value or is an iterator."""
+        t = type(x)
+        if t in _PLAIN_LEAVES or isinstance(x, (type, types.ModuleType)):
+            return
+        if hasattr(t, "__next__") or isinstance(x, (types.GeneratorType, types.CoroutineType,
+                                                   types.AsyncGeneratorType)):
+            raise self.error(x, "an iterator or generator, which a compiled call would return "
+                                "once, already consumed, on every call",
+                             "return a list or tuple (list(gen)) instead of the generator")
+        if _reaches_tensor(x):
+            raise self.error(x, "an object that holds a tensor, which fjit cannot rebuild",
+                             "return the tensors in a dataclass, SimpleNamespace, namedtuple or "
+                             "dict (or register the class with "
+                             "torch.utils._pytree.register_pytree_node)")
+
+    def error(self, x, what: str, fix: str) -> UnsupportedInputError:
+        t = type(x)
+        name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+        return UnsupportedInputError(located(
+            "FJ201", f"the function returns a {name}, {what}; fjit returns {RETURNABLE}",
+            *self.where, fix))
+
+    def function(self, body: str):
+        params = ", ".join(f"l{i}" for i in range(len(self.leaves)))
+        source = f"def rebuild({params}):\n    return {body}\n"
+        exec(compile(source, "<fjit output rebuild>", "exec"), self.ns)
+        fn = self.ns.pop("rebuild")
+        fn.__doc__ = ", ".join(dict.fromkeys(self.types)) or "the returned structure"
+        return fn
+
+
+_OPAQUE = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType,
+           types.CodeType, torch.dtype, torch.device, torch.Size)
+
+
+def _reaches_tensor(x) -> bool:
+    """Whether a tensor or proxy is reachable from `x`: a full walk of what it refers to, through
+    attributes, items, closure cells and generator frames, but not through a function's globals
+    (module state is not what the function returned)."""
+    seen: set = set()
+    stack = [x]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, _OPAQUE):
+            continue
+        seen.add(id(o))
+        if isinstance(o, (TensorProxy, torch.Tensor)):
+            return True
+        if isinstance(o, types.FunctionType):
+            stack.extend(c.cell_contents for c in o.__closure__ or () if _full(c))
+            stack.extend(o.__defaults__ or ())
+            stack.extend((o.__kwdefaults__ or {}).values())
+        elif isinstance(o, types.FrameType):
+            stack.extend(o.f_locals.values())
+        elif isinstance(o, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
+            frame = getattr(o, "gi_frame", None) or getattr(o, "cr_frame", None) or \
+                getattr(o, "ag_frame", None)
+            if frame is not None:
+                stack.extend(frame.f_locals.values())
+        elif type(o) is dict and "__builtins__" in o:   # a module's globals
+            continue
+        else:
+            stack.extend(gc.get_referents(o))
+    return False
+
+
+def _full(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
