@@ -255,10 +255,10 @@ def observe(ctx: TraceContext, fn):
         ctx.sharp_edge("FJ105_global_generator", _message(
             ("FJ105_global_generator", f"drawing from '{name}', a {type(rng).__name__} that existed "
                                        f"before the call,"), ctx), where)
-    for entry, name, what, attr in reach.changes():
+    for entry, name, what, attr, value in reach.changes():
         if (entry, name) in reported:
             continue
-        where = line_of(entry, name, ran, ran_lines, attr) or default
+        where = line_of(entry, name, ran, ran_lines, attr, value) or default
         ctx.sharp_edge(entry, f"{what} in '{ctx.fn_name}'; it happens once, while tracing, and "
                               f"never in compiled calls", where)
 

@@ -150,13 +150,15 @@ class Reach:
 
     # -- comparing ----------------------------------------------------------------------------
     def changes(self):
-        """[(entry, root name, what, attribute or None)] for outside state the run changed."""
+        """[(entry, root name, what, attribute or None, new value or EMPTY)] for outside state the
+        run changed (the new value lets `line_of` rule out a store of another constant)."""
         found = []
         for g, before in self.globals_dicts.values():
             for name in sorted(set(before) | set(g)):
                 if before.get(name, EMPTY) is not g.get(name, EMPTY) and not name.startswith("__"):
                     what = "deletion of" if name not in g else "assignment to"
-                    found.append(("FJ104_global_assignment", name, f"{what} global '{name}'", None))
+                    found.append(("FJ104_global_assignment", name, f"{what} global '{name}'", None,
+                                  g.get(name, EMPTY)))
         for name, cell, before in self.cells:
             try:
                 now = cell.cell_contents
@@ -165,7 +167,7 @@ class Reach:
             if now is not before:
                 what = "deletion of" if now is EMPTY else "assignment to"
                 found.append(("FJ104_nonlocal_assignment", name,
-                              f"{what} enclosing-scope variable '{name}' (nonlocal)", None))
+                              f"{what} enclosing-scope variable '{name}' (nonlocal)", None, now))
         for root, path, obj, before, entry in self.objects:
             now = _snapshot_again(obj)
             attr = _changed_key(before, now)
@@ -174,7 +176,8 @@ class Reach:
                 what = (f"mutation of {path}, {kind} that persists between calls"
                         if entry == "FJ104_mutable_default" else
                         f"mutation of '{path}', {kind} that existed before the call")
-                found.append((entry, root, what, attr if isinstance(attr, str) else None))
+                value = now.get(attr, EMPTY) if isinstance(now, dict) else EMPTY
+                found.append((entry, root, what, attr if isinstance(attr, str) else None, value))
         return found
 
     def drawn_rngs(self):
@@ -250,38 +253,65 @@ def _aliases(code, name) -> set[str]:
     return names
 
 
-def line_of(entry: str, name: str, codes: list, ran_lines: set, attr=None):
+def line_of(entry: str, name: str, codes: list, ran_lines: set, attr=None, value=EMPTY):
     """Where, in user code that ran, `name` was assigned, written into, or drawn from.
 
-    Each candidate line is scored: a line the profile hook saw run beats one it did not (both
-    branches of an `if` may write the same global; only one ran); a write through the name (or a
-    local alias of it) beats a write of the same attribute through `self` in a method, which
-    beats any write of that attribute."""
+    The bytecode is read one statement at a time (the instructions since the last store, pop or
+    jump), so a write spread over several lines is found and reported at the line that names the
+    object.  Each candidate is scored: a write through the name (or a local alias of it) beats a
+    write of the same attribute through `self` in a method, which beats any write of that
+    attribute; a statement storing a constant other than the value found after the run is the
+    branch that did not run (`if c: G = 1 else: G = 2`); between equals, a line the profile hook
+    saw running wins."""
     best, best_score = None, 0
     for code in codes:
         aliases = _aliases(code, name)
-        for line, instructions in code_lines(code):
-            loads = {i.argval for i in instructions if i.opname in _NAME_LOADS}
-            score = 0
-            for ins in instructions:
-                if entry in _STORES:
-                    hit = 3 if ins.opname in _STORES[entry] and ins.argval == name else 0
-                elif entry == "draw":    # a method of a generator reached through `name`
-                    hit = 3 if ins.opname in _NAME_LOADS and ins.argval in aliases else 0
-                elif ins.opname in _OBJECT_WRITES:
-                    same_attr = attr is not None and ins.argval == attr
-                    if loads & aliases and (ins.opname.endswith("SUBSCR") or attr is None or same_attr
-                                            or ins.argval in aliases):
-                        hit = 3
-                    elif same_attr and "self" in loads:
-                        hit = 2
-                    else:
-                        hit = 1 if same_attr else 0
+        statement: list = []          # (instruction, line) since the last statement boundary
+        line = None
+        for ins in dis.get_instructions(code):
+            if ins.starts_line is not None:
+                line = ins.starts_line
+            statement.append((ins, line))
+            hit, where = 0, line
+            if entry in _STORES:
+                hit = 3 if ins.opname in _STORES[entry] and ins.argval == name else 0
+            elif entry == "draw":    # a method of a generator reached through `name`
+                hit = 3 if ins.opname in _NAME_LOADS and ins.argval in aliases else 0
+            elif ins.opname in _OBJECT_WRITES:
+                roots = [(i.argval, ln) for i, ln in statement if i.opname in _NAME_LOADS]
+                named = [ln for n, ln in roots if n in aliases]
+                same_attr = attr is not None and ins.argval == attr
+                if named and (ins.opname.endswith("SUBSCR") or attr is None or same_attr
+                              or ins.argval in aliases):
+                    hit, where = 3, named[0]
+                elif same_attr and any(n == "self" for n, _ in roots):
+                    hit = 2
                 else:
-                    hit = 0
-                score = max(score, hit)
-            if score:
-                score = score * 2 + ((id(code), line) in ran_lines)
+                    hit = 1 if same_attr else 0
+            if hit:
+                if _stores_other_constant([i for i, _ in statement], value):
+                    hit = 1
+                score = hit * 2 + ((id(code), where) in ran_lines)
                 if score > best_score:
-                    best, best_score = (code.co_filename, line), score
+                    best, best_score = (code.co_filename, where), score
+            if ins.opname.startswith(_BOUNDARIES):
+                statement = []
     return best
+
+
+_BOUNDARIES = ("STORE_", "DELETE_", "POP_TOP", "RETURN_", "POP_JUMP", "JUMP", "RESUME")
+
+
+def _stores_other_constant(instructions, value) -> bool:
+    """Whether the line's statement stores a literal constant that is not `value` (a simple
+    `G = 2`, `obj.a = 2` or `d[k] = 2`: CPython evaluates the stored value first)."""
+    if value is EMPTY:
+        return False
+    first = next((i for i in instructions if i.opname not in ("NOP", "RESUME")), None)
+    if first is None or first.opname != "LOAD_CONST":
+        return False
+    const = first.argval
+    try:
+        return type(const) is not type(value) or bool(const != value)
+    except Exception:   # a value whose comparison raises tells nothing
+        return False
