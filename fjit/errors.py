@@ -125,13 +125,25 @@ def error_for(edge: SharpEdge) -> SharpEdgeError:
     return ERROR_CLASSES[edge.code](edge)
 
 
-class UnsupportedInputError(FjitError, TypeError):
+class _LocatedError(FjitError):
+    """An FJ2xx error: `.code`, and `.filename`/`.lineno` (None when there is no user line) like
+    every SharpEdgeError, taken from the `located(...)` message it is built with."""
+
+    code: str
+
+    def __init__(self, message="", *args):
+        super().__init__(message, *args)
+        self.filename = getattr(message, "filename", None)
+        self.lineno = getattr(message, "lineno", None)
+
+
+class UnsupportedInputError(_LocatedError, TypeError):
     """FJ201: an input whose type cannot be proxied."""
 
     code = "FJ201"
 
 
-class UnsupportedOpError(FjitError, NotImplementedError):
+class UnsupportedOpError(_LocatedError, NotImplementedError):
     """FJ202: an operation fjit cannot trace, e.g. one whose output shape depends on data."""
 
     code = "FJ202"
@@ -145,7 +157,17 @@ class SharpEdgeWarning(UserWarning):
         self.edge = edge
 
 
+class _Located(str):
+    """A diagnostic text that remembers where it points (read by _LocatedError)."""
+
+    filename: str | None
+    lineno: int | None
+
+
 def located(code: str, message: str, filename: str | None, lineno: int | None, fix: str) -> str:
-    """The compiler-diagnostic text of an FJ2xx error."""
+    """The compiler-diagnostic text of an FJ2xx error; it carries `filename` and `lineno` so that
+    the error built from it exposes them (the raise sites pass only the text)."""
     where = f"{_short_path(filename)}:{lineno}: " if filename else ""
-    return f"{where}{code} {CATEGORIES[code]}: {message}. Fix: {fix}"
+    text = _Located(f"{where}{code} {CATEGORIES[code]}: {message}. Fix: {fix}")
+    text.filename, text.lineno = (filename, lineno) if filename and lineno else (None, None)
+    return text

@@ -15,14 +15,18 @@ HINTS = {
         'clone the input before writing into a view of it, and return the result',
     'FJ103_dict_setitem': 'build a new dict ({**d, k: v}) and return it',
     'FJ103_list_append': 'build a new list (xs + [v]) and return it',
+    'FJ104_environment': 'set environment variables before calling the compiled function',
     'FJ104_file_io': 'do the I/O outside the compiled function',
     'FJ104_global_assignment': 'return the new value instead of assigning a global',
     'FJ104_logging': 'return the value and log it outside the compiled function',
     'FJ104_manual_seed': 'seed outside the compiled function',
+    'FJ104_mutable_default':
+        'default to None and build the list inside (seen = [] if seen is None else list(seen)), or return the value',
     'FJ104_mutate_global_object':
         'return the new value; do not mutate objects the function does not own',
     'FJ104_nonlocal_assignment': 'return the new value instead of writing to an enclosing scope',
     'FJ104_print': 'return the value and print it outside the compiled function',
+    'FJ105_global_generator': 'draw with torch inside, or pass the drawn number in as an argument',
     'FJ105_numpy_random': 'draw with torch inside, or pass the array in as a tensor argument',
     'FJ105_random': 'draw with torch (torch.rand) inside, or pass the number in as an argument',
     'FJ105_time': 'read the clock outside the compiled function and pass the value in',

@@ -18,6 +18,7 @@ import datetime
 import dis
 import inspect
 import io
+import os
 import random
 import sys
 import types
@@ -25,6 +26,7 @@ import types
 import torch
 
 from fjit.frontend.context import TraceContext, is_user_file, user_location
+from fjit.frontend.outside import Reach, code_lines, line_of
 
 _MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update",
              "setdefault", "popitem", "add", "discard", "difference_update", "intersection_update",
@@ -45,6 +47,11 @@ _GLOBAL_STATE_BUILTINS = {torch.set_num_threads, torch.set_num_interop_threads}
 _GENERATOR_SETTERS = {"manual_seed", "seed", "set_state", "set_offset", "graphsafe_set_state"}
 
 
+_FILE_BUILTINS = {"write", "remove", "unlink", "rename", "replace", "mkdir", "makedirs", "rmdir",
+                  "system", "chmod", "chown", "link", "symlink", "truncate", "utime", "open",
+                  "chdir", "kill", "removexattr", "setxattr", "mkfifo"}
+
+
 def _classify_builtin(fn) -> tuple[str, str] | None:
     """(catalog entry, what) for a builtin called from user code, if it is a sharp edge."""
     name = getattr(fn, "__name__", "")
@@ -59,11 +66,15 @@ def _classify_builtin(fn) -> tuple[str, str] | None:
         mod = owner.__name__
         if mod == "time" and name in _TIME_FUNCS:
             return "FJ105_time", f"time.{name}()"
-        if mod in ("os", "posix") and name == "urandom":
-            return "FJ105_uuid_urandom", "os.urandom()"
-        if mod in ("os", "posix") and name in ("write", "remove", "unlink", "rename", "mkdir",
-                                               "system", "makedirs", "rmdir"):
-            return "FJ104_file_io", f"os.{name}()"
+        if mod in ("os", "posix", "nt"):
+            if name == "urandom":
+                return "FJ105_uuid_urandom", "os.urandom()"
+            if name in ("putenv", "unsetenv"):
+                return "FJ104_environment", f"os.{name}()"
+            if name in _FILE_BUILTINS:
+                return "FJ104_file_io", f"os.{name}()"
+        if mod == "_pickle" and name in ("dump", "load"):
+            return "FJ104_file_io", f"pickle.{name}()"
         if mod.startswith("numpy.random"):
             return "FJ105_numpy_random", f"numpy.random.{name}()"
         if mod == "torch" and fn in _GLOBAL_STATE_BUILTINS:
@@ -83,145 +94,101 @@ def _classify_builtin(fn) -> tuple[str, str] | None:
     return None
 
 
-def _classify_python(code, frame) -> tuple[str, str] | None:
-    """(catalog entry, what) for a Python function called from user code, if it is a sharp edge."""
+# Python functions of these modules that do I/O when user code calls them (FJ104_file_io).
+_IO_FUNCS = {
+    "torch.serialization": {"save", "load"},
+    "shutil": {"copyfileobj", "copyfile", "copymode", "copystat", "copy", "copy2", "copytree",
+               "rmtree", "move", "make_archive", "unpack_archive", "chown"},
+    "pathlib": {"write_text", "write_bytes", "read_text", "read_bytes", "open", "touch", "mkdir",
+                "unlink", "rmdir", "rename", "replace", "symlink_to", "hardlink_to", "chmod",
+                "lchmod"},
+    "os": {"makedirs", "removedirs", "renames"},
+    "tempfile": {"mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryFile",
+                 "SpooledTemporaryFile", "__init__"},
+    "subprocess": {"run", "call", "check_call", "check_output", "getoutput", "getstatusoutput",
+                   "__init__"},
+    "socket": {"create_connection", "__init__"},
+    "urllib.request": {"urlopen", "urlretrieve"},
+    "numpy.lib._npyio_impl": {"save", "savez", "savez_compressed", "savetxt", "load", "loadtxt",
+                              "genfromtxt", "fromregex"},
+    "numpy.lib.npyio": {"save", "savez", "savez_compressed", "savetxt", "load", "loadtxt",
+                        "genfromtxt", "fromregex"},
+}
+# logging functions that only read the configuration: asking is not a side effect.
+_LOGGING_QUERIES = {"getLogger", "getChild", "isEnabledFor", "getEffectiveLevel", "hasHandlers",
+                    "getLevelName", "getLevelNamesMapping", "getLoggerClass", "getLogRecordFactory",
+                    "getHandlerByName", "getHandlerNames", "_checkLevel", "_fixupParents"}
+_ENVIRON_WRITERS = {"__setitem__", "__delitem__", "__ior__", "update", "pop", "popitem", "clear",
+                    "setdefault"}
+# numpy's generator constructors: seeded from OS entropy through random.SystemRandom when given no
+# seed (numpy's Cython code raises no profile events of its own).
+_NUMPY_SEEDING = {"default_rng", "SeedSequence", "PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64",
+                  "Generator", "RandomState"}
+
+
+def _classify_python(code, frame, rng_ids) -> tuple[str, str] | None:
+    """(catalog entry, what) for a Python function called from user code, if it is a sharp edge.
+    Called for every such call while tracing: one dict lookup decides for most modules."""
     module = frame.f_globals.get("__name__", "")
-    if module == "random" and code.co_name == "seed":
-        return "FJ104_manual_seed", "random.seed()"
-    if module == "random" and frame.f_locals.get("self") is random._inst:
-        return "FJ105_random", f"random.{code.co_name}()"
+    name = code.co_name
+    io_funcs = _IO_FUNCS.get(module)
+    if io_funcs is not None and name in io_funcs:
+        return "FJ104_file_io", f"{module}.{name}()"
+    if module == "random":
+        this = frame.f_locals.get("self")
+        if name == "seed":
+            return "FJ104_manual_seed", "random.seed()"
+        if this is random._inst:
+            return "FJ105_random", f"random.{name}()"
+        if isinstance(this, random.SystemRandom):
+            called = _called_name(frame.f_back)
+            if called in _NUMPY_SEEDING:
+                return "FJ105_numpy_random", f"numpy.random.{called}() without a seed"
+            return "FJ105_random", f"random.SystemRandom().{name}()"
+        if id(this) in rng_ids:
+            return "FJ105_global_generator", f"{name}() on a random.Random that existed before the call"
+        if name == "__init__" and isinstance(this, random.Random) and frame.f_locals.get("x") is None:
+            return "FJ105_random", "random.Random() without a seed"
+        return None
     if module in ("uuid", "secrets"):
-        return "FJ105_uuid_urandom", f"{module}.{code.co_name}()"
+        return "FJ105_uuid_urandom", f"{module}.{name}()"
     if module == "logging" or module.startswith("logging."):
-        return "FJ104_logging", f"logging.{code.co_name}()"
+        if name in _LOGGING_QUERIES:
+            return None
+        return "FJ104_logging", f"logging.{name}()"
+    if name in _ENVIRON_WRITERS and module in ("os", "_collections_abc", "collections.abc") \
+            and any(frame.f_locals.get("self") is e for e in _ENVIRONS):
+        return "FJ104_environment", f"os.environ.{name}()" if name[0] != "_" else \
+            f"os.environ {'assignment' if name != '__delitem__' else 'deletion'}"
     return None
 
 
-class _State:
-    """What the function can reach from outside: globals, closure cells, mutable global objects."""
-
-    def __init__(self, fn):
-        self.globals_dicts: dict[int, tuple[dict, dict]] = {}
-        self.cells: list[tuple[str, types.CellType, object]] = []
-        self.objects: list[tuple[str, object, object]] = []
-        self._seen: set = set()
-        self._add_function(fn)
-
-    def _add_function(self, fn):
-        fn = getattr(fn, "__wrapped__", fn)
-        code = getattr(fn, "__code__", None)
-        if code is None or id(fn) in self._seen:
-            return
-        self._seen.add(id(fn))
-        g = fn.__globals__
-        if id(g) not in self.globals_dicts:
-            self.globals_dicts[id(g)] = (g, dict(g))
-        names = set()
-        stack = [code]
-        while stack:
-            c = stack.pop()
-            names.update(c.co_names)
-            stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-        for name in sorted(names):
-            if name in g:
-                self._add_object(name, g[name])
-        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
-            try:
-                value = cell.cell_contents
-            except ValueError:
-                value = _EMPTY
-            self.cells.append((name, cell, value))
-            if value is not _EMPTY:
-                self._add_object(name, value)
-
-    def _add_object(self, name, value):
-        if isinstance(value, types.FunctionType):
-            self._add_function(value)
-        elif isinstance(value, (list, dict, set, bytearray)):
-            self.objects.append((name, value, _contents(value)))
-        elif hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType, torch.Tensor)) \
-                and not callable(value):
-            self.objects.append((name, value, dict(vars(value))))
-
-    def owned_ids(self) -> set[int]:
-        return {id(obj) for _, obj, _ in self.objects}
-
-    def changes(self):
-        """[(entry, name, what)] for outside state the run changed."""
-        found = []
-        for g, before in self.globals_dicts.values():
-            for name in sorted(set(before) | set(g)):
-                if before.get(name, _EMPTY) is not g.get(name, _EMPTY) and not name.startswith("__"):
-                    what = "deletion of" if name not in g else "assignment to"
-                    found.append(("FJ104_global_assignment", name, f"{what} global '{name}'"))
-        for name, cell, before in self.cells:
-            try:
-                now = cell.cell_contents
-            except ValueError:
-                now = _EMPTY
-            if now is not before:
-                what = "deletion of" if now is _EMPTY else "assignment to"
-                found.append(("FJ104_nonlocal_assignment", name,
-                              f"{what} enclosing-scope variable '{name}' (nonlocal)"))
-        for name, obj, before in self.objects:
-            now = _contents(obj) if isinstance(obj, (list, dict, set, bytearray)) else dict(vars(obj))
-            if not _same(before, now):
-                found.append(("FJ104_mutate_global_object", name,
-                              f"mutation of '{name}', a {type(obj).__name__} that existed before the call"))
-        return found
+_ENVIRONS = tuple(e for e in (os.environ, getattr(os, "environb", None)) if e is not None)
 
 
-_EMPTY = object()
-
-
-def _contents(x):
-    return dict(x) if isinstance(x, dict) else set(x) if isinstance(x, set) else list(x)
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
-    if isinstance(a, set):
-        return a == b
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
-_STORES = {"FJ104_global_assignment": ("STORE_GLOBAL", "DELETE_GLOBAL"),
-           "FJ104_nonlocal_assignment": ("STORE_DEREF", "DELETE_DEREF")}
-_OBJECT_WRITES = ("STORE_ATTR", "STORE_SUBSCR", "DELETE_ATTR", "DELETE_SUBSCR")
-
-
-def _line_of(entry: str, name: str, codes: list) -> tuple[str, int] | None:
-    """Where, in user code that ran, `name` was assigned (or, for objects, written into)."""
-    for code in codes:
-        line = None
-        if entry == "FJ105_numpy_random":
-            for ins in dis.get_instructions(code):
-                line = ins.starts_line if ins.starts_line is not None else line
-                if ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL") and ins.argval == name:
-                    return code.co_filename, line
-            continue
-        loaded_line = None
-        for ins in dis.get_instructions(code):
-            if ins.starts_line is not None:
-                line = ins.starts_line
-            if entry in _STORES and ins.opname in _STORES[entry] and ins.argval == name:
-                return code.co_filename, line
-            if entry == "FJ104_mutate_global_object":
-                if ins.opname in ("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_NAME") and ins.argval == name:
-                    loaded_line = line
-                elif ins.opname in _OBJECT_WRITES and loaded_line == line:
-                    return code.co_filename, line
-    return None
+def _called_name(frame) -> str | None:
+    """The last name loaded before the call `frame` is making (`default_rng` in
+    `np.random.default_rng()`): names the call a library reached us through."""
+    if frame is None:
+        return None
+    last = None
+    for ins in dis.get_instructions(frame.f_code):
+        if ins.offset > frame.f_lasti:
+            break
+        if ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_NAME") \
+                and ins.argval in _NUMPY_SEEDING:
+            last = ins.argval
+    return last
 
 
 @contextlib.contextmanager
 def observe(ctx: TraceContext, fn):
-    state = _State(fn)
-    owned = state.owned_ids()
+    reach = Reach(fn)
+    owner_of, rng_ids = reach.owner_of, reach.rng_ids
     ran: list = []           # user code objects that ran, in first-run order
     ran_ids: set = set()
-    reported: set = set()    # names already reported live, not to report again after the run
+    ran_lines: set = set()   # (id(code), line) seen running: picks the branch that ran
+    reported: set = set()    # (entry, root name) reported live, not to report again after the run
 
     def profiler(frame, event, arg):
         if event == "call":
@@ -238,7 +205,8 @@ def observe(ctx: TraceContext, fn):
                 return
             caller = frame.f_back
             if caller is not None and is_user_file(caller.f_code.co_filename):
-                found = _classify_python(code, frame)
+                ran_lines.add((id(caller.f_code), caller.f_lineno))
+                found = _classify_python(code, frame, rng_ids)
                 if found:
                     ctx.sharp_edge(found[0], _message(found, ctx),
                                    (caller.f_code.co_filename, caller.f_lineno))
@@ -250,19 +218,30 @@ def observe(ctx: TraceContext, fn):
                     caller is None or not is_user_file(caller.f_code.co_filename)):
                 ctx.return_location = (frame.f_code.co_filename, frame.f_lineno)
         elif event == "c_call" and is_user_file(frame.f_code.co_filename):
+            ran_lines.add((id(frame.f_code), frame.f_lineno))
             found = _classify_builtin(arg)
             owner = getattr(arg, "__self__", None)
-            if found is None and id(owner) in owned and getattr(arg, "__name__", "") in _MUTATORS:
-                name = next(n for n, o, _ in state.objects if o is owner)
-                reported.add(name)
-                found = ("FJ104_mutate_global_object",
-                         f"{getattr(arg, '__name__', '')}() on '{name}', a {type(owner).__name__} "
-                         f"that existed before the call")
-                ctx.sharp_edge(found[0], f"{found[1]} in '{ctx.fn_name}'; a compiled call would not "
-                                         f"repeat it", (frame.f_code.co_filename, frame.f_lineno))
+            if found is None and id(owner) in owner_of and getattr(arg, "__name__", "") in _MUTATORS:
+                root, path, entry = owner_of[id(owner)]
+                reported.add((entry, root))
+                what = (f"default argument '{root}'" if entry == "FJ104_mutable_default"
+                        else f"'{path}'")
+                ctx.sharp_edge(entry, f"{arg.__name__}() on {what}, a {type(owner).__name__} that "
+                                      f"{'persists between calls' if entry == 'FJ104_mutable_default' else 'existed before the call'}"
+                                      f" in '{ctx.fn_name}'; a compiled call would not repeat it",
+                               (frame.f_code.co_filename, frame.f_lineno))
+            elif found is None and id(owner) in rng_ids:
+                name = next(n for n, r, _ in reach.rngs if r is owner)
+                reported.add(("FJ105_global_generator", name))
+                ctx.sharp_edge("FJ105_global_generator", _message(
+                    ("FJ105_global_generator", f"{arg.__name__}() on '{name}', a "
+                                               f"{type(owner).__name__} that existed before the call"), ctx),
+                    (frame.f_code.co_filename, frame.f_lineno))
             elif found:
                 ctx.sharp_edge(found[0], _message(found, ctx),
                                (frame.f_code.co_filename, frame.f_lineno))
+        elif event == "return" and is_user_file(frame.f_code.co_filename):
+            ran_lines.add((id(frame.f_code), frame.f_lineno))
 
     numpy_state = _numpy_rng_state()
     previous = sys.getprofile()
@@ -275,18 +254,39 @@ def observe(ctx: TraceContext, fn):
         except TypeError:   # cProfile's C-level profiler is reinstalled by its own enable()
             sys.setprofile(None)
             getattr(previous, "enable", lambda: None)()
+    default = (fn.__code__.co_filename, fn.__code__.co_firstlineno)
     if numpy_state is not None and _numpy_rng_state() != numpy_state:
         # numpy.random's Cython functions raise no profile events: its global RNG moving tells.
-        where = _line_of("FJ105_numpy_random", "random", ran) or (
-            fn.__code__.co_filename, fn.__code__.co_firstlineno)
+        where = _numpy_line(ran, ran_lines) or default
         ctx.sharp_edge("FJ105_numpy_random", _message(
             ("FJ105_numpy_random", "numpy.random"), ctx), where)
-    for entry, name, what in state.changes():
-        if name in reported:
+    for name, rng in reach.drawn_rngs():
+        if ("FJ105_global_generator", name) in reported:
             continue
-        where = _line_of(entry, name, ran) or (fn.__code__.co_filename, fn.__code__.co_firstlineno)
+        where = line_of("draw", name, ran, ran_lines) or default
+        ctx.sharp_edge("FJ105_global_generator", _message(
+            ("FJ105_global_generator", f"drawing from '{name}', a {type(rng).__name__} that existed "
+                                       f"before the call,"), ctx), where)
+    for entry, name, what, attr, value in reach.changes():
+        if (entry, name) in reported:
+            continue
+        where = line_of(entry, name, ran, ran_lines, attr, value) or default
         ctx.sharp_edge(entry, f"{what} in '{ctx.fn_name}'; it happens once, while tracing, and "
                               f"never in compiled calls", where)
+
+
+def _numpy_line(codes, ran_lines):
+    """The line that used numpy.random's global generator: `.random` loaded, preferring a line
+    seen running."""
+    best = None
+    for code in codes:
+        for line, instructions in code_lines(code):
+            if any(i.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL") and i.argval == "random"
+                   for i in instructions):
+                if (id(code), line) in ran_lines:
+                    return code.co_filename, line
+                best = best or (code.co_filename, line)
+    return best
 
 
 def _numpy_rng_state():

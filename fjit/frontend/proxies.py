@@ -25,6 +25,7 @@ answers True (its `__class__` is float); torch's argument parser accepts it anyw
 """
 from __future__ import annotations
 
+import copy
 import operator
 
 import torch
@@ -351,3 +352,28 @@ for _m in ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reve
     setattr(InputList, _m, _container_edge("list", _m))
 for _m in ("__setitem__", "__delitem__", "pop", "popitem", "clear", "update", "setdefault", "__ior__"):
     setattr(InputDict, _m, _container_edge("dict", _m))
+
+
+# A copy is the function's own container: mutating it touches nothing the caller holds, so
+# copy.copy / copy.deepcopy return a plain list/dict (as list.copy() and dict(d) already do), not
+# another read-only input.  (Without these, copy's __reduce_ex__ path rebuilds an InputList.)
+def _plain_copy(kind):
+    def __copy__(self):
+        return kind(self)
+    return __copy__
+
+
+def _plain_deepcopy(kind):
+    def __deepcopy__(self, memo):
+        if kind is list:
+            out = memo[id(self)] = []
+            out.extend(copy.deepcopy(v, memo) for v in self)
+        else:
+            out = memo[id(self)] = {}
+            out.update((copy.deepcopy(k, memo), copy.deepcopy(v, memo)) for k, v in self.items())
+        return out
+    return __deepcopy__
+
+
+InputList.__copy__, InputList.__deepcopy__ = _plain_copy(list), _plain_deepcopy(list)
+InputDict.__copy__, InputDict.__deepcopy__ = _plain_copy(dict), _plain_deepcopy(dict)
