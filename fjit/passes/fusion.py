@@ -63,9 +63,11 @@ class Partitioner:
     `split_partial_ops` also when only some are (the rest then run as single prims, which on a GPU
     costs little next to the fusion won, but on a CPU can cost more than the op's own torch call)."""
 
-    def __init__(self, supported: Callable[[BoundSymbol], bool], split_partial_ops: bool = True):
+    def __init__(self, supported: Callable[[BoundSymbol], bool], split_partial_ops: bool = True,
+                 whole_ops: frozenset = frozenset()):
         self.supported = supported
         self.split_partial_ops = split_partial_ops
+        self.whole_ops = whole_ops    # qualnames of torch-level ops never split into their prims
 
     def _try_add(self, region: Region | None, b: BoundSymbol, supported) -> Region | None:
         """`region` extended by `b`, a new region for `b` when region is None, or None."""
@@ -126,7 +128,8 @@ class Partitioner:
             return verdict
         flat = []
         for b in trace.bsyms:
-            split = b.subsymbols and (self.split_partial_ops or all(map(supported, b.subsymbols)))
+            split = b.subsymbols and b.sym.qualname not in self.whole_ops and (
+                self.split_partial_ops or all(map(supported, b.subsymbols)))
             flat.extend(b.subsymbols if split else (b,))
         items: list = []
         region: Region | None = None

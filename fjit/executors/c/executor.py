@@ -77,7 +77,10 @@ def _small(b: BoundSymbol) -> bool:
                                 for v in b.inputs() + b.outputs() if isinstance(v, TensorVar))
 
 
-_PARTITIONER = Partitioner(_small, split_partial_ops=False)
+# gelu stays one torch call: eager's vectorized CPU kernel gives nan at +-inf (AVX512 here), where
+# its erf/tanh prims computed in C give +-inf, and the contract is eager's answer.
+_PARTITIONER = Partitioner(_small, split_partial_ops=False,
+                           whole_ops=frozenset({"torch.nn.functional.gelu"}))
 
 
 def _usable(trace: Trace, leaves: list) -> bool:
