@@ -178,10 +178,13 @@ def _triton_stage(trace: Trace, leaves: list):
 
 
 def check_traces(traces: list[Trace], leaves: list) -> None:
-    """Check mode (FJIT_CHECK=1): every stage's printed source runs and agrees with the first."""
-    expected = traces[0].python_callable()(*leaves)
+    """Check mode (FJIT_CHECK=1): every stage's printed source runs and agrees with the first, and
+    in every stage each torch fallback's real output has the shape, dtype and strides the trace
+    recorded from meta tensors (an AssertionError names the op and both)."""
+    checked = torch_executor.with_metadata_checks
+    expected = checked(traces[0]).python_callable()(*leaves)
     for t in traces[1:]:
-        got = t.python_callable()(*leaves)
+        got = checked(t).python_callable()(*leaves)
         torch.testing.assert_close(got, expected, equal_nan=True,
                                    msg=lambda m: f"fjit check: stage {t.stage} differs: {m}")
 
