@@ -19,6 +19,16 @@ coarsest dtype they depend on.
 The failing example prints as a runnable program (the source plus how each input is made).
 
 FJIT_HYPOTHESIS_EXAMPLES (default 150) sets the number of programs of the main property.
+
+The issue-14 property (test_issue14_programs_match_eager, at the end) adds families that once gave
+silent wrong results: channels_last inputs, opaque ops with channels_last/transposed/column-major
+outputs followed by fused chains, no_grad/enable_grad/set_grad_enabled/autocast regions, .detach(),
+math.*/int()/round()/str() of float arguments as operands, branches, indices and sizes (each program
+is called with several float values), requires_grad inputs with gradients compared, and output
+contiguity.  Which families are drawn is FAMILIES (see ALL_FAMILIES): NEW_FAMILIES in this file, or
+FJIT_PROPERTY_FAMILIES="all" / "pymath,grad,...".  FJIT_HYPOTHESIS_NEW_EXAMPLES (default 40) sets
+its number of programs per executor; long hunts that do not stop at the first failure and sort the
+failures into families: python tools/hunt_issue14.py --executors c -n 1000 --shrink 5.
 """
 from __future__ import annotations
 
