@@ -26,7 +26,7 @@ outputs followed by fused chains, no_grad/enable_grad/set_grad_enabled/autocast 
 math.*/int()/round()/str() of float arguments as operands, branches, indices and sizes (each program
 is called with several float values), requires_grad inputs with gradients compared, and output
 contiguity.  Which families are drawn is FAMILIES (see ALL_FAMILIES): NEW_FAMILIES in this file, or
-FJIT_PROPERTY_FAMILIES="all" / "pymath,grad,...".  FJIT_HYPOTHESIS_NEW_EXAMPLES (default 40) sets
+FJIT_PROPERTY_FAMILIES="all" / "pymath,grad,...".  FJIT_HYPOTHESIS_NEW_EXAMPLES (default 100) sets
 its number of programs per executor; long hunts that do not stop at the first failure and sort the
 failures into families: python tools/hunt_issue14.py --executors c -n 1000 --shrink 5.
 """
@@ -79,7 +79,7 @@ FAMILIES = NEW_FAMILIES if _FAMILIES_ENV is None else frozenset(
     ALL_FAMILIES if _FAMILIES_ENV == "all" else filter(None, _FAMILIES_ENV.split(",")))
 assert FAMILIES <= set(ALL_FAMILIES), FAMILIES
 # programs per executor of the issue-14 property (its Triton run draws a third of them)
-NEW_EXAMPLES = int(os.environ.get("FJIT_HYPOTHESIS_NEW_EXAMPLES", "40"))
+NEW_EXAMPLES = int(os.environ.get("FJIT_HYPOTHESIS_NEW_EXAMPLES", "100"))
 
 F16, F32, F64, BF16 = torch.float16, torch.float32, torch.float64, torch.bfloat16
 I32, I64, BOOL = torch.int32, torch.int64, torch.bool
