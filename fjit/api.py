@@ -228,11 +228,13 @@ def _triton_stage(trace: Trace, leaves: list):
 
 
 def check_traces(traces: list[Trace], leaves: list) -> None:
-    """Check mode (FJIT_CHECK=1): every stage's printed source runs and agrees with the first.
-    Stages are compared on their flat outputs (a rebuilt dataclass is not something assert_close
-    compares); the rebuilding is the same function in every stage.  Every stage draws the same
-    random numbers, and the generators are left as they were."""
-    flat = [t.with_stage(t.stage, rebuild=None) if t.rebuild is not None else t for t in traces]
+    """Check mode (FJIT_CHECK=1): every stage's printed source runs and agrees with the first, and
+    in every stage each torch fallback's real output has the shape, dtype and strides the trace
+    recorded from meta tensors (an AssertionError names the op and both).  Stages are compared on
+    their flat outputs (a rebuilt dataclass is not something assert_close compares); the
+    rebuilding is the same function in every stage.  Every stage draws the same random numbers,
+    and the generators are left as they were."""
+    flat = [torch_executor.with_metadata_checks(t.with_stage(t.stage, rebuild=None)) for t in traces]
     with rng_preserved(traces[0].bsyms) as rewind:
         expected = flat[0].python_callable()(*leaves)
         for t in flat[1:]:
