@@ -163,12 +163,13 @@ class JittedFunction:
             result = trace_function(self._fn, args, kwargs, leaves, self._mode, TRACE_NAMESPACE,
                                     observed)
             traces = optimize(result.trace, executors, leaves)
-            before_executors = traces[len(PASSES)]
-            if not torch_executor.has_opaque_ops(before_executors):
+            # The traced stage, dead ops included: check mode checks every stage's layouts.
+            traced = traces[0]
+            if not torch_executor.has_opaque_ops(traced):
                 return result, traces, _NOT_RUN
-            rewind = rng_snapshot(before_executors.bsyms)
+            rewind = rng_snapshot(traced.bsyms)
             first, wrong = _restoring_modes_on_error(torch_executor.run_observing_layouts)(
-                before_executors, leaves)
+                traced, leaves)
             if not wrong or attempt == 2:
                 break
             rewind()      # the next run must draw what this one drew
@@ -200,13 +201,12 @@ def _restoring_modes_on_error(program):
 
 
 _NOT_RUN = object()
-PASSES = (dce, cse, constant_fold, dce)
 
 
 def optimize(trace: Trace, executors: tuple, leaves: list) -> list[Trace]:
     """Every stage from the traced program to the one the generated function runs."""
     traces = [trace]
-    for stage in PASSES:
+    for stage in (dce, cse, constant_fold, dce):
         traces.append(stage(traces[-1]))
     fused = _triton_stage(traces[-1], leaves) if Executor.TRITON in executors else None
     if fused is None and Executor.C in executors:

@@ -20,7 +20,7 @@ from fjit.core.ir import (BoundSymbol, GeneratorVar, NumberVar, Symbol, Tag, Ten
 from fjit.errors import UnsupportedOpError, catalog_fix, located
 from fjit.frontend.context import AMP_DEVICES, TraceContext, autocast_state, current, user_location
 from fjit.frontend.meta import meta_tensor, run_meta
-from fjit.frontend.proxies import NumberProxy, TensorProxy
+from fjit.frontend.proxies import NumberProxy, TensorProxy, _set_data
 from fjit.frontend.rng import bind_generators, generator, rng_preserved
 
 # fjit.ops fills this at import: torch callable -> decomposition into prims over proxies.
@@ -34,6 +34,9 @@ RANDOM_OPS = {torch.rand, torch.randn, torch.randint, torch.rand_like, torch.ran
               torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.bernoulli_,
               torch.Tensor.random_, torch.Tensor.exponential_, torch.Tensor.geometric_,
               torch.Tensor.log_normal_, torch.Tensor.cauchy_, torch.Tensor.bernoulli}
+RANDOM_OPS |= {getattr(torch.nn.init, n) for n in (
+    "uniform_", "normal_", "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
+    "kaiming_normal_", "orthogonal_", "sparse_")}
 
 # Questions whose answer is a tensor's data in Python: catalog entry and how to say it.  In the
 # permissive modes the question is put to this call's concrete values (the trace then specializes
@@ -57,6 +60,8 @@ DATA_DEPENDENT = {
     torch.Tensor.__repr__: ("FJ106_tolist", "formatting (str/repr/print) of"),
     torch.Tensor.__format__: ("FJ106_tolist", "formatting (f-string/format) of"),
 }
+
+ALIAS_OPS = {torch.Tensor.detach, torch.detach, torch.Tensor.view}
 
 # Questions about memory, not values or metadata: no trace-time answer is eager's.
 RUNTIME_IDENTITY = {torch.Tensor.data_ptr, torch.Tensor.storage, torch.Tensor.untyped_storage,
@@ -284,7 +289,7 @@ def _is_mutation(func, kwargs) -> bool:
         return True
     name = getattr(func, "__name__", "")
     return (name.endswith("_") and not name.endswith("__")) or func in _INPLACE_DUNDERS \
-        or func is torch.Tensor.__setitem__
+        or func is torch.Tensor.__setitem__ or func is _set_data
 
 
 def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, decomposition=None):
@@ -387,8 +392,12 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
 
     positions = [i for i, a in enumerate(args) if isinstance(a, TensorProxy)]
 
+    # detach() and view(dtype) share their input's storage without being views to autograd (nor
+    # to meta tensors' _base): writes through them must still reach the input.
+    alias_of = margs[0] if func in ALIAS_OPS and margs and isinstance(margs[0], torch.Tensor) else None
+
     def handle(m, var, index):
-        base = m._base if isinstance(m, torch.Tensor) and m._is_view() else None
+        base = m._base if isinstance(m, torch.Tensor) and m._is_view() else alias_of
         parent = metas.get(id(base)) if base is not None else None
         if parent is None or base is not meta_inputs.get(id(base)):
             return TensorProxy(var)
@@ -555,7 +564,16 @@ def _functionalize(ctx: TraceContext, func, args, kwargs):
         value = dispatch(func, args, {**kwargs, "inplace": False})
         _write(ctx, args[0], value, func, "FJ102_inplace_input", "inplace=True")
         return args[0]
+    if not args:     # torch.nn.init.constant_(tensor=t, val=v): how nn.init hands itself over
+        name = next(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))
+        args, kwargs = (kwargs[name],), {k: v for k, v in kwargs.items() if k != name}
     target = args[0]
+    if func is _set_data:         # x.data = value: x now holds value (an input: FJ102)
+        _write(ctx, target, _conform(args[1], target) if target._fj_root is not None else args[1],
+               func, "FJ102_inplace_input", ".data assignment")
+        return None
+    if isinstance(target, (list, tuple)) and target and all(isinstance(t, TensorProxy) for t in target):
+        return _functionalize_foreach(ctx, func, args, kwargs)
     if not isinstance(target, TensorProxy):
         return trace_call(ctx, torch_symbol(func), func, args, kwargs)   # captured tensor: FJ101
     if func is torch.Tensor.__setitem__:
@@ -571,6 +589,20 @@ def _functionalize(ctx: TraceContext, func, args, kwargs):
         value = trace_call(ctx, sym, functional_inplace, (func, *args), kwargs)
     _write(ctx, target, value, func, "FJ102_inplace_input", f"{_op_name(func)}")
     return target
+
+
+def _functionalize_foreach(ctx: TraceContext, func, args, kwargs):
+    """torch._foreach_add_(xs, ...): the out-of-place _foreach_add, each result written back."""
+    name = getattr(func, "__name__", "")
+    oop = getattr(torch, name[:-1], None) if name.startswith("_foreach_") else None
+    if oop is None:
+        raise UnsupportedOpError(located(
+            "FJ202", f"{_op_name(func)} writes into a list of tensors and has no out-of-place twin",
+            *user_location(), "write it as a list comprehension of out-of-place ops"))
+    values = dispatch(oop, args, kwargs)
+    for target, value in zip(args[0], values):
+        _write(ctx, target, _conform(value, target), func, "FJ102_inplace_input", name)
+    return None
 
 
 def _check_inplace_allowed(func, args, kwargs):
