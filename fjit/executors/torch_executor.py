@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Trace, Var, flatten_values, map_values
+from fjit.ops.prims import Prim, prim_of
 from fjit.passes.basic import free_dead_values, reuse_buffers
 
 
@@ -32,7 +33,7 @@ def compile_trace(trace: Trace) -> Callable:
 
 def run_observing_layouts(trace: Trace, leaves: list) -> tuple[object, dict]:
     """Run `trace` op by op with torch (which reads any layout), and return its result with the
-    strides of every opaque op's output that differ from the recorded ones (name -> strides).
+    strides of every op's output that differ from the recorded ones (name -> strides).
 
     An opaque op's recorded strides come from its meta kernel, which can disagree with the real
     kernel (CPU conv2d and group_norm on channels_last, SDPA on transposed heads); a generated
@@ -57,8 +58,8 @@ def run_observing_layouts(trace: Trace, leaves: list) -> tuple[object, dict]:
         for var, real in zip(names, outs):
             if isinstance(var, Var):
                 env[var.name] = real
-                if (isinstance(var, TensorVar) and b.sym.has(Tag.FALLBACK) and
-                        isinstance(real, torch.Tensor) and real.stride() != var.strides):
+                if (isinstance(var, TensorVar) and isinstance(real, torch.Tensor) and
+                        real.stride() != var.strides):
                     wrong[var.name] = real.stride()
         for v in b.inputs():       # free what nothing later reads (a first call's peak memory)
             if last_use.get(v.name) == i and v.name not in keep and v.name not in trace.consts:
@@ -67,8 +68,16 @@ def run_observing_layouts(trace: Trace, leaves: list) -> tuple[object, dict]:
     return (out if trace.rebuild is None else trace.rebuild(*out)), wrong
 
 
+# Prims whose strides come from a meta kernel that may not be the real kernel's (the others are
+# TensorIterator's or view arithmetic, the same code for meta and real tensors).
+_OPAQUE_PRIMS = frozenset({Prim.MATMUL, Prim.SDPA})
+
+
 def has_opaque_ops(trace: Trace) -> bool:
-    return any(b.sym.has(Tag.FALLBACK) and b.outputs() for b in trace.bsyms)
+    """Whether some op's output layout is a meta kernel's guess (see run_observing_layouts)."""
+    return any(b.outputs() and (b.sym.has(Tag.FALLBACK) or
+                                any(prim_of(s) in _OPAQUE_PRIMS for s in b.subsymbols))
+               for b in trace.bsyms)
 
 
 def check_metadata(value, op: str, name: str, shape: tuple, dtype, strides: tuple) -> None:

@@ -10,7 +10,9 @@ Every torch function, Tensor method and operator reached during tracing lands in
 """
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import types
 
 import torch
@@ -62,6 +64,10 @@ DATA_DEPENDENT = {
 }
 
 ALIAS_OPS = {torch.Tensor.detach, torch.detach, torch.Tensor.view}
+
+# Autograd hooks on traced values would be registered on a trace-time stand-in and never run.
+AUTOGRAD_HOOKS = {torch.Tensor.register_hook, torch.Tensor.retain_grad,
+                  torch.Tensor.register_post_accumulate_grad_hook}
 
 # Questions about memory, not values or metadata: no trace-time answer is eager's.
 RUNTIME_IDENTITY = {torch.Tensor.data_ptr, torch.Tensor.storage, torch.Tensor.untyped_storage,
@@ -201,6 +207,49 @@ def _autocast_outputs(func, args, kwargs, mout):
 
 
 # ----------------------------------------------------------------------------------------------
+# Custom autograd.Function: one opaque op, so its own backward runs
+# ----------------------------------------------------------------------------------------------
+
+_APPLY = torch.autograd.Function.__dict__["apply"]     # the classmethod itself
+_APPLY_OPS: dict = {}
+_apply_lock = threading.Lock()
+_apply_depth = 0
+
+
+def _traced_apply(cls, *args, **kwargs):
+    """Function.apply while tracing: a call on proxies is recorded as one op that calls the real
+    apply at run time (tracing its forward into prims would lose the custom backward)."""
+    ctx = current()
+    if ctx is None or not any(isinstance(x, TensorProxy) for x in flatten_values((args, kwargs))):
+        return _APPLY.__func__(cls, *args, **kwargs)
+    op = _APPLY_OPS.get(cls)
+    if op is None:
+        def op(*a, **k):
+            return _APPLY.__func__(cls, *a, **k)
+        op.__name__ = op.__qualname__ = f"{cls.__qualname__}.apply"
+        op = _APPLY_OPS.setdefault(cls, op)
+    return dispatch(op, args, kwargs)
+
+
+@contextlib.contextmanager
+def autograd_functions_traced():
+    """torch.autograd.Function.apply is _traced_apply for the duration (counted across threads;
+    other threads' calls fall through to the real one)."""
+    global _apply_depth
+    with _apply_lock:
+        if _apply_depth == 0:
+            torch.autograd.Function.apply = classmethod(_traced_apply)
+        _apply_depth += 1
+    try:
+        yield
+    finally:
+        with _apply_lock:
+            _apply_depth -= 1
+            if _apply_depth == 0:
+                torch.autograd.Function.apply = _APPLY
+
+
+# ----------------------------------------------------------------------------------------------
 # Symbols for torch callables
 # ----------------------------------------------------------------------------------------------
 
@@ -275,6 +324,11 @@ def _dispatch(ctx, func, args, kwargs):
             "FJ202", f"{_op_name(func)} asks about a tensor's memory, which a traced program "
                      f"cannot know at trace time", *user_location(),
             "compute it outside the compiled function and pass the result in"))
+    if func in AUTOGRAD_HOOKS:
+        raise UnsupportedOpError(located(
+            "FJ202", f"{_op_name(func)} on a value computed inside a compiled function: the hook "
+                     f"would be attached to a trace-time stand-in and never run", *user_location(),
+            "register the hook on the compiled function's output, or call this part outside"))
     if func is torch.Tensor.__deepcopy__:     # copy.deepcopy(t): a new tensor with t's values
         return dispatch(torch.Tensor.clone, (args[0],), {})
     if func in RANDOM_OPS or "generator" in kwargs:
@@ -376,7 +430,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
                 subsymbols = ()
     if subsymbols:
         for p, m in zip(_tensor_leaves(dout), _tensor_leaves(mout)):
-            p.ir.strides = tuple(m.stride())
+            p.ir.strides = ctx.observed_strides.get(p.ir.name) or tuple(m.stride())
         out_vars = map_values(lambda p: p.ir if isinstance(p, TensorProxy) else p, dout)
     else:
         out_vars = map_values(lambda m: make_var(m) if isinstance(m, torch.Tensor) else m, mout)

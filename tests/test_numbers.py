@@ -1,0 +1,79 @@
+"""Issue 14, family 2: a float input's value never leaks stale.  Wherever the value leaves the
+trace (math.*, str/format, int/round, a shape, a dict key, a branch) the trace specializes on it
+and the cache key guards it; a float used only in tensor arithmetic is a runtime value and never
+recompiles."""
+import math
+
+import pytest
+import torch
+
+import fjit
+
+LEAKS = {
+    "math_log": lambda x, s: x * math.log(s),
+    "math_sqrt_exp": lambda x, s: x * math.sqrt(s) + math.exp(-s),
+    "math_floor_ceil_trunc": lambda x, s: x * (math.floor(s) + math.ceil(s) + math.trunc(s)),
+    "str": lambda x, s: x * float(str(s)[:3]),
+    "fstring": lambda x, s: x * len(f"{s:.3f}"),
+    "format_percent": lambda x, s: x * float("%.1f" % s),
+    "int_round": lambda x, s: x * (int(s) + round(s, 1)),
+    "as_size": lambda x, s: torch.zeros(int(s * 2)) + x.sum(),
+    "as_slice_bound": lambda x, s: x[: int(s)],
+    "dict_key": lambda x, s: x * {2.5: 1.0, 3.5: -1.0}.get(s, 0.5),
+    "branch": lambda x, s: x * 2 if s > 3.0 else x - 1,
+    "is_integer": lambda x, s: x + 1 if s.is_integer() else x,
+    "divmod": lambda x, s: x * divmod(s, 2.0)[0],
+    "float_of": lambda x, s: x * float(s) ** 2,
+    "max_with_const": lambda x, s: x * max(s, 3.0),
+    "isclose": lambda x, s: x * 0 if math.isclose(s, 2.5) else x,
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEAKS))
+def test_a_value_that_leaves_the_trace_is_guarded(name):
+    f = LEAKS[name]
+    jf = fjit.jit(f)
+    x = torch.randn(6)
+    for s in (2.5, 3.5, 2.5, 4.0):
+        torch.testing.assert_close(jf(x, s), f(x, s))
+
+
+@pytest.mark.parametrize("f", [
+    lambda x, s: x * s + 1,
+    lambda x, s: torch.add(x, x, alpha=s),
+    lambda x, s: x * (s * 2 + 1) - s / 3,
+    lambda x, s: torch.clamp(x, min=-s, max=s),
+    lambda x, s: torch.nn.functional.leaky_relu(x, s),
+    lambda x, s: torch.full((3,), s) + x[:3],
+    lambda x, s: x.pow(s ** 0.5),
+])
+def test_a_float_used_only_in_tensor_arithmetic_never_recompiles(f):
+    jf = fjit.jit(f)
+    x = torch.rand(6) + 0.1
+    for s in (0.25, 0.5, 0.75, 1.25):
+        torch.testing.assert_close(jf(x, s), f(x, s))
+    assert fjit.cache_info(jf).misses == 1
+
+
+def test_number_arithmetic_is_recorded_in_the_trace():
+    jf = fjit.jit(lambda x, s: x * (s * 2 + 1))
+    jf(torch.randn(3), 0.5)
+    assert "operator.mul" in str(fjit.last_traces(jf)[0])
+
+
+def test_number_proxy_reads_as_a_float():
+    def f(x, s):
+        assert isinstance(s, float) and not isinstance(s, int)
+        return x * s
+    jf = fjit.jit(f)
+    torch.testing.assert_close(jf(torch.ones(2), 1.5), torch.full((2,), 1.5))
+
+
+def test_a_guarded_value_recompiles_once_per_value_and_caches():
+    f = LEAKS["math_log"]
+    jf = fjit.jit(f)
+    x = torch.randn(3)
+    for s in (2.0, 5.0, 2.0, 5.0):
+        torch.testing.assert_close(jf(x, s), f(x, s))
+    info = fjit.cache_info(jf)
+    assert (info.misses, info.hits) == (2, 2), info
