@@ -73,7 +73,7 @@ TRITON_EXAMPLES = int(os.environ.get("FJIT_HYPOTHESIS_TRITON_EXAMPLES", "150"))
 #   layout_checks  compare is_contiguous() and is_contiguous(channels_last[_3d]) of each output
 # FJIT_PROPERTY_FAMILIES overrides it: "all", or a comma-separated list ("" for none).
 ALL_FAMILIES = ("layouts", "opaque", "grad", "autocast", "pymath", "autograd", "layout_checks")
-NEW_FAMILIES: frozenset = frozenset()
+NEW_FAMILIES: frozenset = frozenset(ALL_FAMILIES)   # all on: every family holds since issue 14
 _FAMILIES_ENV = os.environ.get("FJIT_PROPERTY_FAMILIES")
 FAMILIES = NEW_FAMILIES if _FAMILIES_ENV is None else frozenset(
     ALL_FAMILIES if _FAMILIES_ENV == "all" else filter(None, _FAMILIES_ENV.split(",")))
