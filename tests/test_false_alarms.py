@@ -186,3 +186,30 @@ def seeded_generators_made_inside(x):
 def test_the_new_detectors_leave_pure_code_alone(fn):
     # Guards for this new detectors (reached state, generators): these passed before it.
     assert_no_alarm(fn, torch.ones(3))
+
+
+# -- dispatch-side false alarms (proxies and opaque calls) --------------------------------------
+
+def test_vmap_inside_a_jitted_function_traces_as_one_op():
+    def f(x, w):
+        rows = torch.vmap(lambda r: r * 2 + r.sum())(x)
+        dots = torch.func.vmap(torch.dot, in_dims=(0, None))(x, w)
+        return rows + dots[:, None]
+    x, w = torch.randn(3, 4), torch.randn(4)
+    jf = fjit.jit(f)
+    for _ in range(2):
+        torch.testing.assert_close(jf(x, w), f(x, w))
+    assert torch.vmap.__module__.startswith("torch")     # restored after tracing
+
+
+def test_cpu_and_to_copy_on_a_cpu_input_then_writing_the_copy():
+    def f(x):
+        y = x.to(torch.float32, copy=True)
+        y.add_(1)
+        z = x.cpu() * 2
+        return y, z
+    x = torch.randn(3)
+    x0 = x.clone()
+    got, expected = fjit.jit(f)(x), f(x.clone())
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(x, x0)

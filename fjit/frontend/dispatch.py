@@ -207,7 +207,7 @@ def _autocast_outputs(func, args, kwargs, mout):
 
 
 # ----------------------------------------------------------------------------------------------
-# Custom autograd.Function: one opaque op, so its own backward runs
+# Custom autograd.Function (its own backward must run) and vmap: each one opaque op
 # ----------------------------------------------------------------------------------------------
 
 _APPLY = torch.autograd.Function.__dict__["apply"]     # the classmethod itself
@@ -231,14 +231,32 @@ def _traced_apply(cls, *args, **kwargs):
     return dispatch(op, args, kwargs)
 
 
+_VMAP = torch.vmap
+
+
+def _traced_vmap(func, *vmap_args, **vmap_kwargs):
+    """torch.vmap while tracing: the batched function, called on proxies, is one opaque op (its
+    metadata from a run on meta tensors; the real vmap runs it at run time).  functorch's C++
+    transforms would otherwise unwrap fjit's proxies below __torch_function__."""
+    batched = _VMAP(func, *vmap_args, **vmap_kwargs)
+
+    def call(*args, **kwargs):
+        if current() is None or not any(isinstance(x, TensorProxy)
+                                        for x in flatten_values((args, kwargs))):
+            return batched(*args, **kwargs)
+        return dispatch(batched, args, kwargs)
+    return call
+
+
 @contextlib.contextmanager
-def autograd_functions_traced():
-    """torch.autograd.Function.apply is _traced_apply for the duration (counted across threads;
-    other threads' calls fall through to the real one)."""
+def opaque_calls_traced():
+    """torch.autograd.Function.apply and torch.vmap are traced as single ops for the duration
+    (counted across threads; other threads' calls fall through to the real ones)."""
     global _apply_depth
     with _apply_lock:
         if _apply_depth == 0:
             torch.autograd.Function.apply = classmethod(_traced_apply)
+            torch.vmap = torch.func.vmap = _traced_vmap
         _apply_depth += 1
     try:
         yield
@@ -247,6 +265,7 @@ def autograd_functions_traced():
             _apply_depth -= 1
             if _apply_depth == 0:
                 torch.autograd.Function.apply = _APPLY
+                torch.vmap = torch.func.vmap = _VMAP
 
 
 # ----------------------------------------------------------------------------------------------
@@ -385,7 +404,13 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
             if "device" in mkwargs or sym.has(Tag.RANDOM) and not any(
                     isinstance(m, torch.Tensor) for m in flatten_values(margs)):
                 mkwargs["device"] = "meta"     # a factory: torch.randn(4, 5) must not draw here
-            mout = run_meta(func, margs, mkwargs)
+            if func in (torch.Tensor.cpu, torch.Tensor.cuda):
+                # meta tensors cannot be copied to a device: x.cpu() of a CPU x is x itself, a
+                # move to another device is a new tensor of the same layout
+                same = out_device is not None and out_device.type == args[0].ir.device.type
+                mout = margs[0] if same else margs[0].clone()
+            else:
+                mout = run_meta(func, margs, mkwargs)
     except (NotImplementedError, RuntimeError) as e:
         # How meta kernels refuse data-dependent output shapes, or values (x[i] with a 0-d index).
         # Any other error is the user's (a shape mismatch, say): re-raised as eager would.
@@ -525,7 +550,8 @@ def _requested_device(func, args, kwargs):
         for x in args[1:]:
             if isinstance(x, TensorProxy):
                 return x.ir.device
-        device = torch._C._nn._parse_to(*args[1:], **kwargs)[0]
+        device = torch._C._nn._parse_to(*args[1:], **{k: v for k, v in kwargs.items()
+                                                        if k != "copy"})[0]
         return device
     if func is torch.Tensor.cuda:
         return torch.device("cuda", args[1] if len(args) > 1 and isinstance(args[1], int) else None)
