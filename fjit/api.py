@@ -158,11 +158,10 @@ class JittedFunction:
         kernel's, the function is traced again with the real one (downstream layouts follow), and
         that run's result is this call's.  If layouts still disagree, only torch calls run."""
         observed: dict = {}
-        executors = self._executors
         for attempt in range(3):
             result = trace_function(self._fn, args, kwargs, leaves, self._mode, TRACE_NAMESPACE,
                                     observed)
-            traces = optimize(result.trace, executors, leaves)
+            traces = optimize(result.trace, self._executors, leaves)
             # The traced stage, dead ops included: check mode checks every stage's layouts.
             traced = traces[0]
             if not torch_executor.has_opaque_ops(traced):
@@ -174,9 +173,7 @@ class JittedFunction:
                 break
             rewind()      # the next run must draw what this one drew
             observed.update(wrong)
-            if attempt == 1:
-                executors = (Executor.TORCH,)   # torch calls read any layout
-        if wrong:
+        if wrong:                # torch calls read any layout
             traces = optimize(result.trace, (Executor.TORCH,), leaves)
         return result, traces, first
 
