@@ -73,6 +73,29 @@ def user_location(frame=None) -> tuple[str, int]:
     return "<unknown>", 0
 
 
+class ProcessPatch:
+    """Process-wide names replaced while any thread traces (torch.Generator, Function.apply,
+    torch.vmap): installed by the first trace to start, restored by the last to end.  Other
+    threads see the replacements too, so each must fall through to the original outside a trace."""
+
+    def __init__(self, install, restore):
+        self._install, self._restore = install, restore
+        self._lock = threading.Lock()
+        self._depth = 0
+
+    def __enter__(self):
+        with self._lock:
+            if self._depth == 0:
+                self._install()
+            self._depth += 1
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                self._restore()
+
+
 AMP_DEVICES = ("cpu", "cuda")
 
 

@@ -10,9 +10,7 @@ Every torch function, Tensor method and operator reached during tracing lands in
 """
 from __future__ import annotations
 
-import contextlib
 import sys
-import threading
 import types
 
 import torch
@@ -20,7 +18,8 @@ import torch
 from fjit.core.ir import (BoundSymbol, GeneratorVar, NumberVar, Symbol, Tag, TensorVar, Trace,
                           flatten_values, map_values)
 from fjit.errors import UnsupportedOpError, catalog_fix, located
-from fjit.frontend.context import AMP_DEVICES, TraceContext, autocast_state, current, user_location
+from fjit.frontend.context import (AMP_DEVICES, ProcessPatch, TraceContext, autocast_state, current,
+                                   user_location)
 from fjit.frontend.meta import meta_tensor, run_meta
 from fjit.frontend.proxies import NumberProxy, TensorProxy, _set_data
 from fjit.frontend.rng import bind_generators, generator, rng_preserved
@@ -212,15 +211,18 @@ def _autocast_outputs(func, args, kwargs, mout):
 
 _APPLY = torch.autograd.Function.__dict__["apply"]     # the classmethod itself
 _APPLY_OPS: dict = {}
-_apply_lock = threading.Lock()
-_apply_depth = 0
+
+
+def _on_proxies(args, kwargs) -> bool:
+    """Whether a call is part of a trace: made while tracing, on at least one tensor proxy."""
+    return current() is not None and any(isinstance(x, TensorProxy)
+                                         for x in flatten_values((args, kwargs)))
 
 
 def _traced_apply(cls, *args, **kwargs):
     """Function.apply while tracing: a call on proxies is recorded as one op that calls the real
     apply at run time (tracing its forward into prims would lose the custom backward)."""
-    ctx = current()
-    if ctx is None or not any(isinstance(x, TensorProxy) for x in flatten_values((args, kwargs))):
+    if not _on_proxies(args, kwargs):
         return _APPLY.__func__(cls, *args, **kwargs)
     op = _APPLY_OPS.get(cls)
     if op is None:
@@ -241,31 +243,24 @@ def _traced_vmap(func, *vmap_args, **vmap_kwargs):
     batched = _VMAP(func, *vmap_args, **vmap_kwargs)
 
     def call(*args, **kwargs):
-        if current() is None or not any(isinstance(x, TensorProxy)
-                                        for x in flatten_values((args, kwargs))):
+        if not _on_proxies(args, kwargs):
             return batched(*args, **kwargs)
         return dispatch(batched, args, kwargs)
     return call
 
 
-@contextlib.contextmanager
-def opaque_calls_traced():
-    """torch.autograd.Function.apply and torch.vmap are traced as single ops for the duration
-    (counted across threads; other threads' calls fall through to the real ones)."""
-    global _apply_depth
-    with _apply_lock:
-        if _apply_depth == 0:
-            torch.autograd.Function.apply = classmethod(_traced_apply)
-            torch.vmap = torch.func.vmap = _traced_vmap
-        _apply_depth += 1
-    try:
-        yield
-    finally:
-        with _apply_lock:
-            _apply_depth -= 1
-            if _apply_depth == 0:
-                torch.autograd.Function.apply = _APPLY
-                torch.vmap = torch.func.vmap = _VMAP
+def _install_opaque_calls():
+    torch.autograd.Function.apply = classmethod(_traced_apply)
+    torch.vmap = torch.func.vmap = _traced_vmap
+
+
+def _restore_opaque_calls():
+    torch.autograd.Function.apply = _APPLY
+    torch.vmap = torch.func.vmap = _VMAP
+
+
+# torch.autograd.Function.apply and torch.vmap are traced as single ops while any thread traces.
+opaque_calls_traced = ProcessPatch(_install_opaque_calls, _restore_opaque_calls)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,13 +17,12 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 
 import torch
 
 from fjit.core.ir import BoundSymbol, GeneratorVar, Symbol, Tag, flatten_values, map_values
 from fjit.errors import UnsupportedOpError, located
-from fjit.frontend.context import current, user_location
+from fjit.frontend.context import ProcessPatch, current, user_location
 
 _REAL = torch._C.Generator
 
@@ -128,25 +127,13 @@ def _bind(ctx, g):
     return g._fjit_var
 
 
-_patch_lock = threading.Lock()
-_patch_depth = 0
+def _set_generator_class(cls):
+    torch.Generator = cls
 
 
-@contextlib.contextmanager
-def generators_traced():
-    """`torch.Generator` is TracedGenerator for the duration (reference-counted across threads)."""
-    global _patch_depth
-    with _patch_lock:
-        if _patch_depth == 0:
-            torch.Generator = TracedGenerator
-        _patch_depth += 1
-    try:
-        yield
-    finally:
-        with _patch_lock:
-            _patch_depth -= 1
-            if _patch_depth == 0:
-                torch.Generator = _REAL
+# `torch.Generator` is TracedGenerator while any thread traces.
+generators_traced = ProcessPatch(lambda: _set_generator_class(TracedGenerator),
+                                 lambda: _set_generator_class(_REAL))
 
 
 def outside_generators(bsyms) -> list:

@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 from fjit.core.ir import Binding, Trace
 from fjit.errors import error_for
 from fjit.frontend.context import Mode, TraceContext, user_location
-from fjit.frontend.dispatch import opaque_calls_traced, dispatch, record_mode_changes
+from fjit.frontend.dispatch import dispatch, opaque_calls_traced, record_mode_changes
 from fjit.frontend.inputs import make_proxies
 from fjit.frontend.observer import observe
 from fjit.frontend.outputs import output_structure
@@ -54,7 +54,7 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
                                [(k, v) for k, v in kwargs.items()], leaves,
                                concrete_floats=scan.asks_type)
         pargs, pkwargs = proxied[:len(args)], dict(zip(kwargs, proxied[len(args):]))
-        with observe(ctx, fn), _Intercept(), generators_traced(), opaque_calls_traced():
+        with observe(ctx, fn), _Intercept(), generators_traced, opaque_calls_traced:
             result = fn(*pargs, **pkwargs)
             if ctx.raised is not None:   # a try/except in the user's code caught a sharp edge
                 raise error_for(ctx.raised)
