@@ -213,3 +213,45 @@ def test_cpu_and_to_copy_on_a_cpu_input_then_writing_the_copy():
     got, expected = fjit.jit(f)(x), f(x.clone())
     torch.testing.assert_close(got, expected)
     assert torch.equal(x, x0)
+
+
+def _library_layers():
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1),
+        torch.nn.GroupNorm(2, 4), torch.nn.SiLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+        torch.nn.Linear(4, 3)).eval()
+    encoder = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True).eval()
+    return [(conv, torch.randn(2, 3, 9, 9).to(memory_format=torch.channels_last)),
+            (encoder, torch.randn(2, 5, 16))]
+
+
+def test_functional_call_writes_its_parameter_dict_back_unchanged_no_fj103():
+    # torch.func.functional_call ends with params.update({k: params[k] ...}) of the very same
+    # objects: not a mutation of the input dict
+    for module, x in _library_layers():
+        params = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+
+        def f(params, x):
+            return torch.func.functional_call(module, params, (x,))
+        torch.testing.assert_close(fjit.jit(f)(params, x), f(params, x))
+
+
+def test_a_real_write_into_an_input_dict_is_still_fj103():
+    def f(d, x):
+        d.update({"w": x * 2})       # a new object under an existing key
+        return d["w"]
+    with pytest.raises(fjit.InputMutationError):
+        fjit.jit(f)({"w": torch.ones(2)}, torch.ones(2))
+
+
+def test_library_layers_under_autocast_from_the_caller():
+    for module, x in _library_layers():
+        params = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+
+        def f(params, x):
+            return torch.func.functional_call(module, params, (x,))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got, expected = fjit.jit(f)(params, x), f(params, x)
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got.float(), expected.float(), atol=1e-2, rtol=1e-2)

@@ -188,17 +188,23 @@ class _AutocastProbe(torch.Tensor):
                           out)
 
 
-def _autocast_outputs(func, args, kwargs, mout):
-    """None when autocast is off for the op's devices; else `mout` as autocast makes it (the cast
-    inputs' dtypes; `mout` itself, views included, where autocast leaves the op alone)."""
+def _autocast_applies(args, kwargs) -> bool:
+    """Whether autocast is on for the device of one of the op's tensors (one C call when off)."""
+    if not torch._C._is_any_autocast_enabled():
+        return False
     devices = {x.ir.device.type for x in flatten_values((args, kwargs)) if isinstance(x, TensorProxy)}
-    if not any(torch.is_autocast_enabled(d) for d in devices if d in AMP_DEVICES):
-        return None
+    return any(torch.is_autocast_enabled(d) for d in devices if d in AMP_DEVICES)
+
+
+def _autocast_outputs(func, args, kwargs, mout):
+    """`mout` (the meta result, None where the meta call refused) as autocast makes it: the cast
+    inputs' dtypes, or `mout` itself, views included, where autocast leaves the op alone."""
     probes = map_values(lambda x: _AutocastProbe(meta_tensor(x.ir), x.ir.device)
                         if isinstance(x, TensorProxy) else
                         x._fj_value if isinstance(x, NumberProxy) else x, (args, kwargs))
     pout = func(*probes[0], **probes[1])
-    if [m.dtype for m in _tensor_leaves(pout)] == [m.dtype for m in _tensor_leaves(mout)]:
+    if mout is not None and [m.dtype for m in _tensor_leaves(pout)] == \
+            [m.dtype for m in _tensor_leaves(mout)]:
         return mout
     return map_values(lambda p: torch.empty_strided(p.shape, p.stride(), dtype=p.dtype,
                                                     device="meta") if isinstance(p, torch.Tensor)
@@ -405,7 +411,14 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
                 same = out_device is not None and out_device.type == args[0].ir.device.type
                 mout = margs[0] if same else margs[0].clone()
             else:
-                mout = run_meta(func, margs, mkwargs)
+                try:
+                    mout = run_meta(func, margs, mkwargs)
+                except RuntimeError:
+                    # Without autocast (meta tensors have none) the op may refuse what autocast
+                    # would have cast (a bf16 input with a float bias): the probe below decides.
+                    if not _autocast_applies(args, kwargs):
+                        raise
+                    mout = None
     except (NotImplementedError, RuntimeError) as e:
         # How meta kernels refuse data-dependent output shapes, or values (x[i] with a 0-d index).
         # Any other error is the user's (a shape mismatch, say): re-raised as eager would.
@@ -417,14 +430,12 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
             *user_location(), catalog_fix("FJ202_data_dependent_shape") + "; or call it outside "
                                                                            "the compiled function")) from None
 
+    if _autocast_applies(args, kwargs):
+        # Under autocast every op stays one torch call, run under the same autocast state
+        # (its prims' torch lowerings would be autocast too, and fused kernels would not).
+        mout, decomposition = _autocast_outputs(func, args, kwargs, mout), None
     if not any(isinstance(m, torch.Tensor) for m in flatten_values(mout)):
         return mout   # metadata-only result (a dtype, a size): static for this trace
-    if torch._C._is_any_autocast_enabled():
-        autocast = _autocast_outputs(func, args, kwargs, mout)
-        if autocast is not None:
-            # Under autocast every op stays one torch call, run under the same autocast state
-            # (its prims' torch lowerings would be autocast too, and fused kernels would not).
-            mout, decomposition = autocast, None
     meta_inputs = {id(m): m for m in flatten_values((margs, mkwargs)) if isinstance(m, torch.Tensor)}
     default_device = out_device or _first_device(args, kwargs)
 

@@ -331,11 +331,26 @@ def _container_edge(kind: str, method: str):
     entry = "FJ103_list_append" if kind == "list" else "FJ103_dict_setitem"
 
     def mutate(self, *args, **kwargs):
-        current().sharp_edge(entry, f"{method}() on an input {kind} of '{current().fn_name}'; "
-                                    f"compiled code would not see the change on later calls")
+        if not _writes_same_values(self, method, args, kwargs):
+            current().sharp_edge(entry, f"{method}() on an input {kind} of '{current().fn_name}'; "
+                                        f"compiled code would not see the change on later calls")
         return getattr(list if kind == "list" else dict, method)(self, *args, **kwargs)
     mutate.__name__ = method
     return mutate
+
+
+def _writes_same_values(container, method: str, args, kwargs) -> bool:
+    """A dict write that stores, under every key, the very object already there changes nothing
+    (torch.func.functional_call writes its parameter dict back this way): not a mutation."""
+    if not isinstance(container, dict) or method not in ("update", "__setitem__"):
+        return False
+    if method == "__setitem__":
+        items = [args]
+    elif len(args) == 1 and isinstance(args[0], dict) or not args:
+        items = list((args[0] if args else {}).items()) + list(kwargs.items())
+    else:
+        return False
+    return all(k in container and dict.__getitem__(container, k) is v for k, v in items)
 
 
 class InputList(list):
