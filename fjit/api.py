@@ -1,13 +1,10 @@
 """The public entry points: jit, last_traces, cache_info, diagnose.
 
-The cached call path is a function generated for the call's signature (type checks, the key as one
-flat tuple, one dict lookup, the program); calls it does not cover take one walk over the arguments
-(the cache key and the flat runtime values come out of it together) and one dict lookup.
-Compilation happens under a lock; lookups do not take it.
+A jitted function looks its program up in its ProgramCache (fjit/cache.py) and compiles on a miss,
+under a lock; lookups do not take it.
 """
 from __future__ import annotations
 
-import collections
 import enum
 import functools
 import os
@@ -15,30 +12,23 @@ import threading
 
 import torch
 
+from fjit.cache import CacheInfo, ProgramCache
 from fjit.core.ir import Binding, Tag, Trace
 from fjit.errors import SharpEdge
-from fjit.executors import torch_executor
+from fjit.executors import Executor, kernel_executor, torch_executor
 from fjit.frontend.context import AMP_DEVICES, Mode, autocast_state, current
-from fjit.frontend.inputs import MISS, call_key, fast_path
+from fjit.frontend.inputs import MISS, call_key
 from fjit.frontend.rng import rng_preserved, rng_snapshot
 from fjit.frontend.tracer import scan_bindings, trace_function
 from fjit.ops import TRACE_NAMESPACE
 from fjit.passes.basic import constant_fold, cse, dce
 
-CACHE_SIZE = 64
 DEFAULT_EXECUTORS = ("triton", "c", "torch")
-CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "entries"])
 
 
 class CacheMode(enum.Enum):
     METADATA = "metadata"   # one compiled program per input metadata (floats are runtime values)
     NONE = None             # retrace on every call
-
-
-class Executor(enum.Enum):
-    TRITON = "triton"   # fused kernels for CUDA tensors
-    C = "c"             # fused C kernels for small CPU tensors
-    TORCH = "torch"     # everything else
 
 
 def _parse(enum_cls, value, option: str):
@@ -51,10 +41,6 @@ def _parse(enum_cls, value, option: str):
     allowed = ", ".join(repr(m.value) for m in enum_cls)
     hint = " ('symbolic' is not implemented yet)" if value == "symbolic" else ""
     raise ValueError(f"fjit.jit: {option}={value!r} is not one of {allowed}{hint}")
-
-
-def _no_fast_path(*args):
-    return MISS
 
 
 class JittedFunction:
@@ -70,69 +56,45 @@ class JittedFunction:
         if isinstance(executors, str):
             executors = (executors,)
         self._executors = tuple(_parse(Executor, e, "executors") for e in executors)
-        self._cache_mode = _parse(CacheMode, cache, "cache")
-        self._cache: dict = {}
-        self._fast = None                 # (call, key, cache, arity) from inputs.fast_path
-        self._fast_call = _no_fast_path   # its call, read without a lock: one attribute, atomic
-        self._fast_declined = None        # an arity whose calls had no fast path
+        self._cache = ProgramCache(keep=_parse(CacheMode, cache, "cache") is CacheMode.METADATA)
         self._lock = threading.Lock()
-        self._specialized: frozenset = frozenset()
-        self._hits = 0
-        self._misses = 0
         self._last_traces: list[Trace] = []
 
     def __call__(self, *args, **kwargs):
         if not kwargs:
-            out = self._fast_call(*args)
+            cache = self._cache
+            out = cache.fast_call(*args)
             if out is not MISS:
-                self._hits += 1
+                cache.hits += 1
                 return out
         return self._call(args, kwargs)
 
     def _call(self, args, kwargs):
         if current() is not None:          # called while tracing another function: inline it
             return self._fn(*args, **kwargs)
-        key, leaves = call_key(args, kwargs, self._specialized)
-        program = self._cache.get(key)
+        cache = self._cache
+        key, leaves = cache.key_and_leaves(args, kwargs)
+        program = cache.get(key)
         first = _NOT_RUN
         if program is None:
             program, first = self._compile(key, args, kwargs, leaves)
         else:
-            self._hits += 1
-        if self._cache_mode is CacheMode.METADATA and not kwargs:
-            self._remember_fast(args, program)
+            cache.hits += 1
+        if not kwargs:
+            cache.remember_fast(args, program)
         return program(*leaves) if first is _NOT_RUN else first
-
-    def _remember_fast(self, args, program):
-        """File the program in the fast path's cache (generating the fast path on first use)."""
-        fast = self._fast
-        if fast is None or len(args) != fast[3]:
-            if self._fast_declined == len(args):
-                return
-            made = fast_path(args, self._specialized)
-            if made is None:                 # e.g. a container argument: the general path only
-                self._fast_declined = len(args)
-                return
-            fast = self._fast = (*made, len(args))
-            self._fast_call = fast[0]
-        _, key_of, cache, _ = fast
-        key = key_of(*args)
-        if key is None:          # typed differently from the signature the fast path was made for
-            return
-        if len(cache) >= CACHE_SIZE:
-            cache.clear()
-        cache[key] = program
 
     def __get__(self, obj, objtype=None):
         return self if obj is None else functools.partial(self, obj)
 
     def _compile(self, key, args, kwargs, leaves):
+        cache = self._cache
         with self._lock:
-            program = self._cache.get(key)
+            program = cache.get(key)
             if program is not None:
-                self._hits += 1
+                cache.hits += 1
                 return program, _NOT_RUN
-            self._misses += 1
+            cache.misses += 1
             result, traces, first = self._trace_with_real_layouts(args, kwargs, leaves)
             program = torch_executor.compile_trace(traces[-1])
             if any(b.sym.has(Tag.MODE) for b in traces[-1].bsyms):
@@ -140,16 +102,7 @@ class JittedFunction:
             if os.environ.get("FJIT_CHECK") == "1":
                 check_traces(traces, leaves)
             self._last_traces = traces
-            if self._cache_mode is CacheMode.METADATA:
-                if result.specialized - self._specialized:
-                    self._specialized = self._specialized | result.specialized
-                    key, _ = call_key(args, kwargs, self._specialized)
-                    self._fast = None     # its keys leave out the floats now specialized on
-                    self._fast_call = _no_fast_path
-                    self._fast_declined = None
-                if len(self._cache) >= CACHE_SIZE:
-                    self._cache.pop(next(iter(self._cache)))   # evict the oldest entry
-                self._cache[key] = program
+            cache.store(args, kwargs, key, program, result.specialized)
             return program, first
 
     def _trace_with_real_layouts(self, args, kwargs, leaves):
@@ -201,27 +154,19 @@ _NOT_RUN = object()
 
 
 def optimize(trace: Trace, executors: tuple, leaves: list) -> list[Trace]:
-    """Every stage from the traced program to the one the generated function runs."""
+    """Every stage from the traced program to the one the generated function runs: the cleanup
+    passes, then each kernel executor of `executors` in the user's order (a stage each that claims
+    something; each sees what the earlier ones left), then the torch executor for the rest."""
     traces = [trace]
     for stage in (dce, cse, constant_fold, dce):
         traces.append(stage(traces[-1]))
-    fused = _triton_stage(traces[-1], leaves) if Executor.TRITON in executors else None
-    if fused is None and Executor.C in executors:
-        from fjit.executors.c import executor as c_executor
-        fused = c_executor.claim(traces[-1], leaves)
-    if fused is not None:
-        traces.append(fused)
+    for option in executors:
+        executor = kernel_executor(option)
+        claimed = executor.claim(traces[-1], leaves) if executor is not None else None
+        if claimed is not None:
+            traces.append(claimed)
     traces.append(torch_executor.finalize(traces[-1]))
     return traces
-
-
-def _triton_stage(trace: Trace, leaves: list):
-    """The Triton executor claims fusible regions when it can run here (see executors/triton)."""
-    try:
-        from fjit.executors.triton import executor as triton_executor  # optional: needs triton
-    except ImportError:
-        return None
-    return triton_executor.claim(trace, leaves)
 
 
 def check_traces(traces: list[Trace], leaves: list) -> None:
@@ -258,7 +203,7 @@ def last_traces(jf: JittedFunction) -> list[Trace]:
 def cache_info(jf: JittedFunction) -> CacheInfo:
     if not isinstance(jf, JittedFunction):
         raise TypeError("fjit.cache_info expects a function made by fjit.jit")
-    return CacheInfo(jf._hits, jf._misses, len(jf._cache))
+    return jf._cache.info()
 
 
 class Report:

@@ -406,3 +406,20 @@ def test_build_state_is_reset_in_a_forked_child(monkeypatch, fresh_cache):
         os._exit(0 if ok and torch.equal(jf(x), x * 7 + 1) else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_executors_are_asked_in_the_users_order(monkeypatch):
+    """executors= is an order: the first executor that can take a region takes it, and the stages
+    say which ran (Triton runs CPU tensors under TRITON_INTERPRET=1 with FJIT_TRITON_CPU on)."""
+    monkeypatch.setenv("FJIT_TRITON_CPU", "1")
+
+    def f(x):
+        return torch.exp(x) * 2 + 1
+    x = torch.randn(8)
+    for order, first in ((("c", "triton", "torch"), "c_fusion"), (("triton", "c", "torch"), "triton_fusion")):
+        jf = fjit.jit(f, executors=order)
+        torch.testing.assert_close(jf(x), f(x))
+        stages = [t.stage for t in fjit.last_traces(jf)]
+        assert first in stages, (order, stages)
+        other = "triton_fusion" if first == "c_fusion" else "c_fusion"
+        assert other not in stages, (order, stages)    # the first took the only region

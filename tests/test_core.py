@@ -127,7 +127,7 @@ def test_ints_and_strings_are_constants_in_the_key():
 
 
 def test_cache_is_bounded():
-    from fjit.api import CACHE_SIZE
+    from fjit.cache import CACHE_SIZE
     jf = fjit.jit(lambda x: x + 1)
     for n in range(CACHE_SIZE + 5):
         jf(torch.ones(n + 1))

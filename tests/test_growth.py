@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fjit
-from fjit.api import CACHE_SIZE
+from fjit.cache import CACHE_SIZE
 from fjit.executors.c import executor as c_executor
 
 SHAPES = 3 * CACHE_SIZE + 20     # more programs than the cache and the fast path's cache hold
@@ -55,7 +55,7 @@ def test_a_dropped_function_takes_its_sources_with_it():
 def test_generated_source_stays_visible_while_the_program_lives():
     jf = fjit.jit(lambda x: x * 3, executors=("torch",))
     jf(torch.randn(4))
-    (program,) = jf._cache.values()
+    (program,) = jf._cache.programs.values()
     filename = program.__code__.co_filename
     gc.collect()
     assert "return" in "".join(linecache.getlines(filename))   # what a traceback would show
@@ -69,7 +69,7 @@ def test_c_kernel_registry_is_bounded_over_many_recompiles(monkeypatch):
         pytest.fail("the C kernel test needs a C compiler on this machine")
     monkeypatch.setenv("FJIT_C_KERNELS", "sync")
     monkeypatch.setattr(c_executor, "_BINARIES", weakref.WeakValueDictionary())
-    monkeypatch.setattr(fjit.api, "CACHE_SIZE", 8)     # a kernel build costs ~0.1 s: fewer shapes
+    monkeypatch.setattr(fjit.cache, "CACHE_SIZE", 8)     # a kernel build costs ~0.1 s: fewer shapes
     jf = fjit.jit(lambda x: x * 3 + 2)
     for n in range(1, 5 * 8):
         jf(torch.randn(n))

@@ -1,8 +1,80 @@
-"""Executors turn the final trace into what runs: torch calls, Triton kernels, C kernels."""
+"""Executors turn the final trace into what runs: Triton kernels, C kernels, torch calls.
+
+The protocol is small: an executor has a `name` and `claim(trace, leaves)`, which returns the trace
+with the regions it takes replaced by one bound symbol each (a kernel call), or None when it takes
+nothing.  `optimize` asks the executors in the user's `executors=` order; each sees what the
+earlier ones left.  The torch executor is the catch-all: it runs whatever is left as torch calls,
+so it is not in the registry and always runs last.
+
+What every kernel executor shares lives here too: where kernels are cached, whether a trace's
+inputs can be read by a kernel at all, and the bound symbol that stands for a region.
+"""
 from __future__ import annotations
 
+import enum
+import importlib
 import os
 import tempfile
+from typing import Callable, Protocol
+
+import torch
+
+from fjit.core.ir import BoundSymbol, Symbol, TensorVar, Trace
+
+
+class Executor(enum.Enum):
+    """The values of the `executors=` option."""
+    TRITON = "triton"   # fused Triton kernels: CUDA tensors (CPU ones under TRITON_INTERPRET=1)
+    C = "c"             # fused C kernels for CPU tensors
+    TORCH = "torch"     # everything else, as direct torch calls
+
+
+class KernelExecutor(Protocol):
+    name: str
+
+    def claim(self, trace: Trace, leaves: list) -> Trace | None: ...
+
+
+# Kernel executors by option, imported when first asked for: Triton is optional (a missing triton
+# makes its executor unavailable, not fjit).
+_MODULES = {Executor.TRITON: "fjit.executors.triton.executor", Executor.C: "fjit.executors.c.executor"}
+_LOADED: dict = {}
+
+
+def kernel_executor(option: Executor) -> KernelExecutor | None:
+    """The executor registered for `option`, or None (torch, or an executor that cannot load)."""
+    if option not in _LOADED:
+        try:
+            _LOADED[option] = importlib.import_module(_MODULES[option]) if option in _MODULES else None
+        except ImportError:
+            _LOADED[option] = None
+    return _LOADED[option]
+
+
+def kernel_inputs_usable(trace: Trace, leaves: list, device_ok: Callable[[torch.device], bool]) -> bool:
+    """Whether a kernel executor may take regions of `trace` at all: its tensor inputs all live on
+    one device it runs on, kernels reading raw data read their values (no negative bit, no complex
+    values), and autograd does not need the ops (inputs requiring grad under grad mode)."""
+    tensors = [v for v in trace.inputs if isinstance(v, TensorVar)]
+    if not tensors or any(v.device != tensors[0].device for v in tensors):
+        return False
+    if not device_ok(tensors[0].device):
+        return False
+    if any(isinstance(x, torch.Tensor) and x.is_neg() for x in leaves):
+        return False
+    if any(isinstance(v, TensorVar) and v.dtype.is_complex
+           for b in trace.bsyms for v in b.inputs() + b.outputs()):
+        return False
+    return not (torch.is_grad_enabled() and any(v.requires_grad for v in tensors))
+
+
+def kernel_bsym(region, qualname: str, launch: Callable, comment: str) -> BoundSymbol:
+    """The bound symbol that runs `region` as one kernel call: the region's inputs in, its outputs
+    out (one value, or a tuple of several)."""
+    outs = tuple(region.outputs)
+    return BoundSymbol(Symbol(qualname, launch), tuple(region.inputs), {},
+                       outs if len(outs) > 1 else outs[0], comment=comment)
+
 
 _FALLBACK_DIRS: dict[str, str] = {}   # an unwritable cache directory -> this process's temp dir
 

@@ -13,7 +13,6 @@ import dataclasses
 import math
 from typing import Callable
 
-import torch
 
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Trace, Var, flatten_values
 
@@ -38,16 +37,6 @@ class Region:
     @property
     def has_reduction(self) -> bool:
         return bool(self.row_vars)
-
-
-def raw_data_is_the_value(trace: Trace, leaves: list) -> bool:
-    """Whether a kernel reading tensors through their data pointers reads their values: not when an
-    input carries torch's negative bit (x.conj().imag), nor when the program makes complex values,
-    whose views can carry it."""
-    if any(isinstance(x, torch.Tensor) and x.is_neg() for x in leaves):
-        return False
-    return not any(isinstance(v, TensorVar) and v.dtype.is_complex
-                   for b in trace.bsyms for v in b.inputs() + b.outputs())
 
 
 def _broadcasts_to(shape: tuple, domain: tuple) -> bool:

@@ -35,10 +35,10 @@ import _ctypes
 
 import torch
 
-from fjit.core.ir import BoundSymbol, Symbol, TensorVar, Trace, Var, map_values
-from fjit.executors import kernel_cache_dir
+from fjit.core.ir import BoundSymbol, TensorVar, Trace, Var, map_values
+from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
-from fjit.passes.fusion import Partitioner, Region, raw_data_is_the_value
+from fjit.passes.fusion import Partitioner, Region
 
 # The largest tensors a prim may touch to be claimed.  A libm call (sin, exp, ...) costs ~10 ns per
 # element in a scalar C loop against ~1 ns in torch's vectorized kernel, so past a few hundred
@@ -83,18 +83,13 @@ _PARTITIONER = Partitioner(_small, split_partial_ops=False,
                            whole_ops=frozenset({"torch.nn.functional.gelu"}))
 
 
-def _usable(trace: Trace, leaves: list) -> bool:
-    if mode() == "off" or compiler() is None or not raw_data_is_the_value(trace, leaves):
-        return False
-    tensors = [v for v in trace.inputs if isinstance(v, TensorVar)]
-    if any(v.device.type != "cpu" for v in tensors):
-        return False
-    return not (torch.is_grad_enabled() and any(v.requires_grad for v in tensors))
+name = "c"
 
 
 def claim(trace: Trace, leaves: list) -> Trace | None:
     """The trace with each small fusion region replaced by one C kernel call, or None."""
-    if not _usable(trace, leaves):
+    if mode() == "off" or compiler() is None or \
+            not kernel_inputs_usable(trace, leaves, lambda device: device.type == "cpu"):
         return None
     # a region of one prim stays a torch call: that costs what a kernel call does
     return _PARTITIONER.fuse(trace, "c_fusion", _region_bsym, worth=lambda r: len(r.bsyms) > 1)
@@ -109,10 +104,8 @@ def _region_bsym(region: Region) -> BoundSymbol:
     binary = _binary(kernel)
     fallback = _Fallback(region, binary)
     launch = _launcher(region, kernel, binary, fallback)
-    outs = tuple(region.outputs)
     comment = f"C kernel {kernel.name}\n{kernel.source[kernel.source.index(f'void {kernel.name}('):]}"
-    return BoundSymbol(Symbol(f"c_kernel.{kernel.name}", launch), tuple(region.inputs), {},
-                       outs if len(outs) > 1 else outs[0], comment=comment)
+    return kernel_bsym(region, f"c_kernel.{kernel.name}", launch, comment)
 
 
 class _Fallback:

@@ -17,10 +17,10 @@ import threading
 import torch
 import triton  # noqa: F401  (a missing triton makes this executor unavailable)
 
-from fjit.core.ir import BoundSymbol, NumberVar, Symbol, TensorVar, Trace
-from fjit.executors import kernel_cache_dir
+from fjit.core.ir import BoundSymbol, NumberVar, Trace
+from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
 from fjit.executors.triton.codegen import Kernel, generate, supported
-from fjit.passes.fusion import Partitioner, Region, raw_data_is_the_value
+from fjit.passes.fusion import Partitioner, Region
 
 _KERNELS: dict[str, object] = {}      # source hash -> triton.jit function
 _LOCK = threading.Lock()
@@ -32,23 +32,16 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("FJIT_TRITON_CPU") != "0"
 
 
-def _usable(trace: Trace, leaves: list) -> bool:
-    tensors = [v for v in trace.inputs if isinstance(v, TensorVar)]
-    if not tensors:
-        return False
-    device = tensors[0].device
-    if any(v.device != device for v in tensors):
-        return False
-    if device.type != "cuda" and not (device.type == "cpu" and interpreting()):
-        return False
-    if not raw_data_is_the_value(trace, leaves):
-        return False
-    return not (torch.is_grad_enabled() and any(v.requires_grad for v in tensors))
+name = "triton"
+
+
+def _runs_on(device: torch.device) -> bool:
+    return device.type == "cuda" or device.type == "cpu" and interpreting()
 
 
 def claim(trace: Trace, leaves: list) -> Trace | None:
     """The trace with each fusion region replaced by one kernel launch, or None if not applicable."""
-    if not _usable(trace, leaves):
+    if not kernel_inputs_usable(trace, leaves, _runs_on):
         return None
     return _PARTITIONER.fuse(trace, "triton_fusion", _region_bsym)
 
@@ -60,11 +53,8 @@ def _region_bsym(region: Region) -> BoundSymbol:
     kernel.source = kernel.source.replace("def fused(", f"def {name}(")
     kernel.name = name
     launch = _launcher(region, kernel, _compiled(kernel))
-    sym = Symbol(f"triton.{name}", launch)
     comment = f"Triton kernel {name}, grid {kernel.grid}, BLOCK={kernel.block}\n{kernel.source}"
-    args = tuple(v for v in region.inputs)
-    outs = tuple(region.outputs)
-    return BoundSymbol(sym, args, {}, outs if len(outs) > 1 else outs[0], comment=comment)
+    return kernel_bsym(region, f"triton.{name}", launch, comment)
 
 
 def _compiled(kernel: Kernel):
