@@ -200,6 +200,13 @@ UNARY = {
     "tanh": (NUMERIC, {}),
     "sigmoid": (NUMERIC, {}),
     "erf": (NUMERIC, {}),
+    "erfc": (NUMERIC, dict(low=-4.0, high=12.0)),    # into its tail, where 1 - erf(x) is all rounding
+    "absolute": (NUMERIC, {}),
+    "negative": (NUMERIC, {}),
+    "arcsin": (NUMERIC, _UNIT),
+    "arccos": (NUMERIC, _UNIT),
+    "arctan": (NUMERIC, {}),
+    "fix": (NUMERIC, dict(grid=True)),
     "floor": (NUMERIC, dict(grid=True)),
     "ceil": (NUMERIC, dict(grid=True)),
     "round": (NUMERIC, dict(grid=True)),       # halves: round half to even

@@ -17,6 +17,7 @@ import torch
 
 from fjit.core.ir import (BoundSymbol, GeneratorVar, NumberVar, Symbol, Tag, TensorVar, Trace,
                           flatten_values, map_values)
+from fjit.core.prims import OUT_OF_PLACE, VIEW_OPS
 from fjit.errors import UnsupportedOpError, catalog_fix, located
 from fjit.frontend.context import (AMP_DEVICES, ProcessPatch, TraceContext, autocast_state, current,
                                    user_location)
@@ -83,17 +84,6 @@ _METADATA_GETTERS |= {getattr(torch.Tensor, n) for n in (
 _INPLACE_DUNDERS = {getattr(torch.Tensor, f"__i{n}__") for n in (
     "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift",
     "rshift") if hasattr(torch.Tensor, f"__i{n}__")}
-# Pointwise in-place ops whose out-of-place twin has the same signature.
-_OUT_OF_PLACE = {getattr(torch.Tensor, n + "_"): getattr(torch.Tensor, n) for n in (
-        "add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "pow",
-        "neg", "abs", "exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "relu",
-        "clamp", "clamp_min", "clamp_max", "masked_fill", "index_put", "scatter", "scatter_add",
-        "index_add", "index_fill", "lerp", "addcmul", "addcdiv", "floor", "ceil", "round",
-        "trunc", "reciprocal", "square", "erf", "exp2", "log2", "log1p", "expm1",
-        "bitwise_and", "bitwise_or", "bitwise_xor", "logical_not", "sign")
-    if hasattr(torch.Tensor, n + "_")}
-_OUT_OF_PLACE.update({torch.Tensor.__iadd__: torch.Tensor.add, torch.Tensor.__isub__: torch.Tensor.sub,
-                      torch.Tensor.__imul__: torch.Tensor.mul, torch.Tensor.__itruediv__: torch.Tensor.div})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -304,6 +294,8 @@ def torch_symbol(func) -> Symbol:
             tags.add(Tag.RANDOM)
         if func not in DECOMPOSITIONS:
             tags.add(Tag.FALLBACK)
+        if func in VIEW_OPS:
+            tags.add(Tag.VIEW)
         sym = _SYMBOLS[func] = Symbol(name, func, frozenset(tags))
     return sym
 
@@ -666,7 +658,7 @@ def _functionalize(ctx: TraceContext, func, args, kwargs):
         value = trace_call(ctx, _SETITEM, setitem, args, kwargs)
         _write(ctx, target, value, func, "FJ102_setitem_input", "item assignment")
         return None
-    oop = _OUT_OF_PLACE.get(func)
+    oop = OUT_OF_PLACE.get(func)
     if oop is not None:
         _check_inplace_allowed(func, args, kwargs)
         value = _conform(dispatch(oop, args, kwargs), target)

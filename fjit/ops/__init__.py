@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fjit.frontend.dispatch import DECOMPOSITIONS, FJIT_OPS, qualified_name
 from fjit.ops import math_ops, nn_ops, shape_ops  # noqa: F401  (they register decompositions)
-from fjit.ops.prims import NAMESPACE as PRIMS_NAMESPACE
+from fjit.core.prims import NAMESPACE as PRIMS_NAMESPACE
 
 # The names printed traces refer to besides torch and operator.
 TRACE_NAMESPACE = {"prims": PRIMS_NAMESPACE, "fjit_ops": FJIT_OPS}

@@ -12,11 +12,18 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fjit.frontend.dispatch import DECOMPOSITIONS
+from fjit.core.prims import PRIMS, ROWS, Kind, Prim, torch_callables
+from fjit.frontend.dispatch import DECOMPOSITIONS, trace_call
+from fjit.frontend.context import current
 from fjit.frontend.proxies import NumberProxy, TensorProxy
-from fjit.ops.prims import Prim, prim
 
 _HALF = (torch.float16, torch.bfloat16)
+
+
+def prim(p: Prim, *args, **kwargs):
+    """Record prim `p` applied to proxies (what decompositions are written in)."""
+    sym = PRIMS[p]
+    return trace_call(current(), sym, sym.fn, args, kwargs)
 
 
 def register(*funcs):
@@ -27,10 +34,7 @@ def register(*funcs):
     return deco
 
 
-def _methods(name):
-    """torch.<name> and Tensor.<name>, where they exist."""
-    in_torch = None if name.startswith("__") else getattr(torch, name, None)
-    return [f for f in (in_torch, getattr(torch.Tensor, name, None)) if f is not None]
+_methods = torch_callables
 
 
 def _dims(x, dim) -> tuple:
@@ -88,16 +92,15 @@ def _binary(p, swap=False):
     return decomposition
 
 
-_UNARY = {p: p.value for p in (
-    Prim.ABS, Prim.NEG, Prim.EXP, Prim.EXP2, Prim.EXPM1, Prim.LOG, Prim.LOG2, Prim.LOG10, Prim.LOG1P,
-    Prim.SQRT, Prim.RSQRT, Prim.SIN, Prim.COS, Prim.TAN, Prim.ASIN, Prim.ACOS, Prim.ATAN, Prim.SINH,
-    Prim.COSH, Prim.TANH, Prim.SIGMOID, Prim.ERF, Prim.FLOOR, Prim.CEIL, Prim.TRUNC, Prim.SIGN,
-    Prim.RECIPROCAL, Prim.LOGICAL_NOT, Prim.BITWISE_NOT, Prim.ISNAN, Prim.ISINF, Prim.ISFINITE)}
-for _p, _name in _UNARY.items():
-    register(*_methods(_name))(_unary(_p))
-register(torch.Tensor.__neg__)(_unary(Prim.NEG))
-register(torch.Tensor.__abs__)(_unary(Prim.ABS))
-register(torch.Tensor.__invert__)(_unary(Prim.BITWISE_NOT))
+# Every torch callable a row names is exactly its prim.
+for _row in ROWS.values():
+    for _name in _row.torch_names:
+        if _row.kind is Kind.UNARY:
+            register(*_methods(_name))(_unary(_row.prim))
+        elif _row.kind is Kind.BINARY:
+            register(*_methods(_name))(_binary(_row.prim))
+            if _row.reflected and _row.reflected.startswith("__r"):
+                register(getattr(torch.Tensor, _row.reflected))(_binary(_row.prim, swap=True))
 register(torch.nn.functional.sigmoid, torch.special.expit)(_unary(Prim.SIGMOID))
 register(torch.nn.functional.tanh)(_unary(Prim.TANH))
 register(torch.special.erf)(_unary(Prim.ERF))
@@ -114,31 +117,6 @@ def _round(x, decimals=0, **kwargs):
 @register(*_methods("square"))
 def _square(x):
     return prim(Prim.MUL, x, x) if x.dtype != torch.bool else prim(Prim.POW, x, 2)
-
-
-_BINARY = {
-    Prim.ADD: ["add", "__add__"], Prim.SUB: ["sub", "subtract", "__sub__"],
-    Prim.MUL: ["mul", "multiply", "__mul__"], Prim.DIV: ["div", "divide", "true_divide", "__truediv__"],
-    Prim.FLOOR_DIVIDE: ["floor_divide", "__floordiv__"], Prim.REMAINDER: ["remainder", "__mod__"],
-    Prim.FMOD: ["fmod"], Prim.POW: ["pow", "__pow__"], Prim.MAXIMUM: ["maximum"],
-    Prim.MINIMUM: ["minimum"], Prim.ATAN2: ["atan2", "arctan2"], Prim.EQ: ["eq", "__eq__"],
-    Prim.NE: ["ne", "not_equal", "__ne__"], Prim.LT: ["lt", "less", "__lt__"],
-    Prim.LE: ["le", "less_equal", "__le__"], Prim.GT: ["gt", "greater", "__gt__"],
-    Prim.GE: ["ge", "greater_equal", "__ge__"], Prim.LOGICAL_AND: ["logical_and"],
-    Prim.LOGICAL_OR: ["logical_or"], Prim.LOGICAL_XOR: ["logical_xor"],
-    Prim.BITWISE_AND: ["bitwise_and", "__and__"], Prim.BITWISE_OR: ["bitwise_or", "__or__"],
-    Prim.BITWISE_XOR: ["bitwise_xor", "__xor__"],
-    Prim.SHIFT_LEFT: ["bitwise_left_shift", "__lshift__"],
-    Prim.SHIFT_RIGHT: ["bitwise_right_shift", "__rshift__"],
-}
-for _p, _names in _BINARY.items():
-    for _name in _names:
-        register(*_methods(_name))(_binary(_p))
-for _p, _name in ((Prim.ADD, "__radd__"), (Prim.SUB, "__rsub__"), (Prim.MUL, "__rmul__"),
-                  (Prim.DIV, "__rtruediv__"), (Prim.FLOOR_DIVIDE, "__rfloordiv__"),
-                  (Prim.REMAINDER, "__rmod__"), (Prim.POW, "__rpow__"), (Prim.BITWISE_AND, "__rand__"),
-                  (Prim.BITWISE_OR, "__ror__"), (Prim.BITWISE_XOR, "__rxor__")):
-    register(getattr(torch.Tensor, _name))(_binary(_p, swap=True))
 
 
 @register(torch.where)

@@ -9,8 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fjit.ops.math_ops import _dims, _downcast, _methods, _no_empty_reduction, _upcast, register
-from fjit.ops.prims import Prim, prim
+from fjit.ops.math_ops import _dims, _downcast, _methods, _no_empty_reduction, _upcast, prim, register
+from fjit.core.prims import Prim
 
 
 def _softmax_parts(x, dim, dtype):

@@ -6,8 +6,8 @@ import math
 import torch
 
 from fjit.frontend.proxies import NumberProxy, TensorProxy
-from fjit.ops.math_ops import _methods, register
-from fjit.ops.prims import Prim, prim
+from fjit.ops.math_ops import _methods, prim, register
+from fjit.core.prims import Prim
 
 
 def _sizes(size) -> tuple:

@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import torch
 
+from fjit.core.prims import COMMUTATIVE, INPLACE_TWIN
 from fjit.core.ir import (DEL, BoundSymbol, Symbol, Tag, TensorVar, Trace, Var, flatten_values,
                           map_values)
 
 # Torch-level ops and prims whose result may share memory with their input.
-VIEW_OPS = {"reshape", "view", "view_as", "reshape_as", "permute", "transpose", "swapaxes", "t",
-            "expand", "expand_as", "squeeze", "unsqueeze", "__getitem__", "narrow", "select",
-            "split", "chunk", "unbind", "flatten", "unflatten", "detach", "alias", "as_strided",
-            "diagonal", "contiguous", "slice", "movedim", "__get__", "to", "type_as", "float",
-            "half", "bfloat16", "double", "int", "long", "bool", "view_as_real", "real", "imag",
-            "dropout", "convert_element_type", "broadcast_to", "unfold"}
-
-
 def _output_vars(trace: Trace) -> set[str]:
     return {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}
 
@@ -87,7 +80,7 @@ def constant_fold(trace: Trace) -> Trace:
     could alias, since every call must return fresh tensors."""
     aliasable = _output_vars(trace)
     for b in reversed(trace.bsyms):
-        if b.sym.name in VIEW_OPS and any(v.name in aliasable for v in b.outputs()):
+        if b.sym.has(Tag.VIEW) and any(v.name in aliasable for v in b.outputs()):
             aliasable.update(v.name for v in b.inputs())
     consts = dict(trace.consts)
     captured = set(trace.consts)      # tensors captured in permissive mode stay references
@@ -144,23 +137,10 @@ def free_dead_values(trace: Trace) -> Trace:
 
 # Elementwise torch ops whose in-place form `Tensor.<name>_` (or `__i<op>__`) computes the same
 # values into its first operand.
-_INPLACE = {n: n + "_" for n in (
-    "abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin",
-    "cos", "tan", "tanh", "sigmoid", "relu", "reciprocal", "sign", "floor", "ceil", "round",
-    "trunc", "frac", "erf", "erfc", "asin", "acos", "atan", "sinh", "cosh", "square", "add",
-    "sub", "mul", "div", "true_divide", "remainder", "fmod", "pow", "atan2", "clamp", "clip",
-    "clamp_min", "clamp_max", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not")}
-_INPLACE.update({f"__{n}__": f"__i{n}__" for n in (
-    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor")})
-
-
-_COMMUTATIVE = {"add", "mul", "__add__", "__mul__"}
-
-
 def _made_of(b: BoundSymbol, *tags: Tag) -> bool:
     """Whether `b` is an op (not a view) whose prims all carry one of `tags`.  Elementwise and
     reduction prims (softmax, layer_norm, sum) make new tensors, so its results alias nothing."""
-    return bool(b.subsymbols) and b.sym.name not in VIEW_OPS and all(
+    return bool(b.subsymbols) and not b.sym.has(Tag.VIEW) and all(
         any(s.sym.has(t) for t in tags) for s in b.subsymbols)
 
 
@@ -190,18 +170,16 @@ def reuse_buffers(trace: Trace) -> Trace:
 
     out = []
     for i, b in enumerate(trace.bsyms):
-        method = _INPLACE.get(b.sym.name)
+        twin = INPLACE_TWIN.get(b.sym.fn)
         result = b.output
-        # torch.nn.functional's Python wrappers take other arguments (inplace=...) than the method
-        if (method is not None and hasattr(torch.Tensor, method) and _made_of(b, Tag.ELEMENTWISE)
-                and not b.sym.qualname.startswith("torch.nn.") and not b.sym.has(Tag.RANDOM)
+        if (twin is not None and _made_of(b, Tag.ELEMENTWISE) and not b.sym.has(Tag.RANDOM)
                 and isinstance(result, TensorVar) and b.args):
             args = b.args
-            if (not reusable(args[0], i, result) and b.sym.name in _COMMUTATIVE and not b.kwargs
+            if (not reusable(args[0], i, result) and b.sym.fn in COMMUTATIVE and not b.kwargs
                     and len(args) == 2 and reusable(args[1], i, result)):
                 args = (args[1], args[0])      # x + t -> t += x: IEEE + and * commute exactly
             if reusable(args[0], i, result):
-                sym = Symbol(f"torch.Tensor.{method}", getattr(torch.Tensor, method), b.sym.tags)
+                sym = Symbol(f"torch.Tensor.{twin.__name__}", twin, b.sym.tags)
                 b = b.replace(sym=sym, args=args)
         out.append(b)
     return trace.with_stage("reuse_buffers", out)

@@ -17,7 +17,9 @@ import math
 import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
-from fjit.ops.prims import BOOL_RESULT, Prim, computation_dtype, prim_of
+from fjit.core.prims import BOOL_RESULT, Prim, prim_of
+from fjit.executors import render
+from fjit.executors.render import contiguous_strides, index_decomposition, index_terms, is_square
 from fjit.passes.fusion import Region
 
 # C types of values; half types are held in float (rounded to their dtype after every op, as
@@ -37,39 +39,33 @@ def _held(dt: torch.dtype) -> torch.dtype:
 def _storage(dt: torch.dtype) -> str:
     return "uint16_t" if dt in _HALF else C_TYPE[dt]
 
-# prim -> C expression over operand names (already in the computation dtype); {f} is the libm
-# suffix ("f" for float, "" for double).
-_FLOAT_ONLY = {
+# C's overrides of the shared expressions: libm calls ({f} is the suffix: "f" for float, "" for
+# double), NaN-propagating max/min macros, Python's remainder.
+_C_EXPRS = {
+    **render.BASE,
     Prim.EXP: "exp{f}({0})", Prim.EXP2: "exp2{f}({0})", Prim.EXPM1: "expm1{f}({0})",
     Prim.LOG: "log{f}({0})", Prim.LOG2: "log2{f}({0})", Prim.LOG10: "log10{f}({0})",
     Prim.LOG1P: "log1p{f}({0})", Prim.SQRT: "sqrt{f}({0})", Prim.RSQRT: "(1 / sqrt{f}({0}))",
     Prim.SIN: "sin{f}({0})", Prim.COS: "cos{f}({0})", Prim.TAN: "tan{f}({0})",
     Prim.ASIN: "asin{f}({0})", Prim.ACOS: "acos{f}({0})", Prim.ATAN: "atan{f}({0})",
     Prim.SINH: "sinh{f}({0})", Prim.COSH: "cosh{f}({0})", Prim.TANH: "tanh{f}({0})",
-    Prim.SIGMOID: "(1 / (1 + exp{f}(-{0})))", Prim.ERF: "erf{f}({0})",
+    Prim.SIGMOID: "(1 / (1 + exp{f}(-{0})))", Prim.ERF: "erf{f}({0})", Prim.ERFC: "erfc{f}({0})",
     Prim.FLOOR: "floor{f}({0})", Prim.CEIL: "ceil{f}({0})", Prim.TRUNC: "trunc{f}({0})",
     Prim.ROUND: "nearbyint{f}({0})",   # the default rounding mode: half to even, as torch.round
-    Prim.RECIPROCAL: "(1 / {0})", Prim.DIV: "({0} / {1})", Prim.POW: "pow{f}({0}, {1})",
-    Prim.ATAN2: "atan2{f}({0}, {1})", Prim.FMOD: "fmod{f}({0}, {1})",
+    Prim.POW: "pow{f}({0}, {1})", Prim.ATAN2: "atan2{f}({0}, {1})", Prim.FMOD: "fmod{f}({0}, {1})",
     Prim.REMAINDER: "FJ_REMAINDER({0}, {1}, fmod{f}({0}, {1}))",
-    Prim.ISNAN: "({0} != {0})", Prim.ISINF: "isinf({0})", Prim.ISFINITE: "isfinite({0})",
-}
-_ANY = {
-    Prim.ABS: "({0} < 0 ? -{0} : {0})", Prim.NEG: "(-{0})", Prim.CLONE: "{0}",
-    Prim.ADD: "({0} + {1})", Prim.SUB: "({0} - {1})", Prim.MUL: "({0} * {1})",
+    Prim.ISINF: "isinf({0})", Prim.ISFINITE: "isfinite({0})",
+    Prim.ABS: "({0} < 0 ? -{0} : {0})",
     Prim.MAXIMUM: "FJ_MAX({0}, {1})", Prim.MINIMUM: "FJ_MIN({0}, {1})",
     Prim.CLAMP_MIN: "FJ_MAX({0}, {1})", Prim.CLAMP_MAX: "FJ_MIN({0}, {1})",
     Prim.SIGN: "(({0} > 0) - ({0} < 0))",
-    Prim.EQ: "({0} == {1})", Prim.NE: "({0} != {1})", Prim.LT: "({0} < {1})", Prim.LE: "({0} <= {1})",
-    Prim.GT: "({0} > {1})", Prim.GE: "({0} >= {1})",
     Prim.LOGICAL_AND: "(({0} != 0) && ({1} != 0))", Prim.LOGICAL_OR: "(({0} != 0) || ({1} != 0))",
-    Prim.LOGICAL_XOR: "(({0} != 0) != ({1} != 0))", Prim.LOGICAL_NOT: "({0} == 0)",
+    Prim.LOGICAL_XOR: "(({0} != 0) != ({1} != 0))",
     Prim.WHERE: "({0} ? {1} : {2})",
 }
-_INT_ONLY = {Prim.BITWISE_AND: "({0} & {1})", Prim.BITWISE_OR: "({0} | {1})",
-             Prim.BITWISE_XOR: "({0} ^ {1})", Prim.BITWISE_NOT: "(~{0})"}
 _CHEAP_LIBM = {Prim.SQRT, Prim.RSQRT, Prim.FLOOR, Prim.CEIL, Prim.TRUNC, Prim.ROUND}
-_REDUCE = {Prim.SUM, Prim.PROD, Prim.AMAX, Prim.AMIN}
+_REDUCE = frozenset({Prim.SUM, Prim.PROD, Prim.AMAX, Prim.AMIN})
+C = render.Language("c", _C_EXPRS, frozenset(DTYPES), _REDUCE, "INFINITY")
 
 _PRELUDE = """\
 #include <math.h>
@@ -110,48 +106,16 @@ static inline float fj_round_f16(float f) { return fj_from_f16(fj_to_f16(f)); }
 """
 
 
-def _operand_dtype(b: BoundSymbol) -> torch.dtype:
-    """The C dtype operands are cast to: the computation dtype, float for half types."""
-    return _held(computation_dtype(b))
-
-
 def calls_libm(b: BoundSymbol) -> bool:
     """Whether the prim's C code calls a costly C library function (sin, exp, ...: not vectorized)."""
     p = prim_of(b)
-    return "{f}(" in _FLOAT_ONLY.get(p, "") and p not in _CHEAP_LIBM and not _is_square(b)
-
-
-def _is_square(b: BoundSymbol) -> bool:
-    """x ** 2, which torch computes as x * x (exactly; powf would round the same, slower)."""
-    return prim_of(b) is Prim.POW and type(b.args[1]) in (int, float) and b.args[1] == 2
+    return "{f}(" in _C_EXPRS.get(p, "") and p not in _CHEAP_LIBM and not is_square(b)
 
 
 def supported(b: BoundSymbol) -> bool:
-    """Whether this generator can emit `b` inside a region."""
-    p = prim_of(b)
-    if p is None or len(b.outputs()) != 1 or not isinstance(b.outputs()[0], TensorVar):
-        return False
-    out = b.outputs()[0]
-    tensors = [v for v in b.inputs() if isinstance(v, TensorVar)]
-    if not tensors or any(v.dtype not in DTYPES or v.device.type != "cpu" for v in tensors + [out]):
-        return False
-    if any(isinstance(a, (complex, str)) for a in b.args):
-        return False
-    if p in _REDUCE:
-        return True
-    if p is Prim.CONVERT:
-        return True
-    try:
-        dt = computation_dtype(b)
-    except (TypeError, RuntimeError):
-        return False
-    if dt not in DTYPES:
-        return False
-    if p in _FLOAT_ONLY:
-        return dt.is_floating_point
-    if p in _INT_ONLY:
-        return not dt.is_floating_point
-    return p in _ANY
+    """Whether this generator can emit `b` inside a region (CPU tensors only)."""
+    return render.supported(b, C) and all(v.device.type == "cpu" for v in b.inputs() + b.outputs()
+                                          if isinstance(v, TensorVar))
 
 
 @dataclasses.dataclass
@@ -189,30 +153,15 @@ class _Emitter:
     # -- indexing -------------------------------------------------------------------------------
     def offset(self, v: TensorVar, rows_only: bool = False) -> str:
         """The element offset of `v` (broadcast to the domain) at the current loop indices."""
-        dom, n_outer = self.r.domain, len(self.r.outer)
-        if not rows_only and v.shape == dom and v.strides == _contiguous(dom):
+        if not rows_only and v.shape == self.r.domain and v.strides == contiguous_strides(self.r.domain):
             if not self.r.has_reduction:
                 return "c"
             width = math.prod(self.r.inner)
-            return f"r * {width} + c" if n_outer else "c"
-        terms = []
-        for j in range(len(dom)):
-            t = j - (len(dom) - len(v.shape))
-            if rows_only:
-                t = j if j < n_outer and j < len(v.shape) else -1
-            if t < 0 or v.shape[t] == 1 or (rows_only and j >= n_outer):
-                continue
-            idx = f"o{j}" if j < n_outer else f"i{j - n_outer}"
-            terms.append(f"{idx} * {v.strides[t]}" if v.strides[t] != 1 else idx)
-        return " + ".join(terms) if terms else "0"
+            return f"r * {width} + c" if self.r.outer else "c"
+        return " + ".join(index_terms(self.r, v.shape, v.strides, rows_only)) or "0"
 
     def index_lines(self, names: str, sizes: tuple, flat: str) -> list[str]:
-        lines = []
-        for k, size in enumerate(sizes):
-            below = math.prod(sizes[k + 1:])
-            expr = flat if below == 1 else f"({flat} / {below})"
-            lines.append(f"int64_t {names}{k} = {expr} % {size};" if k else f"int64_t {names}{k} = {expr};")
-        return lines
+        return [f"int64_t {n} = {e};" for n, e in index_decomposition(names, sizes, flat, "/")]
 
     # -- levels: which loop pass over the row can compute each value ------------------------------
     def assign_levels(self) -> int:
@@ -270,19 +219,19 @@ class _Emitter:
             if out.dtype == torch.bool:
                 return f"({x} != 0)", torch.bool
             return f"(({C_TYPE[_held(out.dtype)]}){x})", out.dtype
-        ct = _operand_dtype(b)
+        ct = render.computes_in(b)
         if p is Prim.WHERE:
             ops = [self.operand(b.args[0], None, names)] + [self.operand(a, ct, names) for a in b.args[1:]]
         else:
             ops = [self.operand(a, ct, names) for a in b.args]
         if p is Prim.BITWISE_NOT and ct == torch.bool:
             return f"(!{ops[0]})", torch.bool
-        if _is_square(b):
+        if is_square(b):
             template = "({0} * {0})"
         elif p is Prim.ABS and ct.is_floating_point:
             template = "fabs{f}({0})"      # the ternary would keep -0.0 negative
         else:
-            template = _FLOAT_ONLY.get(p) or _ANY.get(p) or _INT_ONLY[p]
+            template = _C_EXPRS[p]
         expr = template.format(*ops, f="f" if ct == torch.float32 else "")
         return expr, torch.bool if p in BOOL_RESULT else out.dtype
 
@@ -377,20 +326,18 @@ class _Emitter:
     def accumulator(self, b: BoundSymbol) -> tuple[str, str]:
         p, o = prim_of(b), b.outputs()[0]
         acc = self.fresh()
-        if p in (Prim.SUM, Prim.PROD):
+        if p in (Prim.SUM, Prim.PROD):      # float sums and products accumulate in double
             ctype = "double" if o.dtype.is_floating_point else "int64_t"
-            return acc, f"{ctype} {acc} = {0 if p is Prim.SUM else 1};"
-        ctype = C_TYPE[_held(o.dtype)]
-        if o.dtype.is_floating_point:
-            start = "-INFINITY" if p is Prim.AMAX else "INFINITY"
-        elif o.dtype == torch.bool:
-            start = "0" if p is Prim.AMAX else "1"
         else:
-            info = torch.iinfo(o.dtype)
-            start = f"{info.min}LL" if p is Prim.AMAX else f"{info.max}LL"
-            if o.dtype == torch.int64 and p is Prim.AMAX:
-                start = "INT64_MIN"
-        return acc, f"{ctype} {acc} = {start};"
+            ctype = C_TYPE[_held(o.dtype)]
+        start = render.identity(p, o.dtype)
+        if isinstance(start, float):
+            text = C.literal_inf(start < 0)
+        elif start == -2**63:
+            text = "INT64_MIN"          # -9223372036854775808LL is a negated out-of-range literal
+        else:
+            text = f"{start}LL" if abs(start) > 1 else str(start)
+        return acc, f"{ctype} {acc} = {text};"
 
     def accumulate(self, b: BoundSymbol, acc: str, local: dict) -> str:
         p, x = prim_of(b), b.args[0]
@@ -401,13 +348,6 @@ class _Emitter:
             return f"{acc} *= {value};"
         return f"{acc} = {'FJ_MAX' if p is Prim.AMAX else 'FJ_MIN'}({acc}, {value});"
 
-
-def _contiguous(shape: tuple) -> tuple:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def generate(region: Region, name: str) -> Kernel:

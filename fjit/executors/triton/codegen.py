@@ -14,17 +14,20 @@ import math
 import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
-from fjit.ops.prims import BOOL_RESULT, Prim, computation_dtype, prim_of
+from fjit.core.prims import BOOL_RESULT, Prim, prim_of
+from fjit.executors import render
+from fjit.executors.render import HALF as _HALF, computes_in, index_decomposition, index_terms
 from fjit.passes.fusion import Region
 
 TL_DTYPE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
             torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32",
             torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
             torch.bool: "tl.int1"}
-_HALF = (torch.float16, torch.bfloat16)
 
-# prim -> expression over operand expressions (already in the computation dtype)
-_FLOAT_ONLY = {
+# Triton's overrides of the shared expressions: tl.* math only (no libdevice), so that the same
+# source runs under TRITON_INTERPRET=1; {t} is the computation dtype.
+_TL_EXPRS = {
+    **render.BASE,
     Prim.EXP: "tl.exp({0})", Prim.EXP2: "tl.exp2({0})", Prim.EXPM1: "(tl.exp({0}) - 1)",
     Prim.LOG: "tl.log({0})", Prim.LOG2: "tl.log2({0})", Prim.LOG10: "(tl.log2({0}) * 0.30102999566398120)",
     Prim.LOG1P: "tl.log(1 + {0})", Prim.SQRT: "tl.sqrt({0})", Prim.RSQRT: "(1 / tl.sqrt({0}))",
@@ -33,27 +36,20 @@ _FLOAT_ONLY = {
     Prim.ERF: "tl.erf({0})", Prim.FLOOR: "tl.floor({0})", Prim.CEIL: "tl.ceil({0})",
     Prim.TRUNC: "tl.where({0} >= 0, tl.floor({0}), tl.ceil({0}))",
     Prim.SINH: "((tl.exp({0}) - tl.exp(-{0})) * 0.5)", Prim.COSH: "((tl.exp({0}) + tl.exp(-{0})) * 0.5)",
-    Prim.RECIPROCAL: "(1 / {0})", Prim.DIV: "({0} / {1})",
-    Prim.ROUND: "_round_half_even({0})", Prim.ISNAN: "({0} != {0})",
+    Prim.ROUND: "_round_half_even({0})",
     Prim.ISINF: "(tl.abs({0}) == float('inf'))", Prim.ISFINITE: "(tl.abs({0}) < float('inf'))",
-}
-_ANY = {
-    Prim.ABS: "tl.abs({0})", Prim.NEG: "(-{0})", Prim.CLONE: "{0}",
-    Prim.ADD: "({0} + {1})", Prim.SUB: "({0} - {1})", Prim.MUL: "({0} * {1})",
+    Prim.ABS: "tl.abs({0})",
     Prim.MAXIMUM: "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
     Prim.MINIMUM: "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
     Prim.CLAMP_MIN: "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
     Prim.CLAMP_MAX: "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
     Prim.SIGN: "(({0} > 0).to({t}) - ({0} < 0).to({t}))",
-    Prim.EQ: "({0} == {1})", Prim.NE: "({0} != {1})", Prim.LT: "({0} < {1})", Prim.LE: "({0} <= {1})",
-    Prim.GT: "({0} > {1})", Prim.GE: "({0} >= {1})",
     Prim.LOGICAL_AND: "(({0} != 0) & ({1} != 0))", Prim.LOGICAL_OR: "(({0} != 0) | ({1} != 0))",
-    Prim.LOGICAL_XOR: "(({0} != 0) ^ ({1} != 0))", Prim.LOGICAL_NOT: "({0} == 0)",
+    Prim.LOGICAL_XOR: "(({0} != 0) ^ ({1} != 0))",
     Prim.WHERE: "tl.where({0}, {1}, {2})",
 }
-_INT_ONLY = {Prim.BITWISE_AND: "({0} & {1})", Prim.BITWISE_OR: "({0} | {1})",
-             Prim.BITWISE_XOR: "({0} ^ {1})", Prim.BITWISE_NOT: "(~{0})"}
 _REDUCE = {Prim.SUM: "tl.sum", Prim.AMAX: "tl.max", Prim.AMIN: "tl.min"}
+TRITON = render.Language("triton", _TL_EXPRS, frozenset(TL_DTYPE), frozenset(_REDUCE), "float('inf')")
 
 _HELPERS = '''
 @triton.jit
@@ -74,51 +70,17 @@ def _round_to_bf16(x):
 '''
 
 
-def _compute_dtype(b: BoundSymbol) -> torch.dtype:
-    """The dtype the kernel computes `b` in: torch's, with half types in float32."""
-    dt = computation_dtype(b)
-    return torch.float32 if dt in _HALF else dt
-
-
-def _neutral(p: Prim, ct: torch.dtype) -> str:
-    """The identity of a reduction in compute dtype `ct`, as source (masked lanes read it)."""
-    if p is Prim.SUM:
-        return "0"
-    if ct == torch.bool:
-        return "0" if p is Prim.AMAX else "1"
-    if ct.is_floating_point:
-        return "-float('inf')" if p is Prim.AMAX else "float('inf')"
-    return str(torch.iinfo(ct).min if p is Prim.AMAX else torch.iinfo(ct).max)
-
-
 def supported(b: BoundSymbol) -> bool:
     """Whether this generator can emit `b` inside a region."""
+    if not render.supported(b, TRITON):
+        return False
     p = prim_of(b)
-    if p is None or len(b.outputs()) != 1 or not isinstance(b.outputs()[0], TensorVar):
-        return False
-    out = b.outputs()[0]
-    tensors = [v for v in b.inputs() if isinstance(v, TensorVar)]
-    if not tensors or any(v.dtype not in TL_DTYPE for v in tensors + [out]):
-        return False
-    if any(isinstance(a, (complex, str)) for a in b.args):
-        return False
     if p in _REDUCE:
-        return tensors[0].dtype != torch.bool or p is not Prim.SUM
-    if p is Prim.CONVERT:
-        return True
-    try:
-        dt = _compute_dtype(b)
-    except (TypeError, RuntimeError):
-        return False
-    if dt == torch.float64 and any(isinstance(a, NumberVar) or isinstance(a, float) and not
-                                   math.isfinite(a) for a in b.args):
+        return p is not Prim.SUM or b.args[0].dtype != torch.bool
+    if p is not Prim.CONVERT and computes_in(b) == torch.float64 and any(
+            isinstance(a, NumberVar) or isinstance(a, float) and not math.isfinite(a) for a in b.args):
         return False    # a float kernel argument is float32 in Triton; torch keeps a double
-    if p in _FLOAT_ONLY:
-        return dt.is_floating_point or p in (Prim.ISNAN, Prim.ISINF, Prim.ISFINITE) and \
-            all(v.dtype.is_floating_point for v in tensors)
-    if p in _INT_ONLY:
-        return not dt.is_floating_point
-    return p in _ANY
+    return True
 
 
 @dataclasses.dataclass
@@ -151,16 +113,7 @@ class _Emitter:
 
     # -- indexing -------------------------------------------------------------------------------
     def index_terms(self, shape: tuple, strides: tuple, rows_only: bool = False) -> str:
-        dom, n_outer = self.r.domain, len(self.r.outer)
-        terms = []
-        for j in range(len(dom)):
-            t = j - (len(dom) - len(shape))
-            if rows_only:
-                t = j if j < n_outer and j < len(shape) else -1
-            if t < 0 or shape[t] == 1 or (rows_only and j >= n_outer):
-                continue
-            idx = f"o{j}" if j < n_outer else f"i{j - n_outer}"
-            terms.append(f"{idx} * {strides[t]}" if strides[t] != 1 else idx)
+        terms = index_terms(self.r, shape, strides, rows_only)
         if rows_only:
             return " + ".join(terms) if terms else "0"
         if not any(t.startswith("i") for t in terms):
@@ -200,14 +153,9 @@ class _Emitter:
             self.emit(f"c = {pid} * BLOCK + tl.arange(0, BLOCK)")
             self.emit(f"mask = c < {width}")
             grid = (-(-width // block),)
-        for k, size in enumerate(r.inner):
-            below = math.prod(r.inner[k + 1:])
-            expr = "c" if below == 1 else f"(c // {below})"
-            self.emit(f"i{k} = {expr} % {size}" if k else f"i{k} = {expr}")
-        for j, size in enumerate(r.outer):
-            below = math.prod(r.outer[j + 1:])
-            expr = "r" if below == 1 else f"(r // {below})"
-            self.emit(f"o{j} = {expr} % {size}" if j else f"o{j} = {expr}")
+        for index, expr in index_decomposition("i", r.inner, "c", "//") + \
+                index_decomposition("o", r.outer, "r", "//"):
+            self.emit(f"{index} = {expr}")
         for k, v in enumerate(r.inputs):
             if isinstance(v, NumberVar):
                 self.params.append(f"s{k}")
@@ -247,7 +195,8 @@ class _Emitter:
             ct = torch.float32 if out.dtype in _HALF else out.dtype
             if dt != ct:
                 expr = f"{expr}.to({TL_DTYPE[ct]})"
-            neutral = _neutral(p, ct)
+            start = render.identity(p, ct)
+            neutral = TRITON.literal_inf(start < 0) if isinstance(start, float) else str(start)
             self.emit(f"{val} = {_REDUCE[p]}(tl.where(mask, {expr}, {neutral}), axis=0)")
             if p is not Prim.SUM and ct.is_floating_point:   # torch's max/min propagate NaN
                 nan = self.fresh()
@@ -266,12 +215,12 @@ class _Emitter:
                 self.emit(f"{val} = {expr}.to({TL_DTYPE[ct]})" if dt != ct else f"{val} = {expr}")
                 self.finish(out, val, ct)
             return
-        ct = _compute_dtype(b)
+        ct = computes_in(b)
         if p is Prim.WHERE:
             ops = [self.operand(b.args[0], None)] + [self.operand(a, ct) for a in b.args[1:]]
         else:
             ops = [self.operand(a, ct) for a in b.args]
-        template = _FLOAT_ONLY.get(p) or _ANY.get(p) or _INT_ONLY[p]
+        template = _TL_EXPRS[p]
         self.emit(f"{val} = {template.format(*ops, t=TL_DTYPE[ct])}")
         self.finish(out, val, torch.bool if p in BOOL_RESULT else ct)
 
