@@ -327,3 +327,20 @@ def test_check_traces_compares_same_numbers():
     state = torch.get_rng_state()
     check_traces(fjit.last_traces(jf), [X])
     assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("executors", [("triton", "torch"), ("c", "torch")])
+def test_dropout_draws_eagers_numbers_in_every_compiled_call(executors, monkeypatch):
+    """A kernel executor may fuse what follows dropout, never the mask: eager draws it with
+    bernoulli_, and a uniform-based mask would give other numbers for the same seed."""
+    monkeypatch.setenv("FJIT_TRITON_CPU", "1")
+
+    def f(x):
+        return torch.nn.functional.dropout(x * 2, 0.5, training=True) + 1
+    x = torch.randn(4, 8)
+    jf = fjit.jit(f, executors=executors)
+    for _ in range(3):              # the compiling call and two compiled ones
+        torch.manual_seed(1)
+        got = jf(x)
+        torch.manual_seed(1)
+        torch.testing.assert_close(got, f(x))

@@ -30,6 +30,8 @@ class Tag(enum.Enum):
     IMPURE = "impure"            # must stay even when its outputs are unused
     MODE = "mode"                # sets grad mode or autocast for what follows: a barrier for
                                  # CSE and fusion, never moved or removed
+    KERNEL = "kernel"            # a generated kernel, printed by name and importable by that name
+                                 # from fjit.runtime while a program runs it
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,15 +229,18 @@ class Trace:
                                    **changes)
 
     def __str__(self) -> str:
-        return TracePrinter(self).source()
+        """The stage as a runnable module: `exec(str(trace), ns)` defines ns["computation"]."""
+        return TracePrinter(self).source(imports=True)
 
     def python_callable(self, extra_namespace: dict | None = None) -> Callable:
-        """Compile the printed source into a function (what executors and check mode run)."""
+        """Compile the printed source into a function (what executors and check mode run).  The
+        names the printed imports would resolve are bound directly: no lookups per call."""
         printer = TracePrinter(self)
         src = printer.source()
         ns = {"torch": torch, "operator": operator, "inf": math.inf, "nan": math.nan}
         ns.update(self.namespace)
         ns.update(printer.consts)
+        ns.update(printer.kernels)
         if extra_namespace:
             ns.update(extra_namespace)
         filename = f"<fjit {self.name} {self.stage} {id(self):x}>"
@@ -256,6 +261,7 @@ class TracePrinter:
         self.trace = trace
         self.consts: dict[str, Any] = dict(trace.consts)
         self._const_names: dict[int, str] = {id(v): k for k, v in trace.consts.items()}
+        self.kernels: dict[str, Callable] = {}
 
     def const(self, value) -> str:
         name = self._const_names.get(id(value))
@@ -302,7 +308,9 @@ class TracePrinter:
         parts = [self.value(a) for a in b.args]
         parts += [f"{k}={self.value(v)}" for k, v in b.kwargs.items()]
         fn = b.sym.qualname
-        if fn.startswith("_c") or not _resolvable(fn):
+        if b.sym.has(Tag.KERNEL):
+            self.kernels[fn] = b.sym.fn
+        elif fn.startswith("_c") or not _resolvable(fn):
             fn = self.const(b.sym.fn)
         return f"{fn}({', '.join(parts)})"
 
@@ -328,7 +336,25 @@ class TracePrinter:
             lines += [f"{indent}  # {line.strip()}" for line in self.bsym_lines(s, "")]
         return lines
 
-    def source(self) -> str:
+    def source(self, imports: bool = False) -> str:
+        body = self._body()
+        if not imports:
+            return body
+        head = ["import operator", "from math import inf, nan", "import torch",
+                "from fjit.runtime import fjit_ops, prims"]
+        if self.kernels:
+            head.append(f"from fjit.runtime import {', '.join(sorted(self.kernels))}")
+        if self.consts:
+            key = f"{id(self.trace):x}"
+            register_constants(self.trace, key, tuple(self.consts.values()))
+            names = ", ".join(self.consts)
+            head.append("from fjit.runtime import trace_constants")
+            head.append(f"{names}{',' if len(self.consts) == 1 else ''} = trace_constants({key!r})"
+                        "  # objects with no literal, held while the trace lives")
+        title, rest = body.split("\n", 1)
+        return "\n".join([title] + head) + "\n" + rest
+
+    def _body(self) -> str:
         t = self.trace
         params = ", ".join(v.name for v in t.inputs)
         lines = [f"# fjit trace of {t.name!r}, stage: {t.stage}", f"def computation({params}):"]
@@ -342,6 +368,25 @@ class TracePrinter:
             args = ", ".join(self.value(v) for v in t.output)
             lines.append(f"  return {self.const(t.rebuild)}({args})  # rebuilds {t.rebuild.__doc__}")
         return "\n".join(lines) + "\n"
+
+
+_CONSTANTS: dict[str, tuple] = {}
+
+
+def register_constants(owner, key: str, values: tuple) -> None:
+    """Make `trace_constants(key)` return `values` while `owner` (the trace) lives."""
+    if key not in _CONSTANTS:
+        weakref.finalize(owner, _CONSTANTS.pop, key, None).atexit = False
+    _CONSTANTS[key] = values
+
+
+def trace_constants(key: str) -> tuple:
+    """The constants a printed trace refers to (fjit.runtime re-exports this for printed sources)."""
+    try:
+        return _CONSTANTS[key]
+    except KeyError:
+        raise LookupError(f"fjit: the constants of trace {key} went with its trace; print the trace "
+                          f"again from fjit.last_traces") from None
 
 
 def _forget_source(filename: str, entry) -> None:

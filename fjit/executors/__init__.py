@@ -19,7 +19,8 @@ from typing import Callable, Protocol
 
 import torch
 
-from fjit.core.ir import BoundSymbol, Symbol, TensorVar, Trace
+from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Trace
+from fjit.runtime import register_kernel
 
 
 class Executor(enum.Enum):
@@ -68,11 +69,12 @@ def kernel_inputs_usable(trace: Trace, leaves: list, device_ok: Callable[[torch.
     return not (torch.is_grad_enabled() and any(v.requires_grad for v in tensors))
 
 
-def kernel_bsym(region, qualname: str, launch: Callable, comment: str) -> BoundSymbol:
-    """The bound symbol that runs `region` as one kernel call: the region's inputs in, its outputs
-    out (one value, or a tuple of several)."""
+def kernel_bsym(region, name: str, launch: Callable, comment: str) -> BoundSymbol:
+    """The bound symbol that runs `region` as one kernel call, `name(inputs) -> outputs` (one
+    value, or a tuple of several); printed traces import the kernel by `name` from fjit.runtime."""
+    register_kernel(name, launch)
     outs = tuple(region.outputs)
-    return BoundSymbol(Symbol(qualname, launch), tuple(region.inputs), {},
+    return BoundSymbol(Symbol(name, launch, frozenset({Tag.KERNEL})), tuple(region.inputs), {},
                        outs if len(outs) > 1 else outs[0], comment=comment)
 
 

@@ -23,7 +23,8 @@ from fjit.frontend.context import (AMP_DEVICES, ProcessPatch, TraceContext, auto
                                    user_location)
 from fjit.frontend.meta import meta_tensor, run_meta
 from fjit.frontend.proxies import NumberProxy, TensorProxy, _set_data
-from fjit.frontend.rng import bind_generators, generator, rng_preserved
+from fjit.frontend.rng import bind_generators, rng_preserved
+from fjit.runtime import functional_inplace, setitem, view_scatter
 
 # fjit.ops fills this at import: torch callable -> decomposition into prims over proxies.
 DECOMPOSITIONS: dict = {}
@@ -86,41 +87,6 @@ _INPLACE_DUNDERS = {getattr(torch.Tensor, f"__i{n}__") for n in (
     "rshift") if hasattr(torch.Tensor, f"__i{n}__")}
 
 
-# ----------------------------------------------------------------------------------------------
-# Runtime helpers that functionalized code calls (printed as fjit_ops.*)
-# ----------------------------------------------------------------------------------------------
-
-def _apply_chain(value, chain):
-    for func, args, kwargs, pos, index in chain:
-        value = func(*args[:pos], value, *args[pos:], **kwargs)
-        if index is not None:
-            value = value[index]
-    return value
-
-
-def view_scatter(base, value, chain):
-    """`base` with `value` written into the view of it that `chain` describes (out-of-place)."""
-    out = base.clone()
-    _apply_chain(out, chain).copy_(value)
-    return out
-
-
-def setitem(x, index, value):
-    """Out-of-place `x[index] = value`."""
-    out = x.clone()
-    out[index] = value
-    return out
-
-
-def functional_inplace(op, x, *args, **kwargs):
-    """Out-of-place version of any in-place op: apply it to a copy."""
-    out = x.clone()
-    op(out, *args, **kwargs)
-    return out
-
-
-FJIT_OPS = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem,
-                                 functional_inplace=functional_inplace, generator=generator)
 _VIEW_SCATTER = Symbol("fjit_ops.view_scatter", view_scatter)
 _SETITEM = Symbol("fjit_ops.setitem", setitem)
 _FUNCTIONAL_INPLACE = Symbol("fjit_ops.functional_inplace", functional_inplace)

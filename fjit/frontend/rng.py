@@ -23,18 +23,9 @@ import torch
 from fjit.core.ir import BoundSymbol, GeneratorVar, Symbol, Tag, flatten_values, map_values
 from fjit.errors import UnsupportedOpError, located
 from fjit.frontend.context import ProcessPatch, current, user_location
+from fjit.runtime import generator
 
 _REAL = torch._C.Generator
-
-
-def generator(device, seed=None, state=None):
-    """What a program runs for a generator its function creates: a fresh one, seeded as it was."""
-    g = _REAL(device=device)
-    if state is not None:
-        g.set_state(state)
-    else:
-        g.manual_seed(seed)
-    return g
 
 
 # RANDOM: never merged by CSE or folded (two generators seeded alike are two streams).

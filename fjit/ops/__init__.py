@@ -2,12 +2,12 @@
 decomposition with the dispatcher; anything not registered is traced as a torch fallback."""
 from __future__ import annotations
 
-from fjit.frontend.dispatch import DECOMPOSITIONS, FJIT_OPS, qualified_name
+from fjit.frontend.dispatch import DECOMPOSITIONS, qualified_name
 from fjit.ops import math_ops, nn_ops, shape_ops  # noqa: F401  (they register decompositions)
-from fjit.core.prims import NAMESPACE as PRIMS_NAMESPACE
+from fjit.runtime import fjit_ops, prims
 
 # The names printed traces refer to besides torch and operator.
-TRACE_NAMESPACE = {"prims": PRIMS_NAMESPACE, "fjit_ops": FJIT_OPS}
+TRACE_NAMESPACE = {"prims": prims, "fjit_ops": fjit_ops}
 
 
 def claimed_ops() -> set[str]:

@@ -66,13 +66,9 @@ def _rms_norm(x, normalized_shape, weight=None, eps=None):
     return _downcast(out, x.dtype)
 
 
-@register(F.dropout, torch.dropout)
-def _dropout(x, p=0.5, training=True, inplace=False):
-    if not training or p == 0:
-        raise NotImplementedError   # the identity: torch returns its input
-    keep = prim(Prim.LT, prim(Prim.UNIFORM, tuple(x.shape), dtype=torch.float32, device=x.device), 1 - p)
-    scaled = prim(Prim.MUL, x, 1.0 / (1 - p)) if p < 1 else prim(Prim.MUL, x, 0.0)
-    return prim(Prim.WHERE, keep, scaled, prim(Prim.FULL, (), 0, dtype=x.dtype, device=x.device))
+# F.dropout has no decomposition: eager draws its mask with bernoulli_ on the CPU and with a fused
+# Philox kernel on CUDA, and no uniform-based mask reproduces either stream.  As one torch call it
+# draws eager's numbers from eager's generator, which is what "random ops follow eager" promises.
 
 
 @register(F.linear)

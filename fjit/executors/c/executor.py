@@ -105,7 +105,7 @@ def _region_bsym(region: Region) -> BoundSymbol:
     fallback = _Fallback(region, binary)
     launch = _launcher(region, kernel, binary, fallback)
     comment = f"C kernel {kernel.name}\n{kernel.source[kernel.source.index(f'void {kernel.name}('):]}"
-    return kernel_bsym(region, f"c_kernel.{kernel.name}", launch, comment)
+    return kernel_bsym(region, kernel.name, launch, comment)
 
 
 class _Fallback:

@@ -54,7 +54,7 @@ def _region_bsym(region: Region) -> BoundSymbol:
     kernel.name = name
     launch = _launcher(region, kernel, _compiled(kernel))
     comment = f"Triton kernel {name}, grid {kernel.grid}, BLOCK={kernel.block}\n{kernel.source}"
-    return kernel_bsym(region, f"triton.{name}", launch, comment)
+    return kernel_bsym(region, name, launch, comment)
 
 
 def _compiled(kernel: Kernel):

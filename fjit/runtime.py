@@ -1,0 +1,83 @@
+"""What generated programs call: the runtime side of a trace, apart from the tracing frontend.
+
+A printed stage is a Python module a person can run: it imports `torch`, `operator` and, from here,
+`prims` (each prim's torch lowering), `fjit_ops` (the out-of-place helpers functionalization
+writes), its kernels by name, and `trace_constants` (the objects it refers to that have no
+literal: a dataclass to rebuild, a user object bound as a constant).  Kernels and constants are
+registered here while something that runs them lives, and are resolved by name when the printed
+source is executed in a fresh namespace.  The compiled program itself binds them directly (no
+lookup on the hot path).
+"""
+from __future__ import annotations
+
+import types
+import weakref
+
+import torch
+
+from fjit.core.ir import trace_constants  # noqa: F401  (imported by printed traces)
+from fjit.core.prims import NAMESPACE as prims  # noqa: F401  (imported by printed traces)
+
+
+def _apply_chain(value, chain):
+    for func, args, kwargs, pos, index in chain:
+        value = func(*args[:pos], value, *args[pos:], **kwargs)
+        if index is not None:
+            value = value[index]
+    return value
+
+
+def view_scatter(base, value, chain):
+    """`base` with `value` written into the view of it that `chain` describes (out-of-place)."""
+    out = base.clone()
+    _apply_chain(out, chain).copy_(value)
+    return out
+
+
+def setitem(x, index, value):
+    """Out-of-place `x[index] = value`."""
+    out = x.clone()
+    out[index] = value
+    return out
+
+
+def functional_inplace(op, x, *args, **kwargs):
+    """Out-of-place version of any in-place op: apply it to a copy."""
+    out = x.clone()
+    op(out, *args, **kwargs)
+    return out
+
+
+_REAL_GENERATOR = torch._C.Generator
+
+
+def generator(device, seed=None, state=None):
+    """What a program runs for a generator its function creates: a fresh one, seeded as it was."""
+    g = _REAL_GENERATOR(device=device)
+    if state is not None:
+        g.set_state(state)
+    else:
+        g.manual_seed(seed)
+    return g
+
+
+fjit_ops = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem,
+                                 functional_inplace=functional_inplace, generator=generator)
+
+
+# -- kernels and constants, by name --------------------------------------------------------------
+
+_KERNELS: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
+
+
+def register_kernel(name: str, launch) -> None:
+    """Make kernel `name` importable from here while `launch` (what runs it) lives."""
+    _KERNELS[name] = launch
+
+
+def __getattr__(name: str):
+    """`from fjit.runtime import fjit_c_<hash>`: a kernel some live program runs."""
+    launch = _KERNELS.get(name)
+    if launch is not None:
+        return launch
+    raise AttributeError(f"module 'fjit.runtime' has no attribute {name!r}")
