@@ -22,6 +22,7 @@ from fjit.frontend.rng import rng_preserved, rng_snapshot
 from fjit.frontend.tracer import scan_bindings, trace_function
 from fjit.ops import TRACE_NAMESPACE
 from fjit.passes.basic import constant_fold, cse, dce
+from fjit.passes.verify import verify
 
 DEFAULT_EXECUTORS = ("triton", "c", "torch")
 
@@ -166,6 +167,9 @@ def optimize(trace: Trace, executors: tuple, leaves: list) -> list[Trace]:
         if claimed is not None:
             traces.append(claimed)
     traces.append(torch_executor.finalize(traces[-1]))
+    if os.environ.get("FJIT_CHECK") == "1":
+        for t in traces:
+            verify(t)
     return traces
 
 

@@ -23,6 +23,7 @@ import op_samples  # noqa: E402
 from op_samples import OP_SAMPLES, all_names  # noqa: E402
 
 import fjit  # noqa: E402
+from fjit.passes.verify import verify  # noqa: E402
 
 _SHORT = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16",
           torch.int64: "i64", torch.int32: "i32", torch.bool: "b8"}
@@ -117,6 +118,8 @@ def test_op(info, args):
 
     traces = fjit.last_traces(jf)
     assert traces and str(traces[-1]).strip()
+    for t in traces:                # SSA, defined before use, every prim's output by its rule
+        verify(t)
 
 
 def test_registry_covers_claimed_ops():
