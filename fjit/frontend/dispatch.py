@@ -1,12 +1,11 @@
 """The dispatcher: what happens when the traced function calls a torch op.
 
 Every torch function, Tensor method and operator reached during tracing lands in `dispatch`.  It
-  1. rejects data-dependent conversions (FJ106) and tensors that are not inputs (FJ101),
-  2. functionalizes in-place ops, `out=` and setitem (FJ102 when they reach an input),
-  3. computes the exact output metadata by running the op on meta tensors (so broadcasting and type
-     promotion are torch's own), and
-  4. records a bound symbol, with the op's decomposition into prims as its subsymbols when
-     fjit.ops registered one (a torch fallback, marked as such, when not).
+records a grad-mode or autocast change made since the last op (frontend/modes.py), rejects
+data-dependent conversions (FJ106), runtime-identity questions and autograd hooks (FJ202),
+functionalizes in-place ops, `out=` and setitem (FJ102 when they reach an input), and hands every
+other call to frontend/record.py, which records it.  Custom autograd.Functions and vmap are traced
+as one opaque op each.
 """
 from __future__ import annotations
 
@@ -15,31 +14,16 @@ import types
 
 import torch
 
-from fjit.core.ir import (BoundSymbol, GeneratorVar, NumberVar, Symbol, Tag, TensorVar, Trace,
-                          flatten_values, map_values)
-from fjit.core.prims import OUT_OF_PLACE, VIEW_OPS
-from fjit.errors import UnsupportedOpError, catalog_fix, located
-from fjit.frontend.context import (AMP_DEVICES, ProcessPatch, TraceContext, autocast_state, current,
-                                   user_location)
-from fjit.frontend.meta import meta_tensor, run_meta
+from fjit.core.ir import NumberVar, Symbol, Tag, TensorVar, Trace, flatten_values, map_values
+from fjit.core.prims import OUT_OF_PLACE
+from fjit.errors import UnsupportedOpError, located
+from fjit.frontend.context import ProcessPatch, TraceContext, current, user_location
+from fjit.frontend.meta import meta_tensor
 from fjit.frontend.proxies import NumberProxy, TensorProxy, _set_data
 from fjit.frontend.rng import bind_generators, rng_preserved
 from fjit.runtime import functional_inplace, setitem, view_scatter
-
-# fjit.ops fills this at import: torch callable -> decomposition into prims over proxies.
-DECOMPOSITIONS: dict = {}
-
-RANDOM_OPS = {torch.rand, torch.randn, torch.randint, torch.rand_like, torch.randn_like,
-              torch.randint_like, torch.normal, torch.bernoulli, torch.multinomial, torch.randperm,
-              torch.poisson, torch.dropout, torch.nn.functional.dropout, torch.nn.functional.dropout1d,
-              torch.nn.functional.dropout2d, torch.nn.functional.dropout3d,
-              torch.nn.functional.alpha_dropout, torch.nn.functional.feature_alpha_dropout,
-              torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.bernoulli_,
-              torch.Tensor.random_, torch.Tensor.exponential_, torch.Tensor.geometric_,
-              torch.Tensor.log_normal_, torch.Tensor.cauchy_, torch.Tensor.bernoulli}
-RANDOM_OPS |= {getattr(torch.nn.init, n) for n in (
-    "uniform_", "normal_", "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
-    "kaiming_normal_", "orthogonal_", "sparse_")}
+from fjit.frontend.modes import record_mode_changes  # noqa: F401  (tracer.py reads it from here)
+from fjit.frontend.record import DECOMPOSITIONS, RANDOM_OPS, _op_name, torch_symbol, trace_call
 
 # Questions whose answer is a tensor's data in Python: catalog entry and how to say it.  In the
 # permissive modes the question is put to this call's concrete values (the trace then specializes
@@ -64,8 +48,6 @@ DATA_DEPENDENT = {
     torch.Tensor.__format__: ("FJ106_tolist", "formatting (f-string/format) of"),
 }
 
-ALIAS_OPS = {torch.Tensor.detach, torch.detach, torch.Tensor.view}
-
 # Autograd hooks on traced values would be registered on a trace-time stand-in and never run.
 AUTOGRAD_HOOKS = {torch.Tensor.register_hook, torch.Tensor.retain_grad,
                   torch.Tensor.register_post_accumulate_grad_hook}
@@ -74,13 +56,6 @@ AUTOGRAD_HOOKS = {torch.Tensor.register_hook, torch.Tensor.retain_grad,
 RUNTIME_IDENTITY = {torch.Tensor.data_ptr, torch.Tensor.storage, torch.Tensor.untyped_storage,
                     torch.Tensor.storage_offset, torch.Tensor._version.__get__,
                     torch.Tensor.__reduce_ex__, torch.Tensor.__setstate__}
-
-# Reading these from a tensor that is not an input binds a constant; it is not an op on its data.
-_METADATA_GETTERS = {getattr(torch.Tensor, n).__get__ for n in (
-    "shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "layout", "is_leaf")}
-_METADATA_GETTERS |= {getattr(torch.Tensor, n) for n in (
-    "size", "dim", "numel", "stride", "is_contiguous", "is_floating_point", "element_size",
-    "__len__", "__repr__", "__format__", "__hash__", "ndimension", "nelement", "get_device")}
 
 _INPLACE_DUNDERS = {getattr(torch.Tensor, f"__i{n}__") for n in (
     "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift",
@@ -92,79 +67,6 @@ _SETITEM = Symbol("fjit_ops.setitem", setitem)
 _FUNCTIONAL_INPLACE = Symbol("fjit_ops.functional_inplace", functional_inplace)
 _FUNCTIONAL_INPLACE_RANDOM = Symbol("fjit_ops.functional_inplace", functional_inplace,
                                     frozenset({Tag.RANDOM}))
-
-
-# ----------------------------------------------------------------------------------------------
-# Grad mode and autocast regions
-# ----------------------------------------------------------------------------------------------
-
-_MODE_TAGS = frozenset({Tag.IMPURE, Tag.MODE})
-_SET_GRAD = Symbol("torch._C._set_grad_enabled", torch._C._set_grad_enabled, _MODE_TAGS)
-_SET_AUTOCAST = Symbol("torch.set_autocast_enabled", torch.set_autocast_enabled, _MODE_TAGS)
-_SET_AUTOCAST_DTYPE = Symbol("torch.set_autocast_dtype", torch.set_autocast_dtype, _MODE_TAGS)
-
-
-def record_mode_changes(ctx: TraceContext) -> None:
-    """The traced code runs for real, so `with torch.no_grad():` (or autocast, inference_mode,
-    set_grad_enabled, a decorator) has changed the global state by the time the next op is
-    dispatched: record the change, so that the program runs that op under the same mode."""
-    grad = torch.is_grad_enabled()
-    if grad != ctx.grad_mode:
-        ctx.record(BoundSymbol(_SET_GRAD, (grad,), {}, None))
-        ctx.grad_mode = grad
-    amp = autocast_state()
-    if amp != ctx.autocast:
-        for device, (was_on, was_dtype), (on, dtype) in zip(AMP_DEVICES, ctx.autocast, amp):
-            if dtype != was_dtype:
-                ctx.record(BoundSymbol(_SET_AUTOCAST_DTYPE, (device, dtype), {}, None))
-            if on != was_on:
-                ctx.record(BoundSymbol(_SET_AUTOCAST, (device, on), {}, None))
-        ctx.autocast = amp
-
-
-class _AutocastProbe(torch.Tensor):
-    """A storage-less tensor on the op's real device, so torch's own autocast kernels run on it
-    (meta tensors have no autocast); the ops autocast forwards reach __torch_dispatch__, which
-    answers with meta kernels.  Only its metadata is ever read."""
-
-    @staticmethod
-    def __new__(cls, m: torch.Tensor, device):
-        return torch.Tensor._make_wrapper_subclass(cls, m.shape, strides=m.stride(), dtype=m.dtype,
-                                                   device=device)
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        device = next(x.device for x in flatten_values((args, kwargs))
-                      if isinstance(x, _AutocastProbe))
-        margs, mkwargs = map_values(lambda x: torch.empty_strided(x.shape, x.stride(), dtype=x.dtype,
-                                                                  device="meta")
-                                    if isinstance(x, _AutocastProbe) else x, (args, kwargs or {}))
-        out = func(*margs, **mkwargs)
-        return map_values(lambda m: _AutocastProbe(m, device) if isinstance(m, torch.Tensor) else m,
-                          out)
-
-
-def _autocast_applies(args, kwargs) -> bool:
-    """Whether autocast is on for the device of one of the op's tensors (one C call when off)."""
-    if not torch._C._is_any_autocast_enabled():
-        return False
-    devices = {x.ir.device.type for x in flatten_values((args, kwargs)) if isinstance(x, TensorProxy)}
-    return any(torch.is_autocast_enabled(d) for d in devices if d in AMP_DEVICES)
-
-
-def _autocast_outputs(func, args, kwargs, mout):
-    """`mout` (the meta result, None where the meta call refused) as autocast makes it: the cast
-    inputs' dtypes, or `mout` itself, views included, where autocast leaves the op alone."""
-    probes = map_values(lambda x: _AutocastProbe(meta_tensor(x.ir), x.ir.device)
-                        if isinstance(x, TensorProxy) else
-                        x._fj_value if isinstance(x, NumberProxy) else x, (args, kwargs))
-    pout = func(*probes[0], **probes[1])
-    if mout is not None and [m.dtype for m in _tensor_leaves(pout)] == \
-            [m.dtype for m in _tensor_leaves(mout)]:
-        return mout
-    return map_values(lambda p: torch.empty_strided(p.shape, p.stride(), dtype=p.dtype,
-                                                    device="meta") if isinstance(p, torch.Tensor)
-                      else p, pout)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -226,52 +128,6 @@ opaque_calls_traced = ProcessPatch(_install_opaque_calls, _restore_opaque_calls)
 
 
 # ----------------------------------------------------------------------------------------------
-# Symbols for torch callables
-# ----------------------------------------------------------------------------------------------
-
-_SYMBOLS: dict = {}
-_MODULES = {"torch": torch, "torch.nn.functional": torch.nn.functional, "torch.special": torch.special,
-            "torch.linalg": torch.linalg, "torch.fft": torch.fft}
-
-
-def qualified_name(func) -> str:
-    """How a printed trace names a torch callable (torch.add, torch.Tensor.add, ...).  Cheaper than
-    torch.overrides.resolve_name, whose first call indexes all of torch (seconds)."""
-    name = getattr(func, "__name__", None)
-    owner = getattr(func, "__self__", None)
-    if name == "__get__" and owner is not None and hasattr(owner, "__name__"):   # a property
-        return f"torch.Tensor.{owner.__name__}.__get__"
-    if name is None:
-        return repr(func)
-    if getattr(torch.Tensor, name, None) is func:
-        return f"torch.Tensor.{name}"
-    for prefix, module in _MODULES.items():
-        if getattr(module, name, None) is func:
-            return f"{prefix}.{name}"
-    return f"{getattr(func, '__module__', None) or '?'}.{getattr(func, '__qualname__', name)}"
-
-
-def torch_symbol(func) -> Symbol:
-    sym = _SYMBOLS.get(func)
-    if sym is None:
-        name = qualified_name(func)
-        tags = set()
-        if func in RANDOM_OPS:
-            tags.add(Tag.RANDOM)
-        if func not in DECOMPOSITIONS:
-            tags.add(Tag.FALLBACK)
-        if func in VIEW_OPS:
-            tags.add(Tag.VIEW)
-        sym = _SYMBOLS[func] = Symbol(name, func, frozenset(tags))
-    return sym
-
-
-def _op_name(func) -> str:
-    name = qualified_name(func)
-    return name.replace("torch.Tensor.", "Tensor.").replace(".__get__", "")
-
-
-# ----------------------------------------------------------------------------------------------
 # Dispatch
 # ----------------------------------------------------------------------------------------------
 
@@ -322,230 +178,6 @@ def _is_mutation(func, kwargs) -> bool:
     name = getattr(func, "__name__", "")
     return (name.endswith("_") and not name.endswith("__")) or func in _INPLACE_DUNDERS \
         or func is torch.Tensor.__setitem__ or func is _set_data
-
-
-def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, decomposition=None):
-    """Record `func(*args, **kwargs)` as `sym`; returns proxies shaped like func's result."""
-    leaves = flatten_values((args, kwargs))
-    if not any(isinstance(x, (TensorProxy, NumberProxy)) for x in leaves):
-        real = [x for x in leaves if isinstance(x, torch.Tensor)]
-        if real and func in _METADATA_GETTERS:
-            return func(*args, **kwargs)      # e.g. .shape of a global tensor: a bound constant
-    if any(type(x) is not TensorProxy and isinstance(x, torch.Tensor) for x in leaves):
-        args, kwargs = map_values(lambda x: _capture(ctx, x) if type(x) is not TensorProxy and
-                                  isinstance(x, torch.Tensor) else x,
-                                  (args, kwargs))
-
-    metas: dict[int, TensorProxy] = {}   # id(meta tensor) -> the handle it stands for
-    alive = []   # the meta tensors themselves, so no id in `metas` is reused by a later tensor
-    out_device = _requested_device(func, args, kwargs)
-
-    def to_meta(x):
-        if isinstance(x, TensorProxy):
-            m = meta_tensor(x.ir)
-            metas[id(m)] = x
-            alive.append(m)
-            return m
-        if isinstance(x, NumberProxy):
-            return x._fj_value
-        if isinstance(x, (torch._C.Generator, GeneratorVar)):
-            return None          # shapes do not depend on it, and a meta op must not draw from it
-        if isinstance(x, torch.device) or (isinstance(x, str) and x in ("cpu", "cuda") or
-                                           isinstance(x, str) and x.startswith("cuda:")):
-            return torch.device("meta")
-        return x
-
-    try:
-        with torch._C.DisableTorchFunction():   # meta tensors are real tensors, not traced ones
-            margs, mkwargs = map_values(to_meta, (args, kwargs))
-            if func is torch.Tensor.__getitem__:
-                margs = (margs[0], _scalar_indices_as_ints(margs[1]))
-            if "device" in mkwargs or sym.has(Tag.RANDOM) and not any(
-                    isinstance(m, torch.Tensor) for m in flatten_values(margs)):
-                mkwargs["device"] = "meta"     # a factory: torch.randn(4, 5) must not draw here
-            if func in (torch.Tensor.cpu, torch.Tensor.cuda):
-                # meta tensors cannot be copied to a device: x.cpu() of a CPU x is x itself, a
-                # move to another device is a new tensor of the same layout
-                same = out_device is not None and out_device.type == args[0].ir.device.type
-                mout = margs[0] if same else margs[0].clone()
-            else:
-                try:
-                    mout = run_meta(func, margs, mkwargs)
-                except RuntimeError:
-                    # Without autocast (meta tensors have none) the op may refuse what autocast
-                    # would have cast (a bf16 input with a float bias): the probe below decides.
-                    if not _autocast_applies(args, kwargs):
-                        raise
-                    mout = None
-    except (NotImplementedError, RuntimeError) as e:
-        # How meta kernels refuse data-dependent output shapes, or values (x[i] with a 0-d index).
-        # Any other error is the user's (a shape mismatch, say): re-raised as eager would.
-        if not isinstance(e, NotImplementedError) and "meta" not in str(e):
-            raise
-        raise UnsupportedOpError(located(
-            "FJ202", f"{_op_name(func)} cannot be traced: its output shape depends on tensor data "
-                     f"or torch has no shape rule for it (torch: {_first_sentence(e)})",
-            *user_location(), catalog_fix("FJ202_data_dependent_shape") + "; or call it outside "
-                                                                           "the compiled function")) from None
-
-    if _autocast_applies(args, kwargs):
-        # Under autocast every op stays one torch call, run under the same autocast state
-        # (its prims' torch lowerings would be autocast too, and fused kernels would not).
-        mout, decomposition = _autocast_outputs(func, args, kwargs, mout), None
-    if not any(isinstance(m, torch.Tensor) for m in flatten_values(mout)):
-        return mout   # metadata-only result (a dtype, a size): static for this trace
-    meta_inputs = {id(m): m for m in flatten_values((margs, mkwargs)) if isinstance(m, torch.Tensor)}
-    default_device = out_device or _first_device(args, kwargs)
-
-    def make_var(m):
-        # An opaque op's strides are its meta kernel's guess, which can differ from its real
-        # kernel's (CPU conv2d on channels_last); a layout observed on the first call wins.
-        name = ctx.new_name()
-        return TensorVar(name, m.shape, m.dtype, default_device,
-                         ctx.observed_strides.get(name) or m.stride(), m.requires_grad)
-
-    subsymbols = ()
-    if decomposition is not None:
-        ctx.push_scope()
-        try:
-            dout = decomposition(*args, **kwargs)
-        except NotImplementedError:
-            dout = None   # a case the decomposition does not cover: the op stays opaque
-        scope = ctx.pop_scope()
-        if dout is not None and _same_metadata(dout, mout):
-            subsymbols = tuple(scope)
-            produced = {id(v) for b in scope for v in b.outputs()}
-            if not all(id(p.ir) in produced for p in _tensor_leaves(dout)):
-                subsymbols = ()
-    if subsymbols:
-        for p, m in zip(_tensor_leaves(dout), _tensor_leaves(mout)):
-            p.ir.strides = ctx.observed_strides.get(p.ir.name) or tuple(m.stride())
-        out_vars = map_values(lambda p: p.ir if isinstance(p, TensorProxy) else p, dout)
-    else:
-        out_vars = map_values(lambda m: make_var(m) if isinstance(m, torch.Tensor) else m, mout)
-        if not sym.has(Tag.FALLBACK) and decomposition is not None:   # it declined this call
-            sym = Symbol(sym.qualname, sym.fn, sym.tags | {Tag.FALLBACK})
-
-    # An op that returns one of its inputs unchanged (x.contiguous() of a contiguous x) is no op.
-    if isinstance(mout, torch.Tensor) and id(mout) in metas:
-        return metas[id(mout)]
-
-    ir_args, ir_kwargs = map_values(_to_ir, (args, kwargs))
-    ctx.record(BoundSymbol(sym, ir_args, ir_kwargs, _structure(out_vars), subsymbols))
-
-    positions = [i for i, a in enumerate(args) if isinstance(a, TensorProxy)]
-
-    # detach() and view(dtype) share their input's storage without being views to autograd (nor
-    # to meta tensors' _base): writes through them must still reach the input.
-    alias_of = margs[0] if func in ALIAS_OPS and margs and isinstance(margs[0], torch.Tensor) else None
-
-    def handle(m, var, index):
-        base = m._base if isinstance(m, torch.Tensor) and m._is_view() else alias_of
-        parent = metas.get(id(base)) if base is not None else None
-        if parent is None or base is not meta_inputs.get(id(base)):
-            return TensorProxy(var)
-        pos = next((i for i in positions if args[i] is parent), None)
-        static = pos is not None and not any(isinstance(x, (TensorProxy, NumberProxy)) for i, x in
-                                             enumerate(flatten_values((args, kwargs))) if x is not parent)
-        root = parent if parent._fj_root is None else parent._fj_root
-        chain = None if (parent._fj_chain is None or not static) else parent._fj_chain + (
-            (func, args[:pos] + args[pos + 1:], kwargs, pos, index),)
-        return TensorProxy(var, root=root, chain=chain)
-
-    if isinstance(mout, torch.Tensor):
-        return handle(mout, out_vars, None)
-    proxies = [handle(m, v, i) if isinstance(m, torch.Tensor) else m
-               for i, (m, v) in enumerate(zip(mout, out_vars))]
-    return type(mout)(proxies) if isinstance(mout, tuple) and type(mout) is not tuple else type(mout)(proxies)
-
-
-def _first_sentence(e: Exception) -> str:
-    text = " ".join(str(e).split())
-    end = text.find(". ")
-    return text if end < 0 else text[:end]
-
-
-def _scalar_indices_as_ints(index):
-    """x[i] with a 0-d integer tensor i selects like an int (the result is a view of x): its meta
-    result is the same for every value of i, so 0 stands in for it."""
-    def one(i):
-        if isinstance(i, torch.Tensor) and i.ndim == 0 and not i.dtype.is_floating_point \
-                and i.dtype is not torch.bool:
-            return 0
-        return i
-    return tuple(one(i) for i in index) if type(index) is tuple else one(index)
-
-
-def _tensor_leaves(x) -> list:
-    return [y for y in flatten_values(x) if isinstance(y, (TensorProxy, torch.Tensor))]
-
-
-def _same_metadata(dout, mout) -> bool:
-    a, b = _tensor_leaves(dout), _tensor_leaves(mout)
-    return len(a) == len(b) and all(
-        isinstance(p, TensorProxy) and p.ir.shape == tuple(m.shape) and p.ir.dtype == m.dtype
-        for p, m in zip(a, b))
-
-
-def _structure(out):
-    if isinstance(out, tuple) and type(out) is not tuple:
-        return tuple(out)   # torch.return_types.* print and unpack as plain tuples
-    return out
-
-
-def _to_ir(x):
-    if isinstance(x, TensorProxy):
-        return x.ir
-    if isinstance(x, NumberProxy):
-        return x.ir
-    return x
-
-
-def _first_device(args, kwargs):
-    for x in flatten_values((args, kwargs)):
-        if isinstance(x, TensorProxy):
-            return x.ir.device
-    return torch.get_default_device()
-
-
-def _requested_device(func, args, kwargs):
-    """The device an op moves or creates its result on, when it says so."""
-    if func is torch.Tensor.to:
-        for x in args[1:]:
-            if isinstance(x, TensorProxy):
-                return x.ir.device
-        device = torch._C._nn._parse_to(*args[1:], **{k: v for k, v in kwargs.items()
-                                                        if k != "copy"})[0]
-        return device
-    if func is torch.Tensor.cuda:
-        return torch.device("cuda", args[1] if len(args) > 1 and isinstance(args[1], int) else None)
-    if func is torch.Tensor.cpu:
-        return torch.device("cpu")
-    device = kwargs.get("device")
-    return torch.device(device) if device is not None else None
-
-
-def _capture(ctx: TraceContext, tensor: torch.Tensor) -> TensorProxy:
-    """A tensor that is not an input reached an op: FJ101; permissively, a constant by reference."""
-    entry, where = ctx.tensor_origins.get(id(tensor), ("FJ101_external_tensor", None))
-    if where is None:
-        message = (f"a {tensor.device.type} tensor of shape {tuple(tensor.shape)} that no traced "
-                   f"op created (e.g. from torch.from_numpy) is used, and it is not an input of "
-                   f"'{ctx.fn_name}'")
-    else:
-        message = f"{where} is a torch.Tensor that is not an input of '{ctx.fn_name}'"
-    ctx.sharp_edge(entry, message, user_location())
-    for name, value in ctx.consts.items():
-        if value is tensor:
-            return TensorProxy(_const_var(name, tensor))
-    name = f"g{len(ctx.consts)}"
-    ctx.consts[name] = tensor
-    return TensorProxy(_const_var(name, tensor))
-
-
-def _const_var(name, tensor):
-    return TensorVar(name, tensor.shape, tensor.dtype, tensor.device, tensor.stride(),
-                     tensor.requires_grad)
 
 
 def _data_dependent(ctx: TraceContext, func, args, kwargs):

@@ -24,7 +24,7 @@ import torch.utils._pytree as pytree
 
 from fjit.core.ir import is_structseq, map_values
 from fjit.errors import UnsupportedInputError, located
-from fjit.frontend.dispatch import _capture
+from fjit.frontend.record import _capture
 from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
 
 RETURNABLE = ("tensors, numbers, strings, None, dtypes, devices, torch.Size, and tuples, lists, "

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from fjit.core.prims import PRIMS, ROWS, Kind, Prim, torch_callables
-from fjit.frontend.dispatch import DECOMPOSITIONS, trace_call
+from fjit.frontend.record import DECOMPOSITIONS, trace_call
 from fjit.frontend.context import current
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 

@@ -1,0 +1,90 @@
+"""Grad mode and autocast while tracing.
+
+The traced code runs for real, so `with torch.no_grad():` or an autocast block changes the global
+state between two ops: the change is recorded as a MODE bound symbol, so the program runs each op
+under the mode eager ran it in.  Under autocast every op stays one torch call run under the same
+state; its output dtypes come from torch's own autocast kernels run on storage-less probes.
+"""
+from __future__ import annotations
+
+import torch
+
+from fjit.core.ir import BoundSymbol, Symbol, Tag, flatten_values, map_values
+from fjit.frontend.context import AMP_DEVICES, TraceContext, autocast_state
+from fjit.frontend.meta import meta_tensor
+from fjit.frontend.proxies import NumberProxy, TensorProxy
+
+
+
+_MODE_TAGS = frozenset({Tag.IMPURE, Tag.MODE})
+_SET_GRAD = Symbol("torch._C._set_grad_enabled", torch._C._set_grad_enabled, _MODE_TAGS)
+_SET_AUTOCAST = Symbol("torch.set_autocast_enabled", torch.set_autocast_enabled, _MODE_TAGS)
+_SET_AUTOCAST_DTYPE = Symbol("torch.set_autocast_dtype", torch.set_autocast_dtype, _MODE_TAGS)
+
+
+def record_mode_changes(ctx: TraceContext) -> None:
+    """The traced code runs for real, so `with torch.no_grad():` (or autocast, inference_mode,
+    set_grad_enabled, a decorator) has changed the global state by the time the next op is
+    dispatched: record the change, so that the program runs that op under the same mode."""
+    grad = torch.is_grad_enabled()
+    if grad != ctx.grad_mode:
+        ctx.record(BoundSymbol(_SET_GRAD, (grad,), {}, None))
+        ctx.grad_mode = grad
+    amp = autocast_state()
+    if amp != ctx.autocast:
+        for device, (was_on, was_dtype), (on, dtype) in zip(AMP_DEVICES, ctx.autocast, amp):
+            if dtype != was_dtype:
+                ctx.record(BoundSymbol(_SET_AUTOCAST_DTYPE, (device, dtype), {}, None))
+            if on != was_on:
+                ctx.record(BoundSymbol(_SET_AUTOCAST, (device, on), {}, None))
+        ctx.autocast = amp
+
+
+class _AutocastProbe(torch.Tensor):
+    """A storage-less tensor on the op's real device, so torch's own autocast kernels run on it
+    (meta tensors have no autocast); the ops autocast forwards reach __torch_dispatch__, which
+    answers with meta kernels.  Only its metadata is ever read."""
+
+    @staticmethod
+    def __new__(cls, m: torch.Tensor, device):
+        return torch.Tensor._make_wrapper_subclass(cls, m.shape, strides=m.stride(), dtype=m.dtype,
+                                                   device=device)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        device = next(x.device for x in flatten_values((args, kwargs))
+                      if isinstance(x, _AutocastProbe))
+        margs, mkwargs = map_values(lambda x: torch.empty_strided(x.shape, x.stride(), dtype=x.dtype,
+                                                                  device="meta")
+                                    if isinstance(x, _AutocastProbe) else x, (args, kwargs or {}))
+        out = func(*margs, **mkwargs)
+        return map_values(lambda m: _AutocastProbe(m, device) if isinstance(m, torch.Tensor) else m,
+                          out)
+
+
+def autocast_applies(args, kwargs) -> bool:
+    """Whether autocast is on for the device of one of the op's tensors (one C call when off)."""
+    if not torch._C._is_any_autocast_enabled():
+        return False
+    devices = {x.ir.device.type for x in flatten_values((args, kwargs)) if isinstance(x, TensorProxy)}
+    return any(torch.is_autocast_enabled(d) for d in devices if d in AMP_DEVICES)
+
+
+def autocast_outputs(func, args, kwargs, mout):
+    """`mout` (the meta result, None where the meta call refused) as autocast makes it: the cast
+    inputs' dtypes, or `mout` itself, views included, where autocast leaves the op alone."""
+    probes = map_values(lambda x: _AutocastProbe(meta_tensor(x.ir), x.ir.device)
+                        if isinstance(x, TensorProxy) else
+                        x._fj_value if isinstance(x, NumberProxy) else x, (args, kwargs))
+    pout = func(*probes[0], **probes[1])
+    if mout is not None and [m.dtype for m in _tensor_leaves(pout)] == \
+            [m.dtype for m in _tensor_leaves(mout)]:
+        return mout
+    return map_values(lambda p: torch.empty_strided(p.shape, p.stride(), dtype=p.dtype,
+                                                    device="meta") if isinstance(p, torch.Tensor)
+                      else p, pout)
+
+
+
+def _tensor_leaves(x) -> list:
+    return [m for m in flatten_values(x) if isinstance(m, torch.Tensor)]
