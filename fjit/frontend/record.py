@@ -180,9 +180,20 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
             if not all(id(p.ir) in produced for p in _tensor_leaves(dout)):
                 subsymbols = ()
     if subsymbols:
+        # The op's outputs have its own layout (eager's, or the one observed), which its prims'
+        # layouts need not match: the prims that make them write that layout.
+        final = {}
         for p, m in zip(_tensor_leaves(dout), _tensor_leaves(mout)):
-            p.ir.strides = ctx.observed_strides.get(p.ir.name) or tuple(m.stride())
-        out_vars = map_values(lambda p: p.ir if isinstance(p, TensorProxy) else p, dout)
+            v = p.ir
+            strides = ctx.observed_strides.get(v.name) or tuple(m.stride())
+            if strides != v.strides:
+                final[v.name] = TensorVar(v.name, v.shape, v.dtype, v.device, strides, v.requires_grad)
+        if final:
+            swap = lambda x: final.get(x.name, x) if isinstance(x, TensorVar) else x  # noqa: E731
+            subsymbols = tuple(b.replace(args=map_values(swap, b.args), kwargs=map_values(swap, b.kwargs),
+                                         output=map_values(swap, b.output)) for b in subsymbols)
+        out_vars = map_values(lambda p: final.get(p.ir.name, p.ir) if isinstance(p, TensorProxy) else p,
+                              dout)
     else:
         out_vars = map_values(lambda m: make_var(m) if isinstance(m, torch.Tensor) else m, mout)
         if not sym.has(Tag.FALLBACK) and decomposition is not None:   # it declined this call
