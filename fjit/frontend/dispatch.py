@@ -23,6 +23,7 @@ from fjit.frontend.context import (AMP_DEVICES, ProcessPatch, TraceContext, auto
 from fjit.frontend.meta import meta_tensor, run_meta
 from fjit.frontend.proxies import NumberProxy, TensorProxy, _set_data
 from fjit.frontend.rng import bind_generators, generator, rng_preserved
+from fjit.frontend.stateful_ops import WRITES_INTO_ARGUMENTS
 
 # fjit.ops fills this at import: torch callable -> decomposition into prims over proxies.
 DECOMPOSITIONS: dict = {}
@@ -353,6 +354,13 @@ def _dispatch(ctx, func, args, kwargs):
         return dispatch(torch.Tensor.clone, (args[0],), {})
     if func in RANDOM_OPS or "generator" in kwargs:
         args, kwargs = bind_generators(ctx, args, kwargs)   # see frontend/rng.py
+    if func in WRITES_INTO_ARGUMENTS:     # batch norm's running statistics: frontend/stateful_ops.py
+        parts = WRITES_INTO_ARGUMENTS[func](dispatch, args, kwargs)
+        if parts is not None:
+            for target, value in parts[1]:
+                _write(ctx, target, _conform(value, target), func, "FJ102_inplace_input",
+                       f"{_op_name(func)}(training=True)")
+            return parts[0]
     if _is_mutation(func, kwargs):
         return _functionalize(ctx, func, args, kwargs)
     return trace_call(ctx, torch_symbol(func), func, args, kwargs, DECOMPOSITIONS.get(func))
