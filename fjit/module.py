@@ -30,6 +30,7 @@ from torch.func import functional_call
 from fjit.errors import FjitError
 from fjit.frontend.context import current
 from fjit.frontend.proxies import TensorProxy
+from fjit.frontend.tracer import module_tensor_origins
 from fjit.module_layout import Layout, config_bindings, forward_signature, structure_key
 
 # (structure key, jit options) -> the ProgramCache that wrappers of equal modules share.  Weak:
@@ -42,8 +43,10 @@ class _LayoutChanged(Exception):
     the program must not be filed in the cache of modules configured as it was."""
 
 
-def traced_forward(module: torch.nn.Module, layout: Layout):
-    """The function `fjit.jit(module)` compiles (see the module docstring)."""
+def traced_forward(self: torch.nn.Module, layout: Layout):
+    """The function `fjit.jit(self)` compiles (see the module docstring).  The module is named
+    `self` here because the observer names a mutated closure variable: `self.x = ...` in forward
+    reads as FJ104 "mutation of 'self'"."""
     names = layout.param_names + layout.buffer_names
     n_params, n_state = len(layout.param_names), layout.n_state
     buffer_names = layout.buffer_names
@@ -55,21 +58,24 @@ def traced_forward(module: torch.nn.Module, layout: Layout):
         if ctx is None or not all(isinstance(t, TensorProxy) for t in state):
             # Called inside another function's trace (JittedFunction inlines): the state is real
             # tensors, which that trace reports as FJ101 (they are not its inputs).
-            return functional_call(module, dict(zip(names, state)), args, kwargs), {}
-        if structure_key(module) != layout.key:
+            return functional_call(self, dict(zip(names, state)), args, kwargs), {}
+        if structure_key(self) != layout.key:
             raise _LayoutChanged
+        # A tensor of the module that is not passed in (a plain attribute) is FJ101 named as the
+        # module's, not as a closure variable of this function.
+        ctx.tensor_origins.update(module_tensor_origins(self, f"module '{type(self).__qualname__}'"))
         for i, (name, t) in enumerate(zip(names, state)):
             ctx.input_labels[id(t)] = f"{'parameter' if i < n_params else 'buffer'} '{name}'"
         for b in buffers:
             b._fj_is_input = False      # writes functionalize, as on a local; written back below
         before = [b.ir for b in buffers]
-        out = functional_call(module, dict(zip(names, state)), args, kwargs)
+        out = functional_call(self, dict(zip(names, state)), args, kwargs)
         written = {n: b for n, b, v in zip(buffer_names, buffers, before) if b.ir is not v}
         return out, written
 
-    forward.__signature__ = forward_signature(module, layout.input_names())
-    forward.__name__ = forward.__qualname__ = f"{type(module).__qualname__}.forward"
-    forward.__module__ = type(module).__module__
+    forward.__signature__ = forward_signature(self, layout.input_names())
+    forward.__name__ = forward.__qualname__ = f"{type(self).__qualname__}.forward"
+    forward.__module__ = type(self).__module__
     return forward
 
 
