@@ -27,11 +27,13 @@ import weakref
 import torch
 from torch.func import functional_call
 
-from fjit.errors import FjitError
-from fjit.frontend.context import current
+from fjit.errors import FjitError, UnsupportedOpError, located
+from fjit.frontend.context import current, user_location
+from fjit.frontend.outside import _user_class
 from fjit.frontend.proxies import TensorProxy
 from fjit.frontend.tracer import module_tensor_origins
-from fjit.module_layout import Layout, config_bindings, forward_signature, structure_key
+from fjit.module_layout import (Layout, backward_hook_owner, changed_config, config_bindings,
+                                forward_hooks, forward_signature, structure_key)
 
 # (structure key, jit options) -> the ProgramCache that wrappers of equal modules share.  Weak:
 # a cache lives as long as a wrapper uses it.
@@ -50,6 +52,11 @@ def traced_forward(self: torch.nn.Module, layout: Layout):
     names = layout.param_names + layout.buffer_names
     n_params, n_state = len(layout.param_names), layout.n_state
     buffer_names = layout.buffer_names
+    # Read by the observer (a closure variable): what the hooks mutate is FJ104.
+    hooks = forward_hooks(self)
+    # The observer snapshots objects of the user's classes (and reports a change at its line);
+    # torch's layers it does not, so their configuration is compared after the call.
+    user_classes = frozenset(n for n, m in self.named_modules() if _user_class(type(m)))
 
     def forward(*inputs, **kwargs):
         state, args = inputs[:n_state], inputs[n_state + 1:]
@@ -69,7 +76,13 @@ def traced_forward(self: torch.nn.Module, layout: Layout):
         for b in buffers:
             b._fj_is_input = False      # writes functionalize, as on a local; written back below
         before = [b.ir for b in buffers]
+        _ = hooks     # a closure variable, so the observer's snapshot reaches the hooks
         out = functional_call(self, dict(zip(names, state)), args, kwargs)
+        change = changed_config(layout.key, structure_key(self), user_classes)
+        if change is not None:
+            ctx.sharp_edge("FJ104_mutate_global_object",
+                           f"the forward of '{type(self).__qualname__}' changed the module "
+                           f"({change}); it happens once, while tracing, and never in compiled calls")
         written = {n: b for n, b, v in zip(buffer_names, buffers, before) if b.ir is not v}
         return out, written
 
@@ -97,6 +110,14 @@ class FjitModule(torch.nn.Module):
         """A new layout and jitted function for the module as it is now."""
         module = self._modules["_fj_module"]
         jit_class, options = self.__dict__["_fj_options"]
+        owner = backward_hook_owner(module)
+        if owner is not None:
+            raise UnsupportedOpError(located(
+                "FJ202", f"fjit.jit({type(module).__qualname__}): module {owner} has a backward "
+                         f"hook (register_full_backward_hook / _pre_hook), which fjit cannot "
+                         f"trace", *user_location(),
+                "register a hook on the output tensor instead (y.register_hook(fn)), or run the "
+                "module without fjit.jit"))
         layout = Layout(module)
         jitted = jit_class(traced_forward(module, layout), **options)
         if jitted._cache.keep:        # share programs with every wrapper of an equal module

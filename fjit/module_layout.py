@@ -106,6 +106,46 @@ def structure_key(root: torch.nn.Module) -> tuple:
     return tuple(parts)
 
 
+def forward_hooks(root: torch.nn.Module) -> list:
+    """Every forward hook that a call of `root` runs (the module's and the global ones), so the
+    observer, which snapshots what the traced function can reach, sees what they mutate."""
+    tables = [getattr(m, t, {}) for _, m in root.named_modules() for t in _HOOK_TABLES[:2]]
+    return [h for t in tables + list(_GLOBAL_HOOK_TABLES[:2]) for h in t.values()]
+
+
+def backward_hook_owner(root: torch.nn.Module) -> str | None:
+    """The name of a module with a backward hook (or 'global'), which fjit cannot trace: torch's
+    BackwardHook wraps the module's inputs and outputs in an autograd.Function and reads their
+    grad_fn, which a traced value does not have."""
+    if any(_GLOBAL_HOOK_TABLES[2:]):
+        return "global (register_module_full_backward_hook)"
+    for name, m in root.named_modules():
+        if any(getattr(m, t, None) for t in _HOOK_TABLES[2:]):
+            return repr(name or type(m).__qualname__)
+    return None
+
+
+def changed_config(before: tuple, after: tuple, skip: frozenset = frozenset()) -> str | None:
+    """What differs between two structure keys of one module, for a message; None if nothing (or
+    only in the submodules named in `skip`)."""
+    if before == after:
+        return None
+    old = {part[0]: part for part in before[1:-2]}
+    for part in after[1:-2]:
+        name, _, config = part[:3]
+        if name in skip:
+            continue
+        if name not in old:
+            return f"submodule '{name}' was added"
+        if old[name][2] != config:
+            was = dict(old[name][2])
+            for k, v in config:
+                if k not in was or was[k] != v:
+                    return f"attribute '{name + '.' if name else ''}{k}' was set"
+            return f"an attribute of '{name or 'the module'}' was deleted"
+    return None
+
+
 def config_bindings(root: torch.nn.Module) -> list[Binding]:
     """The configuration a compiled forward binds, as `fjit.diagnose` lists it: every submodule
     (its class), every public attribute of a plain type (with its value), every forward hook."""
