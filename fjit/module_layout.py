@@ -26,6 +26,7 @@ import enum
 import inspect
 import keyword
 import types
+import weakref
 
 import torch
 from torch.nn.modules import module as _torch_module
@@ -69,6 +70,8 @@ def value_key(v, depth: int = 0):
         return (type(v), v)
     if isinstance(v, _BY_IDENTITY):
         return v
+    if isinstance(v, weakref.ref):      # a cache (LSTM's _flat_weight_refs), not configuration
+        return weakref.ref
     if depth < 4:
         if isinstance(v, (tuple, list)):
             return (type(v), tuple(value_key(x, depth + 1) for x in v))
@@ -139,10 +142,9 @@ def changed_config(before: tuple, after: tuple, skip: frozenset = frozenset()) -
             return f"submodule '{name}' was added"
         if old[name][2] != config:
             was = dict(old[name][2])
-            for k, v in config:
-                if k not in was or was[k] != v:
+            for k, v in config:      # a private attribute is the layer's own cache
+                if not k.startswith("_") and (k not in was or was[k] != v):
                     return f"attribute '{name + '.' if name else ''}{k}' was set"
-            return f"an attribute of '{name or 'the module'}' was deleted"
     return None
 
 
