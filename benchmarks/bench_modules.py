@@ -6,7 +6,7 @@ compiled backward, its program runs as torch calls under torch autograd).  Every
 ratio of medians from the same interleaved rounds (benchmarks/harness.py).  Targets from issue 9:
 fjit/eager <= 1.0 at every size; fjit/torch.compile <= 0.5 up to 64K elements, <= 1.0 above.
 
-    python benchmarks/bench_modules.py [--quick]      # results/modules.json
+    python benchmarks/bench_modules.py [--quick] [--threads N]     # results/modules.json
 """
 from __future__ import annotations
 
@@ -93,7 +93,11 @@ def run(quick: bool) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads (default: torch's); 1 on a loaded machine")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows = run(args.quick)
     print(f"{'size':6} {'elements':>9} {'pass':8} {'eager us':>9} {'fjit us':>9} {'compile us':>10} "
           f"{'fjit/eager':>10} {'fjit/compile':>12}  targets")

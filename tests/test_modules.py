@@ -256,6 +256,18 @@ def test_global_module_parameter_is_fj101_naming_it_and_the_fix():
     assert "fjit.jit(model)" in message and "functional_call" in message
 
 
+def test_jit_of_a_bound_forward_is_fj101_naming_the_parameter():
+    model = mlp()
+    with pytest.raises(fjit.UnproxiedTensorError,
+                       match="'self' of 'Sequential.forward', parameter '0.weight'.*fjit.jit.model."):
+        fjit.jit(model.forward)(torch.randn(2, 8))
+
+
+def test_a_module_passed_as_an_argument_is_fj201_suggesting_jit_of_it():
+    with pytest.raises(fjit.UnsupportedInputError, match=r"FJ201.*fjit\.jit\(module\)"):
+        fjit.jit(lambda m, x: m(x))(mlp(), torch.randn(2, 8))
+
+
 def test_functional_call_inside_a_jitted_function():
     model = mlp().eval()
 

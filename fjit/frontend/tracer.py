@@ -207,6 +207,9 @@ def scan_bindings(fn) -> Scan:
             if isinstance(p.default, torch.Tensor):
                 origins.setdefault(id(p.default), ("FJ101_default_arg_tensor", f"default argument '{p.name}'"))
 
+    owner = getattr(fn, "__self__", None)    # fjit.jit(model.forward): the module's tensors
+    if isinstance(owner, torch.nn.Module):
+        origins.update(module_tensor_origins(owner, f"'self' of '{fn.__qualname__}'"))
     visit(fn, True)
     return Scan(origins, bindings, asks_type)
 
