@@ -4,11 +4,12 @@ from fjit.core.ir import Binding, Trace
 from fjit.errors import (DataDependentError, FjitError, InputMutationError, NondeterminismError,
                          SharpEdge, SharpEdgeError, SharpEdgeWarning, SideEffectError,
                          UnproxiedTensorError, UnsupportedInputError, UnsupportedOpError)
+from fjit.module import FjitModule
 
 fjit = jit
 
 __all__ = ["jit", "fjit", "last_traces", "cache_info", "diagnose", "CacheInfo", "Report", "Trace",
            "Binding", "FjitError", "SharpEdgeError", "UnproxiedTensorError", "InputMutationError",
            "SideEffectError", "NondeterminismError", "DataDependentError", "UnsupportedInputError",
-           "UnsupportedOpError", "SharpEdgeWarning", "SharpEdge"]
+           "UnsupportedOpError", "SharpEdgeWarning", "SharpEdge", "FjitModule"]
 __version__ = "0.1.0"

@@ -20,6 +20,7 @@ from fjit.frontend.context import AMP_DEVICES, Mode, autocast_state, current
 from fjit.frontend.inputs import MISS, call_key
 from fjit.frontend.rng import rng_preserved, rng_snapshot
 from fjit.frontend.tracer import scan_bindings, trace_function
+from fjit.module import FjitModule, diagnosis_call, jitted_of
 from fjit.ops import TRACE_NAMESPACE
 from fjit.passes.basic import constant_fold, cse, dce
 from fjit.passes.verify import verify
@@ -191,20 +192,26 @@ def check_traces(traces: list[Trace], leaves: list) -> None:
 
 
 def jit(fn=None, *, sharp_edges="error", executors=DEFAULT_EXECUTORS, cache="metadata"):
-    """Compile `fn`; usable as `@jit` or `@jit(sharp_edges="warn", ...)`."""
+    """Compile `fn`; usable as `@jit` or `@jit(sharp_edges="warn", ...)`.  An nn.Module gives an
+    nn.Module whose parameters and buffers are inputs of the compiled forward (fjit/module.py)."""
     if fn is None:
         return functools.partial(jit, sharp_edges=sharp_edges, executors=executors, cache=cache)
+    if isinstance(fn, torch.nn.Module):
+        return FjitModule(fn, JittedFunction,
+                          {"sharp_edges": sharp_edges, "executors": executors, "cache": cache})
     return JittedFunction(fn, sharp_edges=sharp_edges, executors=executors, cache=cache)
 
 
 def last_traces(jf: JittedFunction) -> list[Trace]:
     """Every stage of `jf`'s last compilation, first to last."""
+    jf = jitted_of(jf) if isinstance(jf, FjitModule) else jf
     if not isinstance(jf, JittedFunction):
         raise TypeError("fjit.last_traces expects a function made by fjit.jit")
     return list(jf._last_traces)
 
 
 def cache_info(jf: JittedFunction) -> CacheInfo:
+    jf = jitted_of(jf) if isinstance(jf, FjitModule) else jf
     if not isinstance(jf, JittedFunction):
         raise TypeError("fjit.cache_info expects a function made by fjit.jit")
     return jf._cache.info()
@@ -235,8 +242,14 @@ class Report:
 
 
 def diagnose(fn, *args, **kwargs) -> Report:
-    """Trace `fn` once, permissively, and report every sharp edge instead of stopping at the first."""
+    """Trace `fn` once, permissively, and report every sharp edge instead of stopping at the first.
+    For a module (or fjit.jit of one), the bindings are its configuration (fjit/module.py)."""
+    bindings = None
+    if isinstance(fn, torch.nn.Module):
+        fn, args, bindings = diagnosis_call(fn, args)
     fn = fn._fn if isinstance(fn, JittedFunction) else fn
     _, leaves = call_key(args, kwargs, frozenset())
     result = trace_function(fn, args, kwargs, leaves, Mode.DIAGNOSE, TRACE_NAMESPACE)
-    return Report(getattr(fn, "__name__", "fn"), result.edges, scan_bindings(fn)[1])
+    if bindings is None:
+        bindings = scan_bindings(fn)[1]
+    return Report(getattr(fn, "__name__", "fn"), result.edges, bindings)

@@ -7,6 +7,10 @@ HINTS = {
     'FJ101_default_arg_tensor': 'make the default None and pass the tensor explicitly',
     'FJ101_external_tensor': 'create the tensor with torch inside the function or pass it in',
     'FJ101_global_tensor': 'pass the tensor as an argument of the function',
+    'FJ101_module_parameter':
+        'compile the module itself, fjit.jit(model), or pass dict(model.named_parameters()) in and call torch.func.functional_call(model, params, (x,))',
+    'FJ101_module_tensor_attribute':
+        "register it as a buffer, self.register_buffer('mask', t, persistent=False), and compile the module with fjit.jit(module)",
     'FJ102_inplace_input':
         'use the out-of-place op (e.g. y = x.mul(2), not x.mul_(2)) and return the result',
     'FJ102_out_argument': 'drop out= and return the result',

@@ -23,6 +23,7 @@ from fjit.frontend.proxies import NumberProxy, TensorProxy, _set_data
 from fjit.frontend.rng import bind_generators, rng_preserved
 from fjit.runtime import functional_inplace, setitem, view_scatter
 from fjit.frontend.modes import record_mode_changes  # noqa: F401  (tracer.py reads it from here)
+from fjit.frontend.stateful_ops import WRITES_INTO_ARGUMENTS
 from fjit.frontend.record import DECOMPOSITIONS, RANDOM_OPS, _op_name, torch_symbol, trace_call
 
 # Questions whose answer is a tensor's data in Python: catalog entry and how to say it.  In the
@@ -167,6 +168,13 @@ def _dispatch(ctx, func, args, kwargs):
         return dispatch(torch.Tensor.clone, (args[0],), {})
     if func in RANDOM_OPS or "generator" in kwargs:
         args, kwargs = bind_generators(ctx, args, kwargs)   # see frontend/rng.py
+    if func in WRITES_INTO_ARGUMENTS:     # batch norm's running statistics: frontend/stateful_ops.py
+        parts = WRITES_INTO_ARGUMENTS[func](dispatch, args, kwargs)
+        if parts is not None:
+            for target, value in parts[1]:
+                _write(ctx, target, _conform(value, target), func, "FJ102_inplace_input",
+                       f"{_op_name(func)}(training=True)")
+            return parts[0]
     if _is_mutation(func, kwargs):
         return _functionalize(ctx, func, args, kwargs)
     return trace_call(ctx, torch_symbol(func), func, args, kwargs, DECOMPOSITIONS.get(func))

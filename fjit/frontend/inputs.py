@@ -144,8 +144,8 @@ def _unsupported(x, where: str, what: str | None = None) -> UnsupportedInputErro
     t = type(x)
     name = f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else t.__qualname__
     if isinstance(x, torch.nn.Module):
-        fix = ("pass dict(module.named_parameters()) and call torch.func.functional_call inside "
-               "(see sharp_edges_catalog/FJ201_object_input.py)")
+        fix = ("compile the module itself, fjit.jit(module), or pass dict(module.named_parameters()) "
+               "and call torch.func.functional_call inside (see sharp_edges_catalog/FJ201_object_input.py)")
     elif what is not None:      # a tensor of another layout than strided
         fix = "pass a dense tensor (x.to_dense()), and convert back after the call if you need to"
     else:

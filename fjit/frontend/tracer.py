@@ -113,6 +113,24 @@ class Scan(typing.NamedTuple):
     asks_type: bool    # whether fn (or a function of its module it calls) calls the builtin type()
 
 
+def module_tensor_origins(module: torch.nn.Module, describe: str) -> dict:
+    """id(tensor) -> (catalog entry, description) for every tensor of `module`: its parameters and
+    buffers (`global 'model', parameter 'fc1.weight'`) and plain tensor attributes of its
+    submodules, which are neither and so are not passed in by fjit.jit(module) either."""
+    origins = {}
+    for kind, named in (("parameter", module.named_parameters()), ("buffer", module.named_buffers())):
+        for n, t in named:
+            origins.setdefault(id(t), ("FJ101_module_parameter", f"{describe}, {kind} '{n}'"))
+    for prefix, m in module.named_modules():
+        for n, t in vars(m).items():
+            if isinstance(t, torch.Tensor):
+                origins.setdefault(id(t), ("FJ101_module_tensor_attribute",
+                                           f"{describe}, tensor attribute "
+                                           f"'{prefix + '.' if prefix else ''}{n}' (neither a "
+                                           f"parameter nor a buffer)"))
+    return origins
+
+
 def scan_bindings(fn) -> Scan:
     """What `fn` can read from outside: the tensors (for FJ101), the bindings, and whether it asks
     type() of something."""
@@ -128,8 +146,8 @@ def scan_bindings(fn) -> Scan:
             origins.setdefault(id(obj), (entry, describe))
             return
         if isinstance(obj, torch.nn.Module):
-            for n, t in list(obj.named_parameters()) + list(obj.named_buffers()):
-                origins.setdefault(id(t), ("FJ101_attribute_tensor", f"attribute '{n}' of {describe}"))
+            origins.update((k, v) for k, v in module_tensor_origins(obj, describe).items()
+                           if k not in origins)
             return
         if depth >= _SCAN_DEPTH or isinstance(obj, (types.ModuleType, type, str, bytes)) or callable(obj):
             return
@@ -189,6 +207,9 @@ def scan_bindings(fn) -> Scan:
             if isinstance(p.default, torch.Tensor):
                 origins.setdefault(id(p.default), ("FJ101_default_arg_tensor", f"default argument '{p.name}'"))
 
+    owner = getattr(fn, "__self__", None)    # fjit.jit(model.forward): the module's tensors
+    if isinstance(owner, torch.nn.Module):
+        origins.update(module_tensor_origins(owner, f"'self' of '{fn.__qualname__}'"))
     visit(fn, True)
     return Scan(origins, bindings, asks_type)
 

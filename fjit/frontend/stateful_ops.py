@@ -1,0 +1,114 @@
+"""Ops that write into some of their arguments as a side output: batch norm's (and instance norm's)
+running statistics.
+
+`F.batch_norm(x, running_mean, running_var, training=True)` normalizes `x` with the batch's
+statistics *and* updates `running_mean`/`running_var` in place, inside one ATen kernel.  Traced as
+one opaque torch call, that write would happen at run time on whatever tensors the program was
+given, unseen by the trace: a silent mutation of an input, and a program whose passes believe the
+statistics unchanged.  So the op is split in two, at the torch level, the way functionalization
+splits it: the pure op (batch statistics only, no running statistics) and the new statistics as
+ordinary traced ops.  The dispatcher then writes the new statistics into the argument handles like
+any in-place op: functionalized on values the function created or was allowed to update (an
+`fjit.jit(module)`'s buffers, written back after the call by fjit/module.py), FJ102 on an input.
+
+The update is eager's (ATen's batch_norm_update_stats):
+    running_mean = momentum * mean + (1 - momentum) * running_mean
+    running_var  = momentum * var_unbiased + (1 - momentum) * running_var
+over every dimension but the channel dimension (1), and it is not part of autograd's graph.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from fjit.frontend.proxies import NumberProxy, TensorProxy
+
+
+def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, training, momentum,
+                      eps):
+    """(pure output, [(statistic handle, its new value)]), or None when nothing is written."""
+    stats = [s for s in (running_mean, running_var) if s is not None]
+    if not training or not stats:
+        return None
+    if not all(isinstance(t, TensorProxy) for t in (x, *stats)) or \
+            isinstance(momentum, (NumberProxy, TensorProxy)) or momentum is None:
+        return None   # a captured tensor (FJ101) or a momentum fjit cannot read: the normal path
+    out = dispatch(F.batch_norm, (x, None, None, weight, bias), {"training": True, "eps": eps})
+    dims = [0, *range(2, len(x.shape))]
+    detached = dispatch(torch.Tensor.detach, (x,), {})
+    var, mean = dispatch(torch.var_mean, (detached, dims), {"correction": 1})
+
+    writes = []
+    if running_mean is not None:
+        writes.append((running_mean, _blend(dispatch, running_mean, mean, momentum)))
+    if running_var is not None:
+        writes.append((running_var, _blend(dispatch, running_var, var, momentum)))
+    return out, writes
+
+
+def _instance_norm_parts(dispatch, x, running_mean, running_var, weight, bias, use_input_stats,
+                         momentum, eps):
+    """F.instance_norm with use_input_stats and running statistics: ATen runs batch norm on one
+    copy of the statistics per instance and averages the copies over the batch, so the update
+    blends in the batch mean of the per-instance (unbiased) statistics."""
+    stats = [s for s in (running_mean, running_var) if s is not None]
+    if not use_input_stats or not stats:
+        return None
+    if not all(isinstance(t, TensorProxy) for t in (x, *stats)) or \
+            isinstance(momentum, (NumberProxy, TensorProxy)) or momentum is None:
+        return None
+    out = dispatch(F.instance_norm, (x, None, None, weight, bias),
+                   {"use_input_stats": True, "eps": eps})
+    detached = dispatch(torch.Tensor.detach, (x,), {})
+    var, mean = dispatch(torch.var_mean, (detached, list(range(2, len(x.shape)))), {"correction": 1})
+    var, mean = (dispatch(torch.mean, (v, 0), {}) for v in (var, mean))
+    writes = []
+    if running_mean is not None:
+        writes.append((running_mean, _blend(dispatch, running_mean, mean, momentum)))
+    if running_var is not None:
+        writes.append((running_var, _blend(dispatch, running_var, var, momentum)))
+    return out, writes
+
+
+def _blend(dispatch, old, new, momentum):
+    """momentum * new + (1 - momentum) * old"""
+    kept = dispatch(torch.mul, (old, 1.0 - momentum), {})
+    return dispatch(torch.add, (dispatch(torch.mul, (new, momentum), {}), kept), {})
+
+
+def _functional_instance_norm(dispatch, args, kwargs):
+    bound = _F_INSTANCE_NORM.bind(*args, **kwargs)
+    bound.apply_defaults()
+    values = dict(bound.arguments)
+    return _instance_norm_parts(dispatch, values.pop("input"), **values)
+
+
+def _functional_batch_norm(dispatch, args, kwargs):
+    bound = _F_BATCH_NORM.bind(*args, **kwargs)
+    bound.apply_defaults()
+    values = dict(bound.arguments)
+    return _batch_norm_parts(dispatch, values.pop("input"), **values)
+
+
+def _torch_batch_norm(dispatch, args, kwargs):
+    names = ("x", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps",
+             "cudnn_enabled")
+    values = dict(zip(names, args), **kwargs)
+    if set(values) != set(names):
+        return None
+    values.pop("cudnn_enabled")
+    return _batch_norm_parts(dispatch, **values)
+
+
+_F_BATCH_NORM = inspect.signature(F.batch_norm)
+_F_INSTANCE_NORM = inspect.signature(F.instance_norm)
+
+# torch callable -> rewrite(dispatch, args, kwargs) -> (result, [(target handle, new value)]) or
+# None (the call writes nothing: trace it as usual).
+WRITES_INTO_ARGUMENTS = {
+    F.batch_norm: _functional_batch_norm,
+    torch.batch_norm: _torch_batch_norm,
+    F.instance_norm: _functional_instance_norm,
+}

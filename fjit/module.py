@@ -1,0 +1,209 @@
+"""`fjit.jit(module)`: an `nn.Module` whose call runs a compiled forward (DESIGN.md section 7).
+
+The wrapper is built on a `JittedFunction` of one traced function,
+
+    forward(*parameters, *buffers, training_flags, *args, **kwargs)
+        -> torch.func.functional_call(module, {name: tensor}, args, kwargs), {buffer: new value}
+
+so parameters and buffers are ordinary tensor inputs of a jitted function: read at every call,
+keyed by metadata (shape, strides, dtype, device, requires_grad) and never by identity, and whatever
+the function path does for inputs that require grad applies to them (today: torch autograd runs
+through the program's torch calls; with a compiled backward, that).  The layout (which tensors,
+the training bits, the bound configuration) is module_layout.py's.
+
+Buffers are the one kind of input the forward may write: torch's own layers update them in training
+(BatchNorm's `num_batches_tracked.add_(1)` in Python, its running statistics inside
+`F.batch_norm`, which frontend/stateful_ops.py splits into a pure op and traced updates).  A write
+to a buffer is functionalized like a write to a local; the traced function returns each written
+buffer's final value, and the wrapper copies it into the module's buffer after the call, so the
+module ends as eager leaves it and the trace shows the write-back (its return value names each
+buffer).  A write to a parameter is FJ102; `self.x = ...` in forward is FJ104 (the observer sees a
+module attribute change).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.func import functional_call
+
+from fjit.errors import FjitError, UnsupportedOpError, located
+from fjit.frontend.context import current, user_location
+from fjit.frontend.outside import _user_class
+from fjit.frontend.proxies import TensorProxy
+from fjit.frontend.tracer import module_tensor_origins
+from fjit.module_layout import (Layout, backward_hook_owner, changed_config, config_bindings,
+                                forward_hooks, forward_signature, structure_key)
+
+# (structure key, jit options) -> the ProgramCache that wrappers of equal modules share.  Weak:
+# a cache lives as long as a wrapper uses it.
+_SHARED_CACHES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+class _LayoutChanged(Exception):
+    """Raised while tracing when the module's configuration changed since its layout was made:
+    the program must not be filed in the cache of modules configured as it was."""
+
+
+def traced_forward(self: torch.nn.Module, layout: Layout):
+    """The function `fjit.jit(self)` compiles (see the module docstring).  The module is named
+    `self` here because the observer names a mutated closure variable: `self.x = ...` in forward
+    reads as FJ104 "mutation of 'self'"."""
+    names = layout.param_names + layout.buffer_names
+    n_params, n_state = len(layout.param_names), layout.n_state
+    buffer_names = layout.buffer_names
+    # Read by the observer (a closure variable): what the hooks mutate is FJ104.
+    hooks = forward_hooks(self)
+    # The observer snapshots objects of the user's classes (and reports a change at its line);
+    # torch's layers it does not, so their configuration is compared after the call.
+    user_classes = frozenset(n for n, m in self.named_modules() if _user_class(type(m)))
+
+    def forward(*inputs, **kwargs):
+        state, args = inputs[:n_state], inputs[n_state + 1:]
+        buffers = state[n_params:]
+        ctx = current()
+        if ctx is None or not all(isinstance(t, TensorProxy) for t in state):
+            # Called inside another function's trace (JittedFunction inlines): the state is real
+            # tensors, which that trace reports as FJ101 (they are not its inputs).
+            return functional_call(self, dict(zip(names, state)), args, kwargs), {}
+        if structure_key(self) != layout.key:
+            raise _LayoutChanged
+        # A tensor of the module that is not passed in (a plain attribute) is FJ101 named as the
+        # module's, not as a closure variable of this function.
+        ctx.tensor_origins.update(module_tensor_origins(self, f"module '{type(self).__qualname__}'"))
+        for i, (name, t) in enumerate(zip(names, state)):
+            ctx.input_labels[id(t)] = f"{'parameter' if i < n_params else 'buffer'} '{name}'"
+        for b in buffers:
+            b._fj_is_input = False      # writes functionalize, as on a local; written back below
+        before = [b.ir for b in buffers]
+        _ = hooks     # a closure variable, so the observer's snapshot reaches the hooks
+        out = functional_call(self, dict(zip(names, state)), args, kwargs)
+        change = changed_config(layout.key, structure_key(self), user_classes)
+        if change is not None:
+            ctx.sharp_edge("FJ104_mutate_global_object",
+                           f"the forward of '{type(self).__qualname__}' changed the module "
+                           f"({change}); it happens once, while tracing, and never in compiled calls")
+        written = {n: b for n, b, v in zip(buffer_names, buffers, before) if b.ir is not v}
+        return out, written
+
+    forward.__signature__ = forward_signature(self, layout.input_names())
+    forward.__name__ = forward.__qualname__ = f"{type(self).__qualname__}.forward"
+    forward.__module__ = type(self).__module__
+    return forward
+
+
+class FjitModule(torch.nn.Module):
+    """What `fjit.jit(module)` returns: `jm(x)` equals `module(x)`; `train()`, `eval()`, `to()`,
+    `state_dict()`, `parameters()` act on the wrapped module (the wrapper adds no state of its
+    own); attributes not found on the wrapper are the wrapped module's."""
+
+    def __init__(self, module: torch.nn.Module, jit_class, options: dict):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"FjitModule wraps an nn.Module, got {type(module).__qualname__}")
+        super().__init__()
+        self._fj_module = module            # a submodule: train(), to(), apply() recurse into it
+        self.training = module.training
+        self.__dict__["_fj_options"] = (jit_class, dict(options))
+        self._fj_bind()
+
+    def _fj_bind(self) -> None:
+        """A new layout and jitted function for the module as it is now."""
+        module = self._modules["_fj_module"]
+        jit_class, options = self.__dict__["_fj_options"]
+        owner = backward_hook_owner(module)
+        if owner is not None:
+            raise UnsupportedOpError(located(
+                "FJ202", f"fjit.jit({type(module).__qualname__}): module {owner} has a backward "
+                         f"hook (register_full_backward_hook / _pre_hook), which fjit cannot "
+                         f"trace", *user_location(),
+                "register a hook on the output tensor instead (y.register_hook(fn)), or run the "
+                "module without fjit.jit"))
+        layout = Layout(module)
+        jitted = jit_class(traced_forward(module, layout), **options)
+        if jitted._cache.keep:        # share programs with every wrapper of an equal module
+            key = (layout.key, tuple(sorted(options.items())))
+            shared = _SHARED_CACHES.get(key)
+            if shared is None:
+                _SHARED_CACHES[key] = jitted._cache
+            else:
+                jitted._cache = shared
+        self.__dict__["_fj_layout"] = layout
+        self.__dict__["_fj_jitted"] = jitted
+
+    def forward(self, *args, **kwargs):
+        module = self._modules["_fj_module"]
+        read = self._fj_layout.read(module)
+        for attempt in range(2):
+            if read is None:          # a submodule replaced, a hook added or removed, ...
+                self._fj_bind()
+                read = self._fj_layout.read(module)
+                if read is None:
+                    raise FjitError(f"fjit.jit({type(module).__qualname__}): the module's "
+                                    f"parameters and submodules cannot be read as laid out")
+            state, flags = read
+            try:
+                out, written = self._fj_jitted(*state, flags, *args, **kwargs)
+                break
+            except _LayoutChanged:
+                read = None
+        else:
+            raise FjitError(f"fjit.jit({type(module).__qualname__}): the module's configuration "
+                            f"changes while it is traced")
+        if written:
+            layout = self._fj_layout
+            with torch.no_grad():
+                for name, value in written.items():
+                    state[layout.n_state - len(layout.buffer_names) +
+                          layout.buffer_names.index(name)].copy_(value)
+        return out
+
+    # -- the wrapped module's state, under its own names ------------------------------------------
+    def state_dict(self, *args, **kwargs):
+        return self._modules["_fj_module"].state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        return self._modules["_fj_module"].load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return self._modules["_fj_module"].named_parameters(prefix, recurse, remove_duplicate)
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return self._modules["_fj_module"].named_buffers(prefix, recurse, remove_duplicate)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("_fj_module")
+            if module is None:
+                raise
+            return getattr(module, name)
+
+    # -- pickling: the module and the options; programs are compiled again after loading -----------
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_fj_layout", None)
+        state.pop("_fj_jitted", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._fj_bind()
+
+    def __repr__(self):
+        return f"fjit.jit({self._modules['_fj_module']!r})"
+
+
+def diagnosis_call(module: torch.nn.Module, args: tuple):
+    """(function, arguments, configuration bindings) for `fjit.diagnose(module, *args)`: the traced
+    forward and its flat inputs, as a call of the jitted function would pass them."""
+    if isinstance(module, FjitModule):
+        module = module._modules["_fj_module"]
+    layout = Layout(module)
+    state, flags = layout.read(module)
+    return traced_forward(module, layout), (*state, flags, *args), config_bindings(module)
+
+
+def jitted_of(module: FjitModule):
+    """The JittedFunction that runs `module`'s forward (for last_traces, cache_info)."""
+    return module._fj_jitted

@@ -1,0 +1,238 @@
+"""Training through fjit.jit(model) against eager, from the same initial state and data: several
+optimizer steps (SGD and AdamW) of an MLP, a pre-norm transformer block, a conv net with BatchNorm
+(train, then eval), and an RMSNorm + log_softmax + nll_loss head.  Every loss, every gradient, and
+the final parameters and buffers must agree within float32 tolerance.  Then models users bring and
+did not write: layers that probe types and attributes, structured outputs, grad-mode and autocast
+switches inside forward, and torch's own nn.TransformerEncoderLayer, MultiheadAttention and LSTM.
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fjit
+
+STEPS = 3
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(12, 32), nn.Linear(32, 5)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class PreNormBlock(nn.Module):
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads)
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        attn = scores.masked_fill(causal, float("-inf")).softmax(-1)
+        y = (attn @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.drop(self.proj(y))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(),
+                                  nn.Conv2d(6, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.head(self.body(x).mean((2, 3)))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class RMSHead(nn.Module):
+    def __init__(self, d=16, vocab=11):
+        super().__init__()
+        self.norm, self.out = RMSNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, x, target):
+        return F.nll_loss(F.log_softmax(self.out(self.norm(x)), dim=-1), target)
+
+
+def _mse(out, y):
+    return F.mse_loss(out, y)
+
+
+CASES = {   # name -> (model factory, batch factory(step) -> (args, target or None), loss)
+    "mlp": (MLP, lambda g: ((torch.randn(8, 12, generator=g),), torch.randn(8, 5, generator=g)), _mse),
+    "transformer": (PreNormBlock, lambda g: ((torch.randn(2, 6, 16, generator=g),),
+                                             torch.randn(2, 6, 16, generator=g)), _mse),
+    "conv_bn": (ConvBN, lambda g: ((torch.randn(4, 3, 8, 8, generator=g),),
+                                   torch.randn(4, 3, generator=g)), _mse),
+    "rms_head": (RMSHead, lambda g: ((torch.randn(10, 16, generator=g),
+                                      torch.randint(0, 11, (10,), generator=g)), None), None),
+}
+OPTIMIZERS = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+              "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1)}
+
+
+def _train(model, call, batches, loss_fn, optimizer):
+    """Losses and gradients of each step; the model is left as training leaves it."""
+    opt = optimizer(model.parameters())
+    losses, grads = [], []
+    for args, target in batches:
+        opt.zero_grad()
+        out = call(*args)
+        loss = out if loss_fn is None else loss_fn(out, target)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        opt.step()
+    return losses, grads
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_training_matches_eager(case, optimizer):
+    factory, batch, loss_fn = CASES[case]
+    torch.manual_seed(0)
+    model = factory()
+    ref = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    batches = [batch(g) for _ in range(STEPS)]
+    jm = fjit.jit(model)
+    if case == "transformer":        # dropout in eval, the rest in train mode
+        for m in (model, ref):
+            m.drop.eval()
+    got = _train(model, jm, batches, loss_fn, OPTIMIZERS[optimizer])
+    want = _train(ref, ref, batches, loss_fn, OPTIMIZERS[optimizer])
+    for step, (a, b) in enumerate(zip(got[0], want[0])):
+        torch.testing.assert_close(a, b, msg=lambda m: f"loss of step {step}: {m}")
+    for step, (a, b) in enumerate(zip(got[1], want[1])):
+        for name in b:
+            torch.testing.assert_close(a[name], b[name], msg=lambda m: f"grad {name}, step {step}: {m}")
+    for (name, p), q in zip(model.state_dict().items(), ref.state_dict().values()):
+        torch.testing.assert_close(p, q, msg=lambda m: f"final {name}: {m}")
+    assert fjit.cache_info(jm).misses == 1          # weights changed every step: no recompile
+    if case == "conv_bn":           # then evaluation: running statistics read, not written
+        jm.eval()
+        ref.eval()
+        with torch.no_grad():
+            x = batches[0][0][0]
+            torch.testing.assert_close(jm(x), ref(x))
+        for (name, p), q in zip(model.named_buffers(), ref.buffers()):
+            torch.testing.assert_close(p, q, msg=name)
+
+
+# ----------------------------------------------------------------------------- models users bring
+
+@dataclasses.dataclass
+class Output:
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+Pair = collections.namedtuple("Pair", ["mean", "spread"])
+
+
+class Probing(nn.Module):
+    """Asks questions of its inputs and submodules as library code does."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.norm = nn.LayerNorm(6)
+
+    def forward(self, x, mask=None):
+        if not isinstance(x, torch.Tensor) or not hasattr(self.fc, "weight"):
+            raise TypeError("expected a tensor")
+        h = self.fc(x)
+        if isinstance(self.norm, nn.LayerNorm) and getattr(self.fc, "bias", None) is not None:
+            h = self.norm(h)
+        if mask is not None:
+            h = h.masked_fill(mask, 0.0)
+        with torch.no_grad():
+            scale = h.abs().amax(-1, keepdim=True) + 1
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = self.fc(x)
+        return {"out": Output(h / scale, low.float()), "stats": Pair(h.mean(), h.std())}
+
+
+def _plain(x):
+    """Dataclasses as dicts, so assert_close can compare the structures."""
+    if dataclasses.is_dataclass(x):
+        return {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    return x
+
+
+def _assert_same_calls(model, *args, calls=2):
+    ref = copy.deepcopy(model)
+    jm = fjit.jit(model)
+    for seed in range(calls):
+        torch.manual_seed(seed)
+        got = jm(*args)
+        torch.manual_seed(seed)
+        want = ref(*args)
+        assert type(got) is type(want)
+        torch.testing.assert_close(_plain(got), _plain(want))
+    for (name, b), r in zip(model.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(b, r, msg=name)
+    return got, want
+
+
+def test_layers_that_probe_types_and_return_structures():
+    torch.manual_seed(0)
+    x = torch.randn(3, 6)
+    got, want = _assert_same_calls(Probing(), x, x > 1)
+    assert type(got["out"]) is Output and type(got["stats"]) is Pair
+    assert got["out"].hidden.dtype is torch.float32
+    got["out"].logits.sum().backward()          # gradients flow through the no_grad region's rest
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_torch_transformer_encoder_layer(train):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, norm_first=True).train(train)
+    _assert_same_calls(layer, torch.randn(2, 5, 16))
+
+
+def test_torch_multihead_attention_and_lstm():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16)
+    got, _ = _assert_same_calls(nn.MultiheadAttention(16, 4, batch_first=True), x, x, x)
+    assert isinstance(got, tuple) and got[1].shape == (2, 5, 5)
+    lstm = nn.LSTM(16, 8, batch_first=True)
+    got, _ = _assert_same_calls(lstm, x)
+    got[0].sum().backward()
+    assert lstm.weight_ih_l0.grad is not None
+
+
+def test_batch_norm_with_cumulative_average_is_a_clear_error():
+    # momentum=None averages with 1 / num_batches_tracked, a Python float read from a buffer
+    with pytest.raises(fjit.DataDependentError, match="buffer 'num_batches_tracked'"):
+        fjit.jit(nn.BatchNorm1d(4, momentum=None))(torch.randn(3, 4))
