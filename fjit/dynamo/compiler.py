@@ -298,8 +298,9 @@ class _FjitPiece:
         program, first = jf._compile(key, args, {}, leaves)
         info.traces = list(jf._last_traces)
         info.executor = "fjit"
+        info.dynamic = info.dynamic or is_symbolic(self.gm, ())
         result = program(*leaves) if first is _NOT_RUN else first
-        if self.splitter.dynamic or jf._specialized:
+        if self.splitter.dynamic or jf._specialized or is_symbolic(self.gm, ()):
             return jf, result            # fjit's metadata cache: one program per input metadata
         positions = [i for i, a in enumerate(args) if isinstance(a, (torch.Tensor, float))]
         if positions == list(range(len(args))):

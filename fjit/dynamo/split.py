@@ -74,16 +74,23 @@ def is_compute(node: torch.fx.Node) -> bool:
         node.target is not operator.getitem
 
 
+# Nodes that read a value's metadata (or unpack it) go with the torch piece that made the value:
+# split_module orders pieces by the symbols they bind, and a size of nonzero's output belongs with
+# nonzero.
+_FOLLOWERS = {operator.getitem, torch.ops.aten.sym_size.int, torch.ops.aten.sym_stride.int,
+              torch.ops.aten.sym_numel.default, torch.ops.aten.sym_storage_offset.default}
+
+
 def assign(gm: torch.fx.GraphModule, torch_nodes) -> dict:
     """node -> (partition id, "fjit" | "torch"), in graph order: each node in `torch_nodes` is a
-    partition of its own (with the getitems that unpack it), every maximal run of other nodes
+    partition of its own (with the getitems and sizes of its result), every maximal run of other nodes
     between them is one fjit partition."""
     parts: dict = {}
     pid, kind = -1, None
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
-        if node.target is operator.getitem and node.args and \
+        if node.target in _FOLLOWERS and node.args and \
                 isinstance(node.args[0], torch.fx.Node) and parts.get(node.args[0], (0, ""))[1] == "torch":
             parts[node] = parts[node.args[0]]
             continue
