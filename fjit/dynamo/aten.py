@@ -210,14 +210,14 @@ ATEN_TO_TORCH.update({
 def decompositions() -> dict:
     """The decompositions AOTAutograd applies for fjit: backward formulas and norms become the
     pointwise and reduction aten ops the table above maps, so they fuse; matmul and convolution
-    stay whole."""
+    stay whole.  addmm is not decomposed (torch's decomposition multiplies by alpha and beta even
+    when they are 1): its row above makes it mm + add."""
     from torch._decomp import get_decompositions
     return get_decompositions([
         aten.gelu_backward, aten.tanh_backward, aten.sigmoid_backward, aten.threshold_backward,
         aten.silu_backward, aten._softmax_backward_data, aten._log_softmax_backward_data,
         aten.native_layer_norm, aten.native_layer_norm_backward,
-        aten._native_batch_norm_legit_functional, aten.native_batch_norm_backward,
-        aten.addmm])
+        aten._native_batch_norm_legit_functional, aten.native_batch_norm_backward])
 
 
 def to_torch_level(gm: torch.fx.GraphModule) -> int:
