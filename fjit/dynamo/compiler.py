@@ -65,6 +65,12 @@ class SubgraphInfo:
         return self.traces[-1] if self.traces else None
 
 
+def _short(why: str, width: int = 160) -> str:
+    """A reason as the table shows it: up to fjit's ' Fix:' (the fix is in the full reason)."""
+    why = why.split(" Fix: ")[0]
+    return why if len(why) <= width else why[:width - 3] + "..."
+
+
 def _table(headers, rows) -> list[str]:
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
@@ -153,8 +159,9 @@ class Backend:
         if split:
             lines.append("split reasons:")
             lines += _table(("graph", "stage", "node", "op", "why"),
-                            [(i.graph, i.stage, i.reason.node, i.reason.op, i.reason.why)
+                            [(i.graph, i.stage, i.reason.node, i.reason.op, _short(i.reason.why))
                              for i in split])
+            lines.append("(full reasons: fjit.backend.subgraph_infos[i].reason.why)")
         else:
             lines.append("split reasons: none")
         return "\n".join(lines)
