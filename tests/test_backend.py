@@ -339,3 +339,17 @@ def test_aten_rows_trace_into_prims():
     torch.testing.assert_close(jf(_X, _Y), f(_X, _Y))
     source = str(fjit.last_traces(jf)[0])
     assert "prims." in source and "aten" not in source and "torch fallback" not in source
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")   # importing Inductor warns
+@torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
+def test_inductor_split_executor_falls_back_to_torch_with_a_note():
+    be = fjit.dynamo.make_backend(split_executor="inductor")
+
+    def f(x):
+        return torch.nonzero(torch.cos(x) > 0.5).float() + 1
+
+    x = torch.randn(6)
+    torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
+    (split,) = [i for i in be.subgraph_infos if i.reason is not None]
+    assert split.executor == "torch" and "Inductor could not compile" in split.note

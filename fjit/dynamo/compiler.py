@@ -52,6 +52,7 @@ class SubgraphInfo:
     reason: SplitReason | None = None    # why it runs as torch calls (torch/inductor pieces)
     traces: list = dataclasses.field(default_factory=list)   # fjit pieces: every stage
     dynamic: bool = False       # symbolic shapes: fjit's cache keeps one program per shape
+    note: str | None = None     # e.g. why Inductor did not compile a split piece
 
     @property
     def kernels(self) -> int:
@@ -227,7 +228,8 @@ def _torch_piece(backend: Backend, sub: torch.fx.GraphModule, info: SubgraphInfo
             result = compiled(*args)
             info.executor = "inductor"
             slot[0] = compiled
-        except Exception:           # what Inductor cannot compile still runs, as torch calls
+        except Exception as e:      # noqa: BLE001  what Inductor cannot compile runs as torch calls
+            info.note = f"Inductor could not compile it: {describe_error(e)}"
             slot[0] = sub.forward
             result = sub.forward(*args)
         return result
