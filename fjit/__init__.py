@@ -13,3 +13,12 @@ __all__ = ["jit", "fjit", "last_traces", "cache_info", "diagnose", "CacheInfo", 
            "SideEffectError", "NondeterminismError", "DataDependentError", "UnsupportedInputError",
            "UnsupportedOpError", "SharpEdgeWarning", "SharpEdge", "FjitModule"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # fjit.backend, the torch.compile backend, is loaded on first use: importing fjit must not
+    # import torch._dynamo (and the backend imports it only when Dynamo calls it).
+    if name == "backend":
+        from fjit.dynamo import backend
+        return backend
+    raise AttributeError(f"module 'fjit' has no attribute {name!r}")
