@@ -255,3 +255,12 @@ def test_library_layers_under_autocast_from_the_caller():
             got, expected = fjit.jit(f)(params, x), f(params, x)
         assert got.dtype == expected.dtype
         torch.testing.assert_close(got.float(), expected.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_torch_device_made_inside_the_function():
+    """torch.device(type='cpu') is a value: the tracer's function mode must not turn its 'cpu'
+    into the meta device (found by the torch.compile backend's FX graphs)."""
+    def f(x):
+        return x.to(torch.device(type="cpu")) + torch.ones(2, device=torch.device("cpu"))
+    x = torch.ones(2)
+    torch.testing.assert_close(fjit.jit(f)(x), f(x))

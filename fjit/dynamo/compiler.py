@@ -31,11 +31,10 @@ import torch.fx
 from torch.fx.passes.split_module import split_module
 
 from fjit.api import _NOT_RUN, DEFAULT_EXECUTORS, Executor, JittedFunction, _parse
-from fjit.core.ir import Trace
+from fjit.core.ir import Tag, Trace
 from fjit.dynamo import aten as aten_table
 from fjit.dynamo.split import (SplitReason, assign, describe_error, is_compute, is_symbolic,
                                node_of_error, op_name, static_reason)
-from fjit.frontend.inputs import call_key
 
 SPLIT_EXECUTORS = ("torch", "inductor")
 
@@ -59,7 +58,7 @@ class SubgraphInfo:
         """Fused kernel regions (C or Triton) in the program fjit runs."""
         if not self.traces:
             return 0
-        return sum(b.sym.qualname.startswith(("c_kernel.", "triton.")) for b in self.traces[-1].bsyms)
+        return sum(b.sym.has(Tag.KERNEL) for b in self.traces[-1].bsyms)
 
     @property
     def final_trace(self) -> Trace | None:
@@ -303,13 +302,13 @@ class _FjitPiece:
         """(the callable later calls run, this call's result)."""
         info = self.info
         jf = JittedFunction(gm.forward, sharp_edges="error", executors=self.splitter.backend.executors)
-        key, leaves = call_key(args, {}, frozenset())
+        key, leaves = jf._cache.key_and_leaves(args, {})
         program, first = jf._compile(key, args, {}, leaves)
         info.traces = list(jf._last_traces)
         info.executor = "fjit"
         info.dynamic = info.dynamic or is_symbolic(self.gm, ())
         result = program(*leaves) if first is _NOT_RUN else first
-        if self.splitter.dynamic or jf._specialized or is_symbolic(self.gm, ()):
+        if self.splitter.dynamic or jf._cache.specialized or is_symbolic(self.gm, ()):
             return jf, result            # fjit's metadata cache: one program per input metadata
         positions = [i for i, a in enumerate(args) if isinstance(a, (torch.Tensor, float))]
         if positions == list(range(len(args))):

@@ -89,6 +89,8 @@ def _op_name(func) -> str:
 def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, decomposition=None):
     """Record `func(*args, **kwargs)` as `sym`; returns proxies shaped like func's result."""
     leaves = flatten_values((args, kwargs))
+    if func is torch.device:     # a value, not an op (reached through the tracer's function mode)
+        return func(*args, **kwargs)
     if not any(isinstance(x, (TensorProxy, NumberProxy)) for x in leaves):
         real = [x for x in leaves if isinstance(x, torch.Tensor)]
         if real and func in _METADATA_GETTERS:
