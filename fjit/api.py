@@ -18,6 +18,7 @@ from fjit.errors import SharpEdge
 from fjit.executors import Executor, kernel_executor, torch_executor
 from fjit.frontend.context import AMP_DEVICES, Mode, autocast_state, current
 from fjit.frontend.inputs import MISS, call_key
+from fjit.frontend.light_imports import light_imports
 from fjit.frontend.rng import rng_preserved, rng_snapshot
 from fjit.frontend.tracer import scan_bindings, trace_function
 from fjit.ops import TRACE_NAMESPACE
@@ -89,7 +90,7 @@ class JittedFunction:
 
     def _compile(self, key, args, kwargs, leaves):
         cache = self._cache
-        with self._lock:
+        with self._lock, light_imports():
             program = cache.get(key)
             if program is not None:
                 cache.hits += 1
@@ -234,5 +235,6 @@ def diagnose(fn, *args, **kwargs) -> Report:
     """Trace `fn` once, permissively, and report every sharp edge instead of stopping at the first."""
     fn = fn._fn if isinstance(fn, JittedFunction) else fn
     _, leaves = call_key(args, kwargs, frozenset())
-    result = trace_function(fn, args, kwargs, leaves, Mode.DIAGNOSE, TRACE_NAMESPACE)
+    with light_imports():
+        result = trace_function(fn, args, kwargs, leaves, Mode.DIAGNOSE, TRACE_NAMESPACE)
     return Report(getattr(fn, "__name__", "fn"), result.edges, scan_bindings(fn)[1])

@@ -15,7 +15,11 @@ import os
 import threading
 
 import torch
-import triton  # noqa: F401  (a missing triton makes this executor unavailable)
+
+# A missing triton makes this executor unavailable.  Triton itself (0.1 s to import) is imported
+# by the first kernel built, so CPU programs without the interpreter never pay for it.
+if importlib.util.find_spec("triton") is None:
+    raise ImportError("fjit's Triton executor needs the triton package")
 
 from fjit.core.ir import BoundSymbol, NumberVar, Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
