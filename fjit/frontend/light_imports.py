@@ -68,9 +68,10 @@ def _on_bool(name: str):
     return standin
 
 
-def _on_int(name: str):
+def _on_int(name: str, types: tuple):
+    """guard_int answers an int with itself, guarding_hint_or_throw an int or a bool."""
     def standin(a):
-        return a if type(a) in (int, bool) else _real(_SHAPES, name)(a)
+        return a if type(a) in types else _real(_SHAPES, name)(a)
     standin.__name__ = name
     return standin
 
@@ -160,7 +161,8 @@ _STANDINS = {
         _SHAPES,
         **{n: _on_bool(n) for n in ("expect_true", "guard_or_false", "guard_or_true",
                                     "statically_known_true")},
-        **{n: _on_int(n) for n in ("guard_int", "guarding_hint_or_throw")},
+        guard_int=_on_int("guard_int", (int,)),
+        guarding_hint_or_throw=_on_int("guarding_hint_or_throw", (int, bool)),
         sym_and=_joining("sym_and", operator.and_), sym_or=_joining("sym_or", operator.or_),
         sym_eq=_sym_eq, is_nested_int=_is_nested_int, has_guarding_hint=_has_guarding_hint,
         # imported by is_contiguous, never called on concrete values (it warns when called)
