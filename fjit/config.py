@@ -83,7 +83,7 @@ _NOT_YET = {"symbolic": "'symbolic' is not implemented yet"}
 
 def parse(enum_cls: type[_E], value, option: str) -> _E:
     """The member of `enum_cls` that `value` names; a ValueError listing the allowed values
-    (and saying where the value came from: `option`) if none does."""
+    (and saying where the value came from: `option`, e.g. "fjit.jit: cache") if none does."""
     if isinstance(value, enum_cls):
         return value
     for member in enum_cls:
@@ -94,7 +94,7 @@ def parse(enum_cls: type[_E], value, option: str) -> _E:
         return alias
     allowed = ", ".join(repr(m.value) for m in enum_cls)
     hint = f" ({_NOT_YET[value]})" if isinstance(value, str) and value in _NOT_YET else ""
-    raise ValueError(f"fjit: {option}={value!r} is not one of {allowed}{hint}")
+    raise ValueError(f"{option}={value!r} is not one of {allowed}{hint}")
 
 
 # -- environment variables ----------------------------------------------------------------------
@@ -116,7 +116,8 @@ def check_mode() -> bool:
 
 def c_kernels() -> CKernels:
     """FJIT_C_KERNELS: background (default), sync or 0."""
-    return parse(CKernels, os.environ.get("FJIT_C_KERNELS", "background"), "FJIT_C_KERNELS")
+    return parse(CKernels, os.environ.get("FJIT_C_KERNELS", "background"),
+                 "fjit: FJIT_C_KERNELS")
 
 
 def triton_on_cpu() -> bool:
@@ -137,4 +138,5 @@ def log_topics() -> list[LogTopic]:
         return []
     if value == "all":
         return list(LogTopic)
-    return [parse(LogTopic, part.strip(), "FJIT_LOGS") for part in value.split(",") if part.strip()]
+    return [parse(LogTopic, part.strip(), "fjit: FJIT_LOGS") for part in value.split(",")
+            if part.strip()]

@@ -96,7 +96,7 @@ _HANDLER: list = []
 def enable(topics, stream=None) -> None:
     """Turn the given topics' loggers on, with one handler on the `fjit` logger (to stderr)."""
     for topic in topics:
-        LOGGERS[config.parse(LogTopic, topic, "FJIT_LOGS")].setLevel(logging.DEBUG)
+        LOGGERS[config.parse(LogTopic, topic, "fjit: FJIT_LOGS")].setLevel(logging.DEBUG)
     if topics and not _HANDLER:
         handler = logging.StreamHandler(stream or sys.stderr)
         handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))

@@ -127,3 +127,10 @@ def test_fjit_logs_switches_loggers_on_to_stderr():
     assert out.returncode == 0, out.stderr
     assert "[fjit.recompiles]" in out.stderr and "shape (2,) -> (5,)" in out.stderr, out.stderr
     assert "[fjit.traces]" not in out.stderr
+
+
+def test_a_bad_fjit_logs_value_warns_instead_of_breaking_the_import(monkeypatch):
+    from fjit import logs
+    monkeypatch.setenv("FJIT_LOGS", "recompiles,everything")
+    with pytest.warns(RuntimeWarning, match="FJIT_LOGS='everything' is not one of"):
+        logs.enable_from_environment()
