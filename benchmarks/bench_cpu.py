@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-import fjit  # noqa: E402
-from benchmarks import harness as H  # noqa: E402
-from fjit.executors.c import executor as c_executor  # noqa: E402  (waits for kernel builds)
-from fjit.frontend import meta, tracer  # noqa: E402  (detection switched off, memo emptied)
+import fjit
+from benchmarks import harness as H
+from fjit.executors.c import executor as c_executor
+from fjit.frontend import meta, tracer
 
 FJIT_OPTIONS: dict = {}   # fjit's defaults: C kernels for small CPU regions, torch calls for the rest
 SIZES = {"small": 4, "large": 4 * 2**20}

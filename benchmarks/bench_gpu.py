@@ -19,19 +19,19 @@ if "--smoke" in sys.argv:
     # that may define kernels (triton, fjit).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import functools  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import dataclasses
+import functools
+from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-import fjit  # noqa: E402
-from benchmarks import harness as H  # noqa: E402
-from benchmarks.gpu_cases import (BF16, CASES, COLD_SOURCE, COPY, Case, Rand,  # noqa: E402
+import fjit
+from benchmarks import harness as H
+from benchmarks.gpu_cases import (BF16, CASES, COLD_SOURCE, COPY, Case, Rand,
                                   nbytes, raw_triton_add, rms_args)
 
 FJIT_OPTIONS = {"executors": ("triton", "torch")}

@@ -20,8 +20,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import fjit  # noqa: E402
-from benchmarks import harness as H  # noqa: E402
+import fjit
+from benchmarks import harness as H
 
 SIZES = {   # label -> (batch, width in, hidden): activations of batch x hidden elements
     "small": (8, 32, 64),          # 512 elements: dispatch-bound

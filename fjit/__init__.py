@@ -1,5 +1,7 @@
 """fjit: a strict, purely functional tracing JIT for PyTorch."""
-from fjit.api import CacheInfo, Report, cache_info, diagnose, jit, last_traces
+from fjit import logs
+from fjit.api import (CacheInfo, JittedFunction, Report, cache_info, clear_caches, diagnose, explain,
+                      jit, last_traces)
 from fjit.core.ir import Binding, Trace
 from fjit.errors import (DataDependentError, FjitError, InputMutationError, NondeterminismError,
                          SharpEdge, SharpEdgeError, SharpEdgeWarning, SideEffectError,
@@ -8,11 +10,14 @@ from fjit.module import FjitModule
 
 fjit = jit
 
-__all__ = ["jit", "fjit", "last_traces", "cache_info", "diagnose", "CacheInfo", "Report", "Trace",
-           "Binding", "FjitError", "SharpEdgeError", "UnproxiedTensorError", "InputMutationError",
-           "SideEffectError", "NondeterminismError", "DataDependentError", "UnsupportedInputError",
+__all__ = ["jit", "fjit", "last_traces", "cache_info", "diagnose", "explain", "clear_caches",
+           "CacheInfo", "JittedFunction", "Report", "Trace", "Binding", "FjitError",
+           "SharpEdgeError", "UnproxiedTensorError", "InputMutationError", "SideEffectError",
+           "NondeterminismError", "DataDependentError", "UnsupportedInputError",
            "UnsupportedOpError", "SharpEdgeWarning", "SharpEdge", "FjitModule"]
 __version__ = "0.1.0"
+
+logs.enable_from_environment()      # FJIT_LOGS
 
 
 def __getattr__(name):

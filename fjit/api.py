@@ -1,23 +1,31 @@
-"""The public entry points: jit, last_traces, cache_info, diagnose.
+"""The public entry points: jit, last_traces, cache_info, diagnose, explain, clear_caches.
 
 A jitted function looks its program up in its ProgramCache (fjit/cache.py) and compiles on a miss,
-under a lock; lookups do not take it.
+under a lock; lookups do not take it.  It behaves as a Python function does where the ecosystem
+expects one: `functools.wraps` metadata, pickling by reference, deep-copying to itself, and
+`cache_info()` / `cache_clear()` as `functools.lru_cache` has them.
 """
 from __future__ import annotations
 
-import enum
 import functools
-import os
+import inspect
+import sys
 import threading
+import weakref
+from typing import Any, Callable, Generic, Iterable, Literal, ParamSpec, TypeVar, Union, overload
 
 import torch
 
+from fjit import config, logs
 from fjit.cache import CacheInfo, ProgramCache
+from fjit.config import DEFAULT_EXECUTORS, CacheMode, Executor, SharpEdges, TraceMode
 from fjit.core.ir import Binding, Tag, Trace
 from fjit.errors import SharpEdge
-from fjit.executors import Executor, kernel_executor, torch_executor
-from fjit.frontend.context import AMP_DEVICES, Mode, autocast_state, current
-from fjit.frontend.inputs import MISS, call_key
+from fjit.executors import kernel_executor, torch_executor
+from fjit.frontend.context import AMP_DEVICES, autocast_state, current
+from fjit.frontend.inputs import MISS, call_key, key_labels
+from fjit.frontend.light_imports import light_imports
+from fjit.frontend.meta import clear_memo
 from fjit.frontend.rng import rng_preserved, rng_snapshot
 from fjit.frontend.tracer import scan_bindings, trace_function
 from fjit.module import FjitModule, diagnosis_call, jitted_of
@@ -25,42 +33,34 @@ from fjit.ops import TRACE_NAMESPACE
 from fjit.passes.basic import constant_fold, cse, dce
 from fjit.passes.verify import verify
 
-DEFAULT_EXECUTORS = ("triton", "c", "torch")
+P = ParamSpec("P")
+R = TypeVar("R")
+SharpEdgesOption = Union[SharpEdges, Literal["error", "warn", "allow"]]
+ExecutorOption = Union[Executor, Literal["triton", "c", "torch"]]
+CacheOption = Union[CacheMode, Literal["metadata"], None]
+
+_ALL: weakref.WeakSet = weakref.WeakSet()     # every jitted function, for clear_caches()
 
 
-class CacheMode(enum.Enum):
-    METADATA = "metadata"   # one compiled program per input metadata (floats are runtime values)
-    NONE = None             # retrace on every call
-
-
-def _parse(enum_cls, value, option: str):
-    """Options are parsed here and only here; a bad value's error lists the allowed ones."""
-    if isinstance(value, enum_cls):
-        return value
-    for member in enum_cls:
-        if member.value == value:
-            return member
-    allowed = ", ".join(repr(m.value) for m in enum_cls)
-    hint = " ('symbolic' is not implemented yet)" if value == "symbolic" else ""
-    raise ValueError(f"fjit.jit: {option}={value!r} is not one of {allowed}{hint}")
-
-
-class JittedFunction:
-    def __init__(self, fn, *, sharp_edges="error", executors=DEFAULT_EXECUTORS, cache="metadata"):
+class JittedFunction(Generic[P, R]):
+    def __init__(self, fn: Callable[P, R], *, sharp_edges: SharpEdgesOption = "error",
+                 executors: ExecutorOption | Iterable[ExecutorOption] = DEFAULT_EXECUTORS,
+                 cache: CacheOption = "metadata"):
         if not callable(fn):
             raise TypeError(f"fjit.jit expects a function, got {type(fn).__qualname__}")
         functools.update_wrapper(self, fn)
         self._fn = fn
-        self._mode = _parse(Mode, sharp_edges, "sharp_edges")
-        if self._mode is Mode.DIAGNOSE:
-            raise ValueError("fjit.jit: sharp_edges='diagnose' is fjit.diagnose's; use 'error', "
-                             "'warn' or 'allow'")
-        if isinstance(executors, str):
+        self._options = {"sharp_edges": sharp_edges, "executors": executors, "cache": cache}
+        self._mode = TraceMode.of(config.parse(SharpEdges, sharp_edges, "fjit.jit: sharp_edges"))
+        if isinstance(executors, (str, Executor)):
             executors = (executors,)
-        self._executors = tuple(_parse(Executor, e, "executors") for e in executors)
-        self._cache = ProgramCache(keep=_parse(CacheMode, cache, "cache") is CacheMode.METADATA)
+        self._executors = tuple(config.parse(Executor, e, "fjit.jit: executors") for e in executors)
+        self._cache = ProgramCache(
+            keep=config.parse(CacheMode, cache, "fjit.jit: cache") is CacheMode.METADATA)
         self._lock = threading.Lock()
         self._last_traces: list[Trace] = []
+        self._history = logs.History()
+        _ALL.add(self)
 
     def __call__(self, *args, **kwargs):
         if not kwargs:
@@ -73,6 +73,8 @@ class JittedFunction:
 
     def _call(self, args, kwargs):
         if current() is not None:          # called while tracing another function: inline it
+            return self._fn(*args, **kwargs)
+        if config.disabled():              # FJIT_DISABLE=1: nothing is cached, so no fast path
             return self._fn(*args, **kwargs)
         cache = self._cache
         key, leaves = cache.key_and_leaves(args, kwargs)
@@ -91,19 +93,23 @@ class JittedFunction:
 
     def _compile(self, key, args, kwargs, leaves):
         cache = self._cache
-        with self._lock:
+        with self._lock, light_imports():
             program = cache.get(key)
             if program is not None:
                 cache.hits += 1
                 return program, _NOT_RUN
             cache.misses += 1
+            self._history.add(self.__qualname__, cache.explain_miss(
+                key, key_labels(args, kwargs, _parameter_names(self._fn)),
+                cache.hits + cache.misses))
             result, traces, first = self._trace_with_real_layouts(args, kwargs, leaves)
             program = torch_executor.compile_trace(traces[-1])
             if any(b.sym.has(Tag.MODE) for b in traces[-1].bsyms):
                 program = _restoring_modes_on_error(program)
-            if os.environ.get("FJIT_CHECK") == "1":
+            if config.check_mode():
                 check_traces(traces, leaves)
             self._last_traces = traces
+            logs.log_traces(self.__qualname__, traces)
             cache.store(args, kwargs, key, program, result.specialized)
             return program, first
 
@@ -134,6 +140,32 @@ class JittedFunction:
 
     def __repr__(self):
         return f"<fjit.jit of {self._fn!r}>"
+
+    # -- what functools.lru_cache has ------------------------------------------------------------
+    def cache_info(self) -> CacheInfo:
+        """(hits, misses, entries) of this function's program cache."""
+        return self._cache.info()
+
+    def cache_clear(self) -> None:
+        """Forget every compiled program and reset the statistics; the next call compiles."""
+        with self._lock:
+            self._cache.clear(statistics=True)
+            self._last_traces = []
+
+    # -- what the ecosystem expects of a function ------------------------------------------------
+    def __reduce__(self):
+        """Pickled by reference, as functions are: by the name the jitted function has in its
+        module (the decorated case), else as fjit.jit of the wrapped function (itself pickled by
+        reference) with the same options, compiled afresh where it is unpickled."""
+        if _lookup(self.__module__, self.__qualname__) is self:
+            return self.__qualname__
+        return _jit_again, (self._fn, self._options)
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
 
 
 def _restoring_modes_on_error(program):
@@ -168,7 +200,7 @@ def optimize(trace: Trace, executors: tuple, leaves: list) -> list[Trace]:
         if claimed is not None:
             traces.append(claimed)
     traces.append(torch_executor.finalize(traces[-1]))
-    if os.environ.get("FJIT_CHECK") == "1":
+    if config.check_mode():
         for t in traces:
             verify(t)
     return traces
@@ -191,9 +223,45 @@ def check_traces(traces: list[Trace], leaves: list) -> None:
                                        msg=lambda m: f"fjit check: stage {t.stage} differs: {m}")
 
 
-def jit(fn=None, *, sharp_edges="error", executors=DEFAULT_EXECUTORS, cache="metadata"):
-    """Compile `fn`; usable as `@jit` or `@jit(sharp_edges="warn", ...)`.  An nn.Module gives an
-    nn.Module whose parameters and buffers are inputs of the compiled forward (fjit/module.py)."""
+def _lookup(module: str, qualname: str):
+    obj = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _jit_again(fn, options):
+    return JittedFunction(fn, **options)
+
+
+def _parameter_names(fn) -> list[str]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+@overload
+def jit(fn: Callable[P, R], *, sharp_edges: SharpEdgesOption = "error",
+        executors: ExecutorOption | Iterable[ExecutorOption] = DEFAULT_EXECUTORS,
+        cache: CacheOption = "metadata") -> JittedFunction[P, R]: ...
+
+
+@overload
+def jit(fn: None = None, *, sharp_edges: SharpEdgesOption = "error",
+        executors: ExecutorOption | Iterable[ExecutorOption] = DEFAULT_EXECUTORS,
+        cache: CacheOption = "metadata") -> Callable[[Callable[P, R]], JittedFunction[P, R]]: ...
+
+
+def jit(fn: Callable[P, R] | None = None, *, sharp_edges: SharpEdgesOption = "error",
+        executors: ExecutorOption | Iterable[ExecutorOption] = DEFAULT_EXECUTORS,
+        cache: CacheOption = "metadata") -> Any:
+    """Compile `fn`; usable as `@jit` or `@jit(sharp_edges="warn", ...)`.
+
+    sharp_edges: "error" (default), "warn" or "allow".  executors: "triton", "c", "torch", tried
+    in order.  cache: "metadata" (default: one program per input metadata) or None (retrace).
+    With FJIT_DISABLE=1 the function runs eagerly.  An nn.Module gives an nn.Module whose
+    parameters and buffers are inputs of the compiled forward (fjit/module.py)."""
     if fn is None:
         return functools.partial(jit, sharp_edges=sharp_edges, executors=executors, cache=cache)
     if isinstance(fn, torch.nn.Module):
@@ -211,10 +279,28 @@ def last_traces(jf: JittedFunction) -> list[Trace]:
 
 
 def cache_info(jf: JittedFunction) -> CacheInfo:
+    """The same as jf.cache_info()."""
     jf = jitted_of(jf) if isinstance(jf, FjitModule) else jf
     if not isinstance(jf, JittedFunction):
         raise TypeError("fjit.cache_info expects a function made by fjit.jit")
-    return jf._cache.info()
+    return jf.cache_info()
+
+
+def explain(jf: JittedFunction) -> logs.Explanation:
+    """Why `jf` compiled each time it did (its last logs.HISTORY_SIZE compilations): the first
+    call, or each key field that changed from the nearest cached entry, with the old and new
+    values.  Prints as text: `print(fjit.explain(jf))`."""
+    if not isinstance(jf, JittedFunction):
+        raise TypeError("fjit.explain expects a function made by fjit.jit")
+    return logs.Explanation(jf.__qualname__, list(jf._history.compilations), jf.cache_info())
+
+
+def clear_caches() -> None:
+    """Forget every compiled program of every jitted function (as jf.cache_clear() does) and
+    every remembered meta-kernel result: the next calls compile from scratch."""
+    for jf in list(_ALL):
+        jf.cache_clear()
+    clear_memo()
 
 
 class Report:
@@ -249,7 +335,8 @@ def diagnose(fn, *args, **kwargs) -> Report:
         fn, args, bindings = diagnosis_call(fn, args)
     fn = fn._fn if isinstance(fn, JittedFunction) else fn
     _, leaves = call_key(args, kwargs, frozenset())
-    result = trace_function(fn, args, kwargs, leaves, Mode.DIAGNOSE, TRACE_NAMESPACE)
+    with light_imports():
+        result = trace_function(fn, args, kwargs, leaves, TraceMode.DIAGNOSE, TRACE_NAMESPACE)
     if bindings is None:
         bindings = scan_bindings(fn)[1]
     return Report(getattr(fn, "__name__", "fn"), result.edges, bindings)

@@ -5,12 +5,18 @@ Two ways in.  The fast path is a function generated for the call's signature (ty
 as one flat tuple, one dict lookup, the program); calls it does not cover take `key_and_leaves`,
 one walk over the arguments that yields the cache key and the flat runtime values together, and
 one dict lookup.  Lookups take no lock; the jitted function compiles under its own.
+
+On a miss, `explain_miss` says why: the cached entry nearest to the call's key (fewest differing
+fields) and each field that differs, with both values; fjit.logs logs and remembers it.
 """
 from __future__ import annotations
 
 import collections
 
-from fjit.frontend.inputs import MISS, call_key, fast_path
+import torch
+
+from fjit.frontend.inputs import MISS, TENSOR_KEY_FIELDS, call_key, fast_path
+from fjit.logs import Change, Compilation
 
 CACHE_SIZE = 64
 CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "entries"])
@@ -79,11 +85,80 @@ class ProgramCache:
         self.fast_call = _no_fast_path
         self._fast_declined = None
 
-    def clear(self) -> None:
-        """Forget every program (statistics stay)."""
+    def clear(self, statistics: bool = False) -> None:
+        """Forget every program (and with `statistics`, the hit and miss counts too)."""
         self.programs.clear()
         self.specialized = frozenset()
         self._drop_fast_path()
+        if statistics:
+            self.hits = self.misses = 0
 
     def info(self) -> CacheInfo:
         return CacheInfo(self.hits, self.misses, len(self.programs))
+
+    def explain_miss(self, key: tuple, labels: list, call: int) -> Compilation:
+        """Why `key` missed: its differences from the nearest cached key.  `labels` says what each
+        key part is (inputs.key_labels)."""
+        if not self.programs:
+            return Compilation(call, "first call" if call == 1 else "cache empty")
+        best = None
+        for cached in self.programs:
+            if len(cached) != len(key):
+                continue
+            changes = [c for i, (old, new) in enumerate(zip(cached, key)) if old != new
+                       for c in _changes(labels[i], old, new)]
+            if best is None or len(changes) < len(best):
+                best = changes
+        n = len(self.programs)
+        if best is None:
+            return Compilation(call, f"the inputs' structure differs from all {n} cached "
+                                     f"entr{'y' if n == 1 else 'ies'}")
+        return Compilation(call, f"{len(best)} key field{'s' if len(best) != 1 else ''} changed "
+                                 f"from the nearest of {n} cached entr{'y' if n == 1 else 'ies'}",
+                           tuple(best))
+
+
+def _changes(label: tuple[str, str], old, new) -> list[Change]:
+    """What differs between two key parts at one position.  The parts say what they are (the
+    label says where, and what the new call has there)."""
+    where, kind = label
+    if _is_tensor(old) and _is_tensor(new):
+        return [Change(where, field, _shown(a), _shown(b))
+                for field, a, b in zip(TENSOR_KEY_FIELDS, old, new) if a != b]
+    if _is_float(old) and _is_float(new):    # a float the trace specialized on: ("f", value)
+        return [Change(where, "specialized float value",
+                       old[1] if isinstance(old, tuple) else "any", new[1])]
+    if kind == "mode":
+        return [Change(where, "value", old, new)]
+    if _is_constant(old) and _is_constant(new) and old[0] is new[0]:
+        return [Change(where, "value", old[1], new[1])]
+    what = "keyword names" if kind == "names" else "container structure" \
+        if kind == "structure" else "type"
+    return [Change(where, what, _described(old), _described(new))]
+
+
+def _is_tensor(part) -> bool:
+    return type(part) is tuple and len(part) == len(TENSOR_KEY_FIELDS) and \
+        isinstance(part[2], torch.dtype)
+
+
+def _is_float(part) -> bool:
+    return part is float or type(part) is tuple and len(part) == 2 and part[0] == "f"
+
+
+def _is_constant(part) -> bool:
+    return type(part) is tuple and len(part) == 2 and isinstance(part[0], type)
+
+
+def _described(part):
+    if _is_tensor(part):
+        return "a tensor"
+    if _is_float(part):
+        return "a float"
+    if _is_constant(part):
+        return f"{part[0].__name__} {part[1]!r}"
+    return part
+
+
+def _shown(value):
+    return tuple(value) if isinstance(value, torch.Size) else value

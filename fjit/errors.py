@@ -24,7 +24,8 @@ CATEGORIES = {
     "FJ202": "unsupported operation",
 }
 
-CATALOG_DIR = "sharp_edges_catalog"
+# The catalog ships inside the package; errors name its files by their path in it.
+CATALOG_DIR = "fjit/sharp_edges_catalog"
 
 
 class FjitError(Exception):
@@ -51,7 +52,7 @@ class SharpEdge:
     def format(self) -> str:
         where = f"{_short_path(self.filename)}:{self.lineno}"
         return (f"{where}: {self.code} {self.category}: {self.message}. Fix: {self.hint} "
-                f"(see {CATALOG_DIR}/{self.entry}.py)")
+                f"({catalog_ref(self.entry)})")
 
 
 def hint_for(entry: str) -> str:
@@ -61,9 +62,14 @@ def hint_for(entry: str) -> str:
         raise AssertionError(f"fjit: no sharp-edges catalog entry {entry!r}") from None
 
 
+def catalog_ref(entry: str) -> str:
+    """Where an error sends the reader: the entry's file in the installed package."""
+    return f"see {CATALOG_DIR}/{entry}.py"
+
+
 def catalog_fix(entry: str) -> str:
     """The fix an error prints for a catalog entry, with the entry to read."""
-    return f"{hint_for(entry)} (see {CATALOG_DIR}/{entry}.py)"
+    return f"{hint_for(entry)} ({catalog_ref(entry)})"
 
 
 def _short_path(filename: str) -> str:

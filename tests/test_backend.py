@@ -5,9 +5,9 @@ Every test starts and ends with torch._dynamo.reset(), and most use a backend of
 """
 from __future__ import annotations
 
-import configparser
 import copy
 import importlib.metadata
+import tomllib
 import subprocess
 import sys
 from pathlib import Path
@@ -50,11 +50,9 @@ def _ensure_registered():
 # Registration and the public object
 
 def test_entry_point_names_fjit_backend():
-    cfg = configparser.ConfigParser()
-    cfg.read(REPO / "setup.cfg")
-    lines = [ln.strip() for ln in cfg["options.entry_points"]["torch_dynamo_backends"].splitlines()
-             if ln.strip()]
-    assert lines == ["fjit = fjit.dynamo:backend"]
+    with open(REPO / "pyproject.toml", "rb") as f:
+        declared = tomllib.load(f)["project"]["entry-points"]["torch_dynamo_backends"]
+    assert declared == {"fjit": "fjit.dynamo:backend"}
     ep = importlib.metadata.EntryPoint(name="fjit", value="fjit.dynamo:backend",
                                        group="torch_dynamo_backends")
     assert ep.load() is fjit.backend is fjit.dynamo.backend

@@ -1,6 +1,6 @@
 """The sharp-edges catalog run as tests.
 
-Every module of sharp_edges_catalog/ is a test case: each bad program gets exactly its error (the
+Every module of fjit/sharp_edges_catalog/ is a test case: each bad program gets exactly its error (the
 right class, code, entry, file, line and message), `fjit.diagnose` lists it without raising,
 `sharp_edges="warn"` turns it into a warning, each rewrite matches eager PyTorch, and each OK_
 program compiles to what Python computes.  The generated docs and hints must be up to date.
@@ -27,7 +27,8 @@ if str(ROOT) not in sys.path:
 
 import fjit  # noqa: E402
 
-CATALOG_DIR = ROOT / "sharp_edges_catalog"
+CATALOG_PREFIX = "fjit/sharp_edges_catalog/"     # how errors name an entry
+CATALOG_DIR = ROOT / CATALOG_PREFIX
 ENTRY_RE = re.compile(r"^(FJ\d{3}|OK)_[A-Za-z0-9_]+$")
 MARK_RE = re.compile(r"#\s*sharp edge\s*$")
 
@@ -53,7 +54,7 @@ OK_nested_function_captured_arg OK_closure_reads_global
 
 
 def load(name):
-    return importlib.import_module(f"sharp_edges_catalog.{name}")
+    return importlib.import_module(f"fjit.sharp_edges_catalog.{name}")
 
 
 def marked_lines(mod):
@@ -151,7 +152,7 @@ def test_bad_raises_exactly_its_error(name):
     assert e.lineno == marked_line(mod), str(e)
     assert e.hint == mod.FIX
     assert mod.EXPECTED in str(e), str(e)
-    assert f"sharp_edges_catalog/{name}.py" in str(e)
+    assert f"{CATALOG_PREFIX}{name}.py" in str(e)
 
 
 @pytest.mark.parametrize("name", SHARP)
@@ -162,7 +163,7 @@ def test_docs_show_the_real_error(name):
     with pytest.raises(fjit.SharpEdgeError) as info:
         fjit.jit(mod.bad)(*mod.inputs())
     # The path prefix of the real message is relative to the current directory.
-    assert str(info.value).endswith(documented[len("sharp_edges_catalog/"):]), str(info.value)
+    assert str(info.value).endswith(documented[len(CATALOG_PREFIX):]), str(info.value)
 
 
 @pytest.mark.parametrize("name", SHARP)

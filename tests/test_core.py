@@ -220,15 +220,13 @@ class MyTensor(torch.Tensor):
 
 
 @pytest.mark.parametrize("bad", [Opaque(), object(), 1 + 2j, {1, 2}, b"bytes", torch.nn.Linear(2, 2),
-                                 torch.randn(2).as_subclass(MyTensor), lambda: 0, [Opaque()],
-                                 {(1, 2): torch.ones(1)}])
+                                 torch.randn(2).as_subclass(MyTensor), lambda: 0, [Opaque()]])
 def test_unsupported_inputs_are_fj201_naming_the_type(bad):
     with pytest.raises(fjit.UnsupportedInputError) as info:
         fjit.jit(lambda x: x)(bad)
     message = str(info.value)
     assert "FJ201" in message
-    shown = type(bad) if not isinstance(bad, (list, dict)) else (
-        Opaque if isinstance(bad, list) else tuple)
+    shown = type(bad) if not isinstance(bad, list) else Opaque
     assert shown.__qualname__ in message
     assert isinstance(info.value, TypeError)
 
@@ -378,7 +376,7 @@ def test_fj201_names_the_call_site():
     with pytest.raises(fjit.UnsupportedInputError) as info:
         jf(Opaque())
     assert "test_core.py:" in str(info.value).split(" FJ201")[0]
-    assert "sharp_edges_catalog/FJ201_object_input.py" in str(info.value)
+    assert "fjit/sharp_edges_catalog/FJ201_object_input.py" in str(info.value)
 
 
 def test_writing_through_a_tensor_indexed_view_is_fj202_not_lost():
@@ -397,18 +395,25 @@ def test_tensor_index_selects_like_an_int():
             torch.testing.assert_close(fjit.jit(f)(x, torch.tensor(i)), f(x, torch.tensor(i)))
 
 
+def _called_after_compiling():
+    return 1
+
+
 def test_compiling_under_cprofile_leaves_the_profiler_on():
+    # Asked of the profiler's own record, not of sys.getprofile(): since Python 3.12 cProfile
+    # runs on sys.monitoring and sys.getprofile() is None under it.
     import cProfile
-    import sys
+    import pstats
     jf = fjit.jit(lambda x: torch.sin(x) + 1)
     profiler = cProfile.Profile()
     profiler.enable()
     try:
         jf(torch.randn(3))
-        still_on = sys.getprofile() is not None
+        _called_after_compiling()
     finally:
         profiler.disable()
-    assert still_on
+    recorded = {name for (_, _, name) in pstats.Stats(profiler).stats}
+    assert "_called_after_compiling" in recorded
 
 
 _UNARY = ("abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",

@@ -2,7 +2,6 @@
 (linecache), its C kernels and any reference to the caller's tensors with it."""
 import gc
 import linecache
-import traceback
 import weakref
 
 import pytest

@@ -19,11 +19,11 @@ import torch
 import torch.utils._pytree as pytree
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import op_samples  # noqa: E402
-from op_samples import OP_SAMPLES, all_names  # noqa: E402
+import op_samples
+from op_samples import OP_SAMPLES, all_names
 
-import fjit  # noqa: E402
-from fjit.passes.verify import verify  # noqa: E402
+import fjit
+from fjit.passes.verify import verify
 
 _SHORT = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16",
           torch.int64: "i64", torch.int32: "i32", torch.bool: "b8"}
@@ -137,7 +137,7 @@ def test_registry_runs_eagerly():
             warnings.simplefilter("error")
             try:
                 info.fn(*args)
-            except Exception as e:  # noqa: BLE001 - re-raised with the case named
+            except Exception as e:
                 raise AssertionError(f"{info.id} {dtype} sample {i} fails eagerly: {e!r}") from e
 
 

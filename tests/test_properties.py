@@ -41,7 +41,7 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F  # noqa: F401 - used by generated programs
+import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st

@@ -123,7 +123,7 @@ def main():
                     tp.check_issue14_program(executors, data)
             except UnsatisfiedAssumption:
                 raise
-            except Exception as exc:   # noqa: BLE001
+            except Exception as exc:
                 if key_of(exc) == k:
                     last["shrunk"] = (repr(last.get("program")), str(exc)[:1500])
                     raise

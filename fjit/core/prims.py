@@ -28,7 +28,7 @@ class Prim(enum.Enum):
     LOG2 = "log2"; LOG10 = "log10"; LOG1P = "log1p"; SQRT = "sqrt"; RSQRT = "rsqrt"  # noqa: E702
     SIN = "sin"; COS = "cos"; TAN = "tan"; ASIN = "asin"; ACOS = "acos"; ATAN = "atan"  # noqa: E702
     SINH = "sinh"; COSH = "cosh"; TANH = "tanh"; SIGMOID = "sigmoid"; ERF = "erf"  # noqa: E702
-    ERFC = "erfc"  # noqa: E702
+    ERFC = "erfc"
     FLOOR = "floor"; CEIL = "ceil"; ROUND = "round"; TRUNC = "trunc"; SIGN = "sign"  # noqa: E702
     RECIPROCAL = "reciprocal"; LOGICAL_NOT = "logical_not"; BITWISE_NOT = "bitwise_not"  # noqa: E702
     ISNAN = "isnan"; ISINF = "isinf"; ISFINITE = "isfinite"; CLONE = "clone"  # noqa: E702

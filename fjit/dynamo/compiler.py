@@ -30,7 +30,8 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
-from fjit.api import _NOT_RUN, DEFAULT_EXECUTORS, Executor, JittedFunction, _parse
+from fjit import config
+from fjit.api import _NOT_RUN, DEFAULT_EXECUTORS, Executor, JittedFunction
 from fjit.core.ir import Tag, Trace
 from fjit.dynamo import aten as aten_table
 from fjit.dynamo.split import (SplitReason, assign, describe_error, is_compute, is_symbolic,
@@ -84,7 +85,7 @@ class Backend:
     def __init__(self, executors=DEFAULT_EXECUTORS, split_executor="torch"):
         if isinstance(executors, str):
             executors = (executors,)
-        self.executors = tuple(_parse(Executor, e, "executors") for e in executors)
+        self.executors = tuple(config.parse(Executor, e, "fjit.backend: executors") for e in executors)
         if split_executor not in SPLIT_EXECUTORS:
             raise ValueError(f"fjit.backend: split_executor={split_executor!r} is not one of "
                              f"{', '.join(map(repr, SPLIT_EXECUTORS))}")

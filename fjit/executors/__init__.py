@@ -11,7 +11,6 @@ inputs can be read by a kernel at all, and the bound symbol that stands for a re
 """
 from __future__ import annotations
 
-import enum
 import importlib
 import os
 import tempfile
@@ -19,15 +18,12 @@ from typing import Callable, Protocol
 
 import torch
 
+from fjit.config import Executor, kernel_cache_root
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Trace
 from fjit.runtime import register_kernel
 
-
-class Executor(enum.Enum):
-    """The values of the `executors=` option."""
-    TRITON = "triton"   # fused Triton kernels: CUDA tensors (CPU ones under TRITON_INTERPRET=1)
-    C = "c"             # fused C kernels for CPU tensors
-    TORCH = "torch"     # everything else, as direct torch calls
+__all__ = ["Executor", "KernelExecutor", "kernel_executor", "kernel_inputs_usable", "kernel_bsym",
+           "kernel_cache_dir"]   # Executor (the `executors=` option) lives in fjit.config
 
 
 class KernelExecutor(Protocol):
@@ -84,8 +80,7 @@ _FALLBACK_DIRS: dict[str, str] = {}   # an unwritable cache directory -> this pr
 def kernel_cache_dir() -> str:
     """Where generated kernel sources and binaries are kept across processes (FJIT_CACHE_DIR).
     If that directory cannot be made, a temporary one serves this process (one, not one per call)."""
-    path = os.environ.get("FJIT_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "fjit", "kernels")
+    path = kernel_cache_root()
     if path in _FALLBACK_DIRS:
         return _FALLBACK_DIRS[path]
     try:

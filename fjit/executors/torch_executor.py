@@ -10,11 +10,11 @@ program has no such calls.
 """
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import torch
 
+from fjit import config
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Trace, Var, flatten_values, map_values
 from fjit.core.prims import Prim, prim_of
 from fjit.passes.basic import free_dead_values, reuse_buffers
@@ -26,7 +26,7 @@ def finalize(trace: Trace) -> Trace:
 
 
 def compile_trace(trace: Trace) -> Callable:
-    if os.environ.get("FJIT_CHECK") == "1":
+    if config.check_mode():
         trace = with_metadata_checks(trace)
     return trace.python_callable()
 

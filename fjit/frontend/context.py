@@ -5,7 +5,6 @@ through it, which keeps proxies free of an import of the dispatcher.
 """
 from __future__ import annotations
 
-import enum
 import os
 import sys
 import sysconfig
@@ -14,17 +13,14 @@ import warnings
 
 import torch
 
+from fjit.config import TraceMode
 from fjit.core.ir import BoundSymbol
 from fjit.errors import SharpEdge, SharpEdgeWarning, error_for
 
 
-class Mode(enum.Enum):
-    """What to do with a sharp edge (the `sharp_edges=` option, plus diagnose's own mode)."""
-
-    ERROR = "error"
-    WARN = "warn"
-    ALLOW = "allow"
-    DIAGNOSE = "diagnose"
+# What to do with a sharp edge: the internal mode (the `sharp_edges=` option plus diagnose's own),
+# defined with every other option in fjit.config.
+Mode = TraceMode
 
 
 _LOCAL = threading.local()
@@ -45,6 +41,8 @@ def _library_dirs() -> tuple[str, ...]:
 
 
 _LIBRARY_DIRS: tuple[str, ...] | None = None
+_CATALOG_DIR = os.path.join(os.path.realpath(os.path.dirname(os.path.dirname(__file__))),
+                            "sharp_edges_catalog") + os.sep
 _USER_FILE: dict[str, bool] = {}
 
 
@@ -58,7 +56,9 @@ def is_user_file(filename: str) -> bool:
         if filename.startswith("<") and not filename.startswith(("<string>", "<stdin>", "<ipython")):
             ok = False  # frozen modules, fjit's generated code
         else:
-            ok = not os.path.realpath(filename).startswith(_LIBRARY_DIRS)
+            path = os.path.realpath(filename)
+            # the sharp-edges catalog ships inside fjit but is user code: example programs
+            ok = not path.startswith(_LIBRARY_DIRS) or path.startswith(_CATALOG_DIR)
         _USER_FILE[filename] = ok
     return ok
 

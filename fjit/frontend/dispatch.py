@@ -22,7 +22,7 @@ from fjit.frontend.meta import meta_tensor
 from fjit.frontend.proxies import NumberProxy, TensorProxy, _set_data
 from fjit.frontend.rng import bind_generators, rng_preserved
 from fjit.runtime import functional_inplace, setitem, view_scatter
-from fjit.frontend.modes import record_mode_changes  # noqa: F401  (tracer.py reads it from here)
+from fjit.frontend.modes import record_mode_changes
 from fjit.frontend.stateful_ops import WRITES_INTO_ARGUMENTS
 from fjit.frontend.record import DECOMPOSITIONS, RANDOM_OPS, _op_name, torch_symbol, trace_call
 

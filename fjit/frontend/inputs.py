@@ -2,6 +2,12 @@
 
 One walk over the call's arguments yields both the cache key (the metadata that a compiled program
 depends on) and the flat list of runtime values (tensors and floats) that the program takes.
+Containers are walked with `torch.utils._pytree`'s registry: whatever torch's pytree can flatten
+(tuples, lists, dicts, namedtuples, OrderedDicts, defaultdicts, deques, torch.return_types and
+every node a user registers: dataclasses, Hugging Face ModelOutput, ...) is an input, its type and
+pytree context part of the key.  Plain tuples, lists and dicts take a shortcut that gives the
+registry's answer without calling it.  A generated fast path (`fast_path`) stands in front of this
+walk for the common flat signature, so a cached call does not walk at all.
 """
 from __future__ import annotations
 
@@ -9,14 +15,16 @@ import keyword
 import re
 
 import torch
+import torch.utils._pytree as pytree
 
 from fjit.core.ir import NumberVar, TensorVar
-from fjit.errors import UnsupportedInputError, catalog_fix, located
+from fjit.errors import UnsupportedInputError, catalog_fix, catalog_ref, hint_for, located
 from fjit.frontend.context import autocast_key, user_location
 from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
 
 ACCEPTED = ("torch.Tensor, int, float, bool, str, None, torch.dtype, torch.device, slice, Ellipsis, "
-            "torch.Size, and tuple/list/dict/namedtuple of these")
+            "torch.Size, and tuples, lists, dicts, namedtuples, OrderedDicts and other "
+            "torch.utils._pytree nodes of these")
 
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _CONSTANT_TYPES = (int, bool, str, type(None), torch.dtype, torch.device, torch.Size,
@@ -27,6 +35,7 @@ _CONSTANT_TYPES = (int, bool, str, type(None), torch.dtype, torch.device, torch.
 # function and the generated fast path are both made from this one list.  The negative bit
 # (x.conj().imag of a complex x) is there because kernels read raw data, which does not hold it.
 _TENSOR_KEY = ("shape", "stride()", "dtype", "device", "requires_grad", "is_neg()")
+TENSOR_KEY_FIELDS = ("shape", "stride", "dtype", "device", "requires_grad", "negative bit")
 _tensor_key = eval("lambda x: (" + ", ".join(f"x.{f}" for f in _TENSOR_KEY) + ")")  # noqa: S307
 
 
@@ -90,9 +99,9 @@ def fast_path(args: tuple, specialized: frozenset):
               f"    if len(args) != {len(args)}:\n"
               f"        return MISS\n"
               f"    {params}{',' if len(args) == 1 else ''} = args\n" if args else
-              f"def call(*args):\n"
-              f"    if args:\n"
-              f"        return MISS\n")
+              "def call(*args):\n"
+              "    if args:\n"
+              "        return MISS\n")
     source += (f"    if {guard}:\n"
               f"        return MISS\n"
               f"    program = cache.get(({', '.join(key)},))\n"
@@ -125,19 +134,89 @@ def _walk(x, parts, leaves, specialized, where):
         parts.append((t, x))
     elif t is slice:
         parts.append((slice, x.start, x.stop, x.step))
-    elif t is tuple or t is list or _is_namedtuple(x):
+    elif t is tuple or t is list:                     # what pytree's own tuple/list nodes give
         parts.append((t, len(x)))
         for y in x:
             _walk(y, parts, leaves, specialized, where)
     elif t is dict:
-        for k in x:
-            if type(k) not in (int, bool, str, type(None)):
-                raise _unsupported(k, f"a key of a dict {where}")
-        parts.append((dict, tuple(x)))
+        parts.append((dict, _keys(x)))
         for y in x.values():
             _walk(y, parts, leaves, specialized, where)
     else:
+        node = _node(x, where)
+        children, context = node.flatten_fn(x)
+        parts.append((t, _frozen(context, x, where), len(children)))
+        for y in children:
+            _walk(y, parts, leaves, specialized, where)
+
+
+def _keys(d) -> tuple:
+    # 1, 1.0 and True are equal dict keys but different programs' constants: keep their types
+    return tuple((type(k), k) for k in d)
+
+
+def _node(x, where):
+    """torch's pytree node for `x` (its flatten and unflatten functions), or FJ201."""
+    if isinstance(x, torch.Tensor):
+        raise _unsupported(x, where)        # a tensor subclass: not a container either
+    node = pytree.SUPPORTED_NODES.get(pytree._get_node_type(x))
+    if node is None:
         raise _unsupported(x, where)
+    return node
+
+
+def _frozen(context, x, where):
+    """A node's pytree context as a hashable key part (dict-like nodes have key lists)."""
+    t = type(context)
+    if t is list or t is tuple:
+        frozen = tuple(_frozen(c, x, where) for c in context)
+    elif t is dict:
+        frozen = tuple((k, _frozen(v, x, where)) for k, v in context.items())
+    else:
+        frozen = (t, context)
+    try:
+        hash(frozen)
+    except TypeError:
+        raise _unsupported(x, where, f"a {type(x).__qualname__} whose pytree context "
+                                     f"({type(context).__qualname__}) is not hashable") from None
+    return frozen
+
+
+def key_labels(args: tuple, kwargs: dict, names: list[str]) -> list[tuple[str, str]]:
+    """What each part of call_key's key is, as (where, kind), for explaining a cache miss:
+    kind is "tensor" (its TENSOR_KEY_FIELDS), "float", "value", "structure", "names" or "mode".
+    The walk mirrors call_key's; only a miss pays for it."""
+    labels = [("grad mode", "mode"), ("autocast state", "mode")]
+    for i, a in enumerate(args):
+        _label(a, f"argument '{names[i]}' (position {i})" if i < len(names) else
+               f"argument {i}", labels)
+    for k, v in kwargs.items():
+        labels.append(("keyword argument names", "names"))
+        _label(v, f"argument '{k}'", labels)
+    return labels
+
+
+def _label(x, where: str, labels: list) -> None:
+    t = type(x)
+    if t in _TENSOR_TYPES:
+        labels.append((where, "tensor"))
+    elif t is float:
+        labels.append((where, "float"))
+    elif t in _CONSTANT_TYPES or t is slice:
+        labels.append((where, "value"))
+    elif t is tuple or t is list:
+        labels.append((where, "structure"))
+        for j, y in enumerate(x):
+            _label(y, f"{where}[{j}]", labels)
+    elif t is dict:
+        labels.append((where, "structure"))
+        for k, y in x.items():
+            _label(y, f"{where}[{k!r}]", labels)
+    else:
+        children, _ = _node(x, where).flatten_fn(x)
+        labels.append((where, "structure"))
+        for j, y in enumerate(children):
+            _label(y, f"{where}.<{j}>", labels)
 
 
 def _unsupported(x, where: str, what: str | None = None) -> UnsupportedInputError:
@@ -145,11 +224,18 @@ def _unsupported(x, where: str, what: str | None = None) -> UnsupportedInputErro
     name = f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else t.__qualname__
     if isinstance(x, torch.nn.Module):
         fix = ("compile the module itself, fjit.jit(module), or pass dict(module.named_parameters()) "
-               "and call torch.func.functional_call inside (see sharp_edges_catalog/FJ201_object_input.py)")
-    elif what is not None:      # a tensor of another layout than strided
+               "and call torch.func.functional_call inside "
+               f"({catalog_ref('FJ201_object_input')})")
+    elif what is not None and isinstance(x, torch.Tensor):   # a layout other than strided
         fix = "pass a dense tensor (x.to_dense()), and convert back after the call if you need to"
+    elif what is not None:
+        fix = "make the node's flatten function return a hashable context (a tuple, not a list)"
+    elif isinstance(x, torch.Tensor):
+        fix = catalog_fix("FJ201_tensor_subclass")
     else:
-        fix = catalog_fix("FJ201_tensor_subclass" if isinstance(x, torch.Tensor) else "FJ201_object_input")
+        fix = (f"{hint_for('FJ201_object_input')}; or register the class with "
+               f"torch.utils._pytree (register_dataclass, register_pytree_node) "
+               f"({catalog_ref('FJ201_object_input')})")
     described = f"{where}, {what}," if what else f"{where} of type {name}"
     return UnsupportedInputError(located("FJ201", f"{described} cannot be proxied; fjit accepts "
                                                   f"{ACCEPTED} (tensors of strided layout)",
@@ -208,7 +294,18 @@ def make_proxies(ctx, params: list[tuple[str, object]], leaves: list, concrete_f
             return tuple(build(y, f"{label}_{j}") for j, y in enumerate(x))
         if _is_namedtuple(x):
             return t(*(build(y, f"{label}_{f}") for f, y in zip(x._fields, x)))
-        return x
+        if t in _CONSTANT_TYPES or t is slice:
+            return x
+        # any other pytree node (OrderedDict, a registered dataclass, ModelOutput, ...): rebuilt
+        # by its own unflatten around proxies, and checked after the run for mutations
+        node = pytree.SUPPORTED_NODES[pytree._get_node_type(x)]
+        children, context = node.flatten_fn(x)
+        built = [build(y, f"{label}_{j}") for j, y in enumerate(children)]
+        rebuilt = node.unflatten_fn(built, context)
+        rebuilt_nodes.append((rebuilt, node, built, label))
+        return rebuilt
 
     ctx.real_inputs = list(leaves)
+    rebuilt_nodes: list = []
+    ctx.rebuilt_inputs = rebuilt_nodes     # read by outputs.check_rebuilt_inputs after the run
     return [build(v, name) for name, v in params]

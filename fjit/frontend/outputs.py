@@ -41,6 +41,7 @@ def output_structure(ctx, result, where):
 
     With rebuild None the output is the caller's structure itself (it prints as Python); otherwise
     it is a flat tuple of traced values and `rebuild(*values)` gives the caller's structure."""
+    check_rebuilt_inputs(ctx, where)
     def leaf(x):
         if isinstance(x, (TensorProxy, NumberProxy)):
             return x.ir
@@ -53,6 +54,21 @@ def output_structure(ctx, result, where):
     builder = _Builder(where)
     body = builder.expr(result)
     return tuple(leaf(x) for x in builder.leaves), builder.function(body)
+
+
+def check_rebuilt_inputs(ctx, where) -> None:
+    """FJ103 for an input container that the function changed, among those make_proxies rebuilt
+    with their pytree unflatten (an OrderedDict, a registered dataclass, ...): eager changes the
+    caller's object, a compiled call would not.  (Input lists and dicts report their mutations
+    where they happen.)  Seen at the end of the run, so reported at the `return`."""
+    for obj, node, children, label in getattr(ctx, "rebuilt_inputs", ()):
+        now, _ = node.flatten_fn(obj)
+        if len(now) != len(children) or any(a is not b for a, b in zip(now, children)):
+            kind = "dict" if isinstance(obj, dict) else "list"
+            ctx.sharp_edge(f"FJ103_{'dict_setitem' if kind == 'dict' else 'list_append'}",
+                           f"input '{label}', a {type(obj).__qualname__}, was changed by "
+                           f"'{ctx.fn_name}'; compiled code would not see the change on later calls",
+                           where)
 
 
 def _plain(x) -> bool:

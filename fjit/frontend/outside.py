@@ -229,12 +229,24 @@ _OBJECT_WRITES = ("STORE_ATTR", "STORE_SUBSCR", "DELETE_ATTR", "DELETE_SUBSCR", 
 _NAME_LOADS = ("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_NAME", "LOAD_FAST", "LOAD_CLOSURE")
 
 
+def line_starting(ins: dis.Instruction) -> int | None:
+    """The source line `ins` is the first instruction of, or None.  Python 3.13 made
+    `Instruction.starts_line` a bool and put the number in `line_number`."""
+    if _STARTS_LINE_IS_BOOL:
+        return ins.line_number if ins.starts_line else None
+    return ins.starts_line
+
+
+_STARTS_LINE_IS_BOOL = sys.version_info >= (3, 13)
+
+
 def code_lines(code):
     """[(line, [instructions])] of a code object, one group per source line, in bytecode order."""
     groups, line = [], None
     for ins in dis.get_instructions(code):
-        if ins.starts_line is not None and ins.starts_line != line:
-            line = ins.starts_line
+        start = line_starting(ins)
+        if start is not None and start != line:
+            line = start
             groups.append((line, []))
         if groups:
             groups[-1][1].append(ins)
@@ -269,8 +281,8 @@ def line_of(entry: str, name: str, codes: list, ran_lines: set, attr=None, value
         statement: list = []          # (instruction, line) since the last statement boundary
         line = None
         for ins in dis.get_instructions(code):
-            if ins.starts_line is not None:
-                line = ins.starts_line
+            if line_starting(ins) is not None:
+                line = line_starting(ins)
             statement.append((ins, line))
             hit, where = 0, line
             if entry in _STORES:
@@ -313,5 +325,5 @@ def _stores_other_constant(instructions, value) -> bool:
     const = first.argval
     try:
         return type(const) is not type(value) or bool(const != value)
-    except Exception:   # a value whose comparison raises tells nothing
+    except Exception:  # noqa: BLE001  (a value whose comparison raises tells nothing)
         return False

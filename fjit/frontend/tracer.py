@@ -19,7 +19,8 @@ from torch.overrides import TorchFunctionMode
 from fjit.core.ir import Binding, Trace
 from fjit.errors import error_for
 from fjit.frontend.context import Mode, TraceContext, user_location
-from fjit.frontend.dispatch import dispatch, opaque_calls_traced, record_mode_changes
+from fjit.frontend.dispatch import dispatch, opaque_calls_traced
+from fjit.frontend.modes import record_mode_changes
 from fjit.frontend.inputs import make_proxies
 from fjit.frontend.observer import observe
 from fjit.frontend.outputs import output_structure

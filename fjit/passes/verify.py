@@ -94,7 +94,8 @@ def _prim_rule_violation(b: BoundSymbol) -> str | None:
             kwargs["device"] = "meta"
         try:
             result = run_meta(b.sym.fn, args, kwargs)
-        except Exception as e:     # the prim refuses its own recorded arguments
+        except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as e:
+            # the prim refuses its own recorded arguments
             return f"its lowering refuses the recorded arguments: {type(e).__name__}: {e}"
     got = [m for m in flatten_values(result) if isinstance(m, torch.Tensor)]
     if len(got) != len(outs):

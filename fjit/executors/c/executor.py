@@ -28,6 +28,7 @@ import queue
 import shutil
 import subprocess
 import threading
+import time
 import warnings
 import weakref
 
@@ -35,9 +36,11 @@ import _ctypes
 
 import torch
 
+from fjit import config
 from fjit.core.ir import BoundSymbol, TensorVar, Trace, Var, map_values
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
+from fjit.logs import kernels as log
 from fjit.passes.fusion import Partitioner, Region
 
 # The largest tensors a prim may touch to be claimed.  A libm call (sin, exp, ...) costs ~10 ns per
@@ -50,15 +53,9 @@ CFLAGS = ("-O2", "-shared", "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-
 _ARG_TYPES = {"p": ctypes.c_void_p, "d": ctypes.c_double, "q": ctypes.c_int64}
 
 
-_MODES = {"background": "background", "sync": "sync", "0": "off", "off": "off"}
-
-
 def mode() -> str:
-    value = os.environ.get("FJIT_C_KERNELS", "background")
-    if value not in _MODES:
-        raise ValueError(f"fjit: FJIT_C_KERNELS={value!r} is not one of 'background', 'sync', "
-                         f"'0' (off)")
-    return _MODES[value]
+    """FJIT_C_KERNELS (parsed in fjit.config): "background", "sync" or "off"."""
+    return config.c_kernels().name.lower()
 
 
 _COMPILER: list = []   # [path or None], found once
@@ -193,8 +190,10 @@ def _binary(kernel: Kernel) -> _Binary:
         if binary is None:
             binary = _BINARIES[kernel.name] = _Binary(kernel)
         if binary.fn is not None or binary.error is not None:
+            log.debug("C kernel %s: cache hit (loaded in this process)", kernel.name)
             return binary
         if _load_from_disk(binary):
+            log.debug("C kernel %s: cache hit (binary on disk)", kernel.name)
             return binary
         if mode() != "sync":
             if not binary.queued:
@@ -252,6 +251,7 @@ def _build(binary: _Binary) -> None:
     path = _so_path(kernel.name)
     try:
         if not _load_from_disk(binary):
+            start = time.perf_counter()
             tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"
             with open(f"{tmp}.c", "w") as f:
                 f.write(kernel.source)
@@ -265,6 +265,8 @@ def _build(binary: _Binary) -> None:
                               f"{(result.stderr or result.stdout).strip()[-500:]}")
             os.replace(tmp, path)
             _load(binary, path)
+            log.debug("C kernel %s built in %.0f ms (%s):\n%s", kernel.name,
+                      1e3 * (time.perf_counter() - start), path, kernel.source)
     except (OSError, AttributeError, subprocess.SubprocessError) as e:
         binary.error = str(e)
         if not _WARNED:

@@ -13,13 +13,20 @@ import hashlib
 import importlib.util
 import os
 import threading
+import time
 
 import torch
-import triton  # noqa: F401  (a missing triton makes this executor unavailable)
 
+# A missing triton makes this executor unavailable.  Triton itself (0.1 s to import) is imported
+# by the first kernel built, so CPU programs without the interpreter never pay for it.
+if importlib.util.find_spec("triton") is None:
+    raise ImportError("fjit's Triton executor needs the triton package")
+
+from fjit import config
 from fjit.core.ir import BoundSymbol, NumberVar, Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
 from fjit.executors.triton.codegen import Kernel, generate, supported
+from fjit.logs import kernels as log
 from fjit.passes.fusion import Partitioner, Region
 
 _KERNELS: dict[str, object] = {}      # source hash -> triton.jit function
@@ -29,7 +36,7 @@ _PARTITIONER = Partitioner(supported)
 
 def interpreting() -> bool:
     """Whether CPU tensors go to Triton's interpreter (TRITON_INTERPRET=1, unless FJIT_TRITON_CPU=0)."""
-    return os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("FJIT_TRITON_CPU") != "0"
+    return config.triton_on_cpu()
 
 
 name = "triton"
@@ -61,7 +68,10 @@ def _compiled(kernel: Kernel):
     """triton.jit needs its source in a file; identical sources share one module and one binary."""
     with _LOCK:
         fn = _KERNELS.get(kernel.name)
-        if fn is None:
+        if fn is not None:
+            log.debug("Triton kernel %s: cache hit (loaded in this process)", kernel.name)
+        else:
+            start = time.perf_counter()
             path = os.path.join(kernel_cache_dir(), f"{kernel.name}.py")
             if not os.path.exists(path):
                 tmp = f"{path}.{os.getpid()}.tmp"
@@ -72,6 +82,10 @@ def _compiled(kernel: Kernel):
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             fn = _KERNELS[kernel.name] = getattr(module, kernel.name)
+            # triton.jit compiles at the first launch, into Triton's own cache
+            log.debug("Triton kernel %s loaded in %.0f ms (%s), grid %s, BLOCK=%s:\n%s",
+                      kernel.name, 1e3 * (time.perf_counter() - start), path, kernel.grid,
+                      kernel.block, kernel.source)
     return fn
 
 

@@ -14,7 +14,7 @@ ERROR = fjit.UnsupportedInputError
 TITLE = "A tensor subclass with __torch_function__ as input"
 FIX = "pass a plain torch.Tensor (for example t.as_subclass(torch.Tensor))"
 EXPECTED = (
-    "argument of type sharp_edges_catalog.FJ201_tensor_subclass.CountingTensor cannot be "
+    "argument of type fjit.sharp_edges_catalog.FJ201_tensor_subclass.CountingTensor cannot be "
     "proxied"
 )
 

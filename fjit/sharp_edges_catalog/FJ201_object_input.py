@@ -15,7 +15,7 @@ CODE = "FJ201"
 ERROR = fjit.UnsupportedInputError
 TITLE = "An arbitrary object as input"
 FIX = "pass the object's tensors and numbers as arguments, or a dict or namedtuple of them"
-EXPECTED = "argument of type sharp_edges_catalog.FJ201_object_input.Params cannot be proxied"
+EXPECTED = "argument of type fjit.sharp_edges_catalog.FJ201_object_input.Params cannot be proxied"
 
 
 class Params:

@@ -1,0 +1,142 @@
+"""Every option fjit has: the options of `fjit.jit` (enums), the internal modes they map to, and
+the `FJIT_*` environment variables, each with its doc.  Options are parsed by `parse` and only
+there, so a bad value's error lists exactly the values that are accepted.
+
+Environment variables are read when they are used (compile time, never on a cached call), so a
+test or a notebook may change them between compilations; FJIT_LOGS is read when fjit is imported.
+
+| variable | values | what it does |
+|---|---|---|
+| FJIT_DISABLE | 1 | every jitted function calls the Python function eagerly (nothing is traced) |
+| FJIT_LOGS | recompiles,traces,kernels (any of them, or all) | turns on fjit's loggers, to stderr |
+| FJIT_CHECK | 1 | check mode: every stage runs and is compared with the first; torch fallbacks' real layouts are checked |
+| FJIT_C_KERNELS | background (default), sync, 0 | when C kernels are built: in a background thread, before the compile returns, or never |
+| FJIT_TRITON_CPU | 0 | with TRITON_INTERPRET=1, keep CPU tensors away from the Triton interpreter |
+| FJIT_CACHE_DIR | a directory | where generated kernels are kept (default ~/.cache/fjit/kernels) |
+"""
+from __future__ import annotations
+
+import enum
+import os
+from typing import TypeVar
+
+# -- the options of fjit.jit ------------------------------------------------------------------
+
+
+class SharpEdges(enum.Enum):
+    """`sharp_edges=`: what a sharp edge does."""
+    ERROR = "error"     # raise it (the default)
+    WARN = "warn"       # one SharpEdgeWarning per edge, compile what a permissive tracer would
+    ALLOW = "allow"     # compile the same program silently
+
+
+class Executor(enum.Enum):
+    """`executors=`: who runs the program, tried in the given order."""
+    TRITON = "triton"   # fused Triton kernels: CUDA tensors (CPU ones under TRITON_INTERPRET=1)
+    C = "c"             # fused C kernels for CPU tensors
+    TORCH = "torch"     # everything else, as direct torch calls
+
+
+class CacheMode(enum.Enum):
+    """`cache=`: when a compiled program is reused."""
+    METADATA = "metadata"   # one compiled program per input metadata (floats are runtime values)
+    NONE = None             # retrace on every call
+
+
+DEFAULT_EXECUTORS = (Executor.TRITON.value, Executor.C.value, Executor.TORCH.value)
+
+# -- internal modes (not options a user passes) -----------------------------------------------
+
+
+class TraceMode(enum.Enum):
+    """How a trace treats sharp edges: the user's SharpEdges, plus fjit.diagnose's own mode."""
+    ERROR = "error"
+    WARN = "warn"
+    ALLOW = "allow"
+    DIAGNOSE = "diagnose"   # collect every edge, never raise (fjit.diagnose)
+
+    @classmethod
+    def of(cls, option: SharpEdges) -> "TraceMode":
+        return cls(option.value)
+
+
+class CKernels(enum.Enum):
+    """FJIT_C_KERNELS: when the C executor builds its kernels."""
+    BACKGROUND = "background"   # on one background thread; torch calls run until it is loaded
+    SYNC = "sync"               # before the compile returns (tests and benchmarks)
+    OFF = "0"                   # never: the C executor claims nothing
+
+
+class LogTopic(enum.Enum):
+    """FJIT_LOGS: the loggers it turns on (logger fjit.<value>)."""
+    RECOMPILES = "recompiles"   # why a call compiled again: the key field that changed
+    TRACES = "traces"           # every stage of every compilation, as Python
+    KERNELS = "kernels"         # generated kernels: source, build time, cache hits
+
+
+_E = TypeVar("_E", bound=enum.Enum)
+
+# Spellings accepted besides an enum's values (an environment variable cannot say None).
+_ALIASES = {CKernels: {"off": CKernels.OFF}, CacheMode: {"none": CacheMode.NONE}}
+_NOT_YET = {"symbolic": "'symbolic' is not implemented yet"}
+
+
+def parse(enum_cls: type[_E], value, option: str) -> _E:
+    """The member of `enum_cls` that `value` names; a ValueError listing the allowed values
+    (and saying where the value came from: `option`, e.g. "fjit.jit: cache") if none does."""
+    if isinstance(value, enum_cls):
+        return value
+    for member in enum_cls:
+        if member.value == value:
+            return member
+    alias = _ALIASES.get(enum_cls, {}).get(value)
+    if alias is not None:
+        return alias
+    allowed = ", ".join(repr(m.value) for m in enum_cls)
+    hint = f" ({_NOT_YET[value]})" if isinstance(value, str) and value in _NOT_YET else ""
+    raise ValueError(f"{option}={value!r} is not one of {allowed}{hint}")
+
+
+# -- environment variables ----------------------------------------------------------------------
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def disabled() -> bool:
+    """FJIT_DISABLE=1: jitted functions run the Python function eagerly."""
+    return _flag("FJIT_DISABLE")
+
+
+def check_mode() -> bool:
+    """FJIT_CHECK=1: check mode (see docs/design.md)."""
+    return os.environ.get("FJIT_CHECK") == "1"
+
+
+def c_kernels() -> CKernels:
+    """FJIT_C_KERNELS: background (default), sync or 0."""
+    return parse(CKernels, os.environ.get("FJIT_C_KERNELS", "background"),
+                 "fjit: FJIT_C_KERNELS")
+
+
+def triton_on_cpu() -> bool:
+    """Whether CPU tensors go to Triton's interpreter: TRITON_INTERPRET=1, unless FJIT_TRITON_CPU=0."""
+    return os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("FJIT_TRITON_CPU") != "0"
+
+
+def kernel_cache_root() -> str:
+    """FJIT_CACHE_DIR, or ~/.cache/fjit/kernels."""
+    return os.environ.get("FJIT_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "fjit", "kernels")
+
+
+def log_topics() -> list[LogTopic]:
+    """FJIT_LOGS: a comma-separated list of LogTopic values, or 'all'."""
+    value = os.environ.get("FJIT_LOGS", "").strip()
+    if not value:
+        return []
+    if value == "all":
+        return list(LogTopic)
+    return [parse(LogTopic, part.strip(), "fjit: FJIT_LOGS") for part in value.split(",")
+            if part.strip()]
