@@ -12,6 +12,7 @@ import threading
 
 import torch
 
+from fjit import autodiff
 from fjit.cache import CacheInfo, ProgramCache
 from fjit.core.ir import Binding, Tag, Trace
 from fjit.errors import SharpEdge
@@ -59,6 +60,7 @@ class JittedFunction:
         self._cache = ProgramCache(keep=_parse(CacheMode, cache, "cache") is CacheMode.METADATA)
         self._lock = threading.Lock()
         self._last_traces: list[Trace] = []
+        self._last_backward_traces: list[Trace] = []
 
     def __call__(self, *args, **kwargs):
         if not kwargs:
@@ -95,8 +97,17 @@ class JittedFunction:
                 cache.hits += 1
                 return program, _NOT_RUN
             cache.misses += 1
-            result, traces, first = self._trace_with_real_layouts(args, kwargs, leaves)
-            program = torch_executor.compile_trace(traces[-1])
+            result, traces, first, executors = self._trace_with_real_layouts(args, kwargs, leaves)
+            # An input requiring grad under grad mode: a compiled forward and backward, when
+            # something in them fuses (else torch autograd runs the forward program's torch calls).
+            joint = autodiff.compile_with_backward(
+                traces[len(CLEANUP)], leaves, executors,
+                lambda t, cleanup: optimize(t, executors, leaves, cleanup))
+            if joint is not None:
+                traces, program = joint.forward_traces, joint.program
+            else:
+                program = torch_executor.compile_trace(traces[-1])
+            self._last_backward_traces = joint.backward_traces if joint is not None else []
             if any(b.sym.has(Tag.MODE) for b in traces[-1].bsyms):
                 program = _restoring_modes_on_error(program)
             if os.environ.get("FJIT_CHECK") == "1":
@@ -118,7 +129,7 @@ class JittedFunction:
             # The traced stage, dead ops included: check mode checks every stage's layouts.
             traced = traces[0]
             if not torch_executor.has_opaque_ops(traced):
-                return result, traces, _NOT_RUN
+                return result, traces, _NOT_RUN, self._executors
             rewind = rng_snapshot(traced.bsyms)
             first, wrong = _restoring_modes_on_error(torch_executor.run_observing_layouts)(
                 traced, leaves)
@@ -128,7 +139,7 @@ class JittedFunction:
             observed.update(wrong)
         if wrong:                # torch calls read any layout
             traces = optimize(result.trace, (Executor.TORCH,), leaves)
-        return result, traces, first
+        return result, traces, first, (Executor.TORCH,) if wrong else self._executors
 
     def __repr__(self):
         return f"<fjit.jit of {self._fn!r}>"
@@ -153,12 +164,15 @@ def _restoring_modes_on_error(program):
 _NOT_RUN = object()
 
 
-def optimize(trace: Trace, executors: tuple, leaves: list) -> list[Trace]:
+CLEANUP = (dce, cse, constant_fold, dce)
+
+
+def optimize(trace: Trace, executors: tuple, leaves: list, cleanup: bool = True) -> list[Trace]:
     """Every stage from the traced program to the one the generated function runs: the cleanup
     passes, then each kernel executor of `executors` in the user's order (a stage each that claims
     something; each sees what the earlier ones left), then the torch executor for the rest."""
     traces = [trace]
-    for stage in (dce, cse, constant_fold, dce):
+    for stage in CLEANUP if cleanup else ():
         traces.append(stage(traces[-1]))
     for option in executors:
         executor = kernel_executor(option)
@@ -198,6 +212,15 @@ def last_traces(jf: JittedFunction) -> list[Trace]:
     if not isinstance(jf, JittedFunction):
         raise TypeError("fjit.last_traces expects a function made by fjit.jit")
     return list(jf._last_traces)
+
+
+def last_backward_traces(jf: JittedFunction) -> list[Trace]:
+    """Every stage of the compiled backward of `jf`'s last compilation, first to last; empty when
+    that compilation has none (no input required grad under grad mode, or torch autograd runs the
+    forward program's ops because nothing in them would be fused)."""
+    if not isinstance(jf, JittedFunction):
+        raise TypeError("fjit.last_backward_traces expects a function made by fjit.jit")
+    return list(jf._last_backward_traces)
 
 
 def cache_info(jf: JittedFunction) -> CacheInfo:

@@ -1,0 +1,163 @@
+"""What runs: the one torch.autograd.Function that joins a compiled forward and backward to autograd,
+and the two helpers by which an op torch autograd keeps runs inside them.
+
+Inside Function.forward and Function.backward grad mode is off, so the kernel executors claim
+regions of both programs as they do for any program (executors.kernel_inputs_usable).
+
+Saved tensors: the caller's outputs among them go through `ctx.save_for_backward` (holding them on
+ctx would be a reference cycle through their grad_fn); the rest are held in a list on ctx, which
+the backward hands to its program and empties, so each is freed after its last use there (the
+generated program deletes dead values) rather than when the whole backward ends.
+"""
+from __future__ import annotations
+
+import itertools
+import linecache
+import math
+import operator
+import weakref
+
+import torch
+
+from fjit.core.ir import Trace, TracePrinter, flatten_values, map_values
+from fjit.errors import FjitError
+
+
+# -- ops torch autograd keeps ------------------------------------------------------------------------
+
+def record(fn, slots, n_leaves, graph_slots, *args, **kwargs):
+    """fn(*args, **kwargs) under enable_grad, its differentiable tensor operands replaced by
+    detached leaves (slots: (flat position, leaf index)).  Returns the output (detached, for the
+    rest of the forward), the outputs at `graph_slots` with their graph, and the leaves."""
+    flat = flatten_values((args, kwargs))
+    leaves = [None] * n_leaves
+    replace = {}
+    for k, j in slots:
+        if leaves[j] is None:
+            leaves[j] = flat[k].detach().requires_grad_()
+        replace[k] = leaves[j]
+    counter = itertools.count()
+    args, kwargs = map_values(lambda x: replace.get(next(counter), x), (args, kwargs))
+    with torch.enable_grad():
+        out = fn(*args, **kwargs)
+    outs = flatten_values(out)
+    detached = map_values(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, out)
+    return detached, tuple(outs[k] for k in graph_slots), tuple(leaves)
+
+
+def torch_vjp(graphs, leaves, cotangents):
+    """Torch autograd's backward of a recorded op: the cotangents of its leaves (contiguous, as
+    the backward trace records them)."""
+    pairs = [(o, g) for o, g in zip(graphs, cotangents) if o.requires_grad]
+    if not pairs:
+        return tuple(torch.zeros_like(x, memory_format=torch.contiguous_format) for x in leaves)
+    grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
+                                allow_unused=True, materialize_grads=True)
+    return tuple(g.contiguous() for g in grads)
+
+
+# -- the programs ----------------------------------------------------------------------------------
+
+def list_callable(trace: Trace):
+    """The trace as a function of ONE list holding its inputs, which it empties before running:
+    the program's own `del`s then free each input after its last use (a call with *args would
+    hold every argument until it returns).  Otherwise as Trace.python_callable."""
+    printer = TracePrinter(trace)
+    lines = printer.source().split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("def computation("))
+    params = [v.name for v in trace.inputs]
+    unpack = f"  ({', '.join(params)},) = _inputs" if params else "  pass"
+    lines[start:start + 1] = ["def computation(_inputs):", unpack, "  _inputs.clear()"]
+    src = "\n".join(lines)
+    ns = {"torch": torch, "operator": operator, "inf": math.inf, "nan": math.nan}
+    ns.update(trace.namespace)
+    ns.update(printer.consts)
+    filename = f"<fjit {trace.name} {trace.stage} {id(trace):x}>"
+    entry = (len(src), None, src.splitlines(True), filename)
+    linecache.cache[filename] = entry
+    exec(compile(src, filename, "exec"), ns)
+    fn = ns.pop("computation")
+    weakref.finalize(fn, _forget_source, filename, entry).atexit = False
+    return fn
+
+
+def _forget_source(filename, entry):
+    if linecache.cache.get(filename) is entry:
+        del linecache.cache[filename]
+
+
+class Plan:
+    """One compiled joint program: the forward and backward functions and how their flat values
+    map to the caller's outputs and to autograd's tensors."""
+
+    def __init__(self, joint, forward, backward, output_template, rebuild):
+        self.forward = forward                  # (*leaves) -> (*outputs, *saved)
+        self.backward = backward                # ([*saved, *cotangents]) -> grads per leaf
+        names = [v.name for v in joint.outputs]
+        self.n_outputs = len(names)
+        self.tensor_outputs = [k for k, v in enumerate(joint.outputs) if hasattr(v, "shape")]
+        self.nondiff = [i for i, k in enumerate(self.tensor_outputs) if not joint.differentiable[k]]
+        self.cotangents = [i for i, k in enumerate(self.tensor_outputs) if joint.differentiable[k]]
+        saved_names = [v.name for v in joint.forward.output[self.n_outputs:]]
+        # saved values that are the caller's outputs: (saved index, index among tensor outputs)
+        out_index = {names[k]: i for i, k in enumerate(self.tensor_outputs)}
+        self.saved_outputs = [(j, out_index[n]) for j, n in enumerate(saved_names) if n in out_index]
+        self.n_saved = len(saved_names)
+        self.template = output_template
+        self.rebuild = rebuild
+        self.index = {n: k for k, n in enumerate(names)}
+
+    def __call__(self, *leaves):
+        box = []
+        tensors = JointFunction.apply(self, box, *leaves)
+        values = box[0]
+        for i, k in enumerate(self.tensor_outputs):
+            values[k] = tensors[i]
+        index = self.index
+        out = map_values(lambda x: values[index[x.name]] if hasattr(x, "name") and x.name in index
+                         else x, self.template)
+        return out if self.rebuild is None else self.rebuild(*out)
+
+
+class JointFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, plan: Plan, box: list, *leaves):
+        flat = plan.forward(*leaves)
+        values = list(flat[:plan.n_outputs])
+        saved = list(flat[plan.n_outputs:])
+        outs = tuple(values[k] for k in plan.tensor_outputs)
+        box.append(values)        # the non-tensor outputs reach the caller through here
+        ctx.plan = plan
+        ctx.n_leaves = len(leaves)
+        for j, _ in plan.saved_outputs:
+            saved[j] = None       # restored from ctx.saved_tensors in the backward
+        ctx.save_for_backward(*(outs[i] for _, i in plan.saved_outputs))
+        ctx.saved = saved
+        if plan.nondiff:
+            ctx.mark_non_differentiable(*(outs[i] for i in plan.nondiff))
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise FjitError(
+                "fjit: double backward (create_graph=True, or a gradient of a gradient) of a "
+                "function compiled with fjit.jit is not supported: its backward is a compiled "
+                "program, not a graph autograd can differentiate. Fix: call the function outside "
+                "fjit.jit for higher-order gradients, or compute them with torch.func")
+        plan, saved = ctx.plan, ctx.saved
+        if saved is None:
+            raise FjitError("fjit: a second backward through the same call of a compiled "
+                            "function: its compiled backward frees its saved values as it runs, "
+                            "so retain_graph=True is not supported. Fix: call the jitted function "
+                            "again before the second backward, or call it outside fjit.jit")
+        ctx.saved = None
+        restored = ctx.saved_tensors
+        for (j, _), t in zip(plan.saved_outputs, restored):
+            saved[j] = t
+        for i in plan.cotangents:
+            g = grads[i]
+            saved.append(g if g.is_contiguous() and not g.is_neg() else g.resolve_neg().contiguous())
+        del restored, grads
+        result = plan.backward(saved)
+        return (None, None, *result)
