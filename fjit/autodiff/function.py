@@ -4,10 +4,10 @@ and the two helpers by which an op torch autograd keeps runs inside them.
 Inside Function.forward and Function.backward grad mode is off, so the kernel executors claim
 regions of both programs as they do for any program (executors.kernel_inputs_usable).
 
-Saved tensors: the caller's outputs among them go through `ctx.save_for_backward` (holding them on
-ctx would be a reference cycle through their grad_fn); the rest are held in a list on ctx, which
-the backward hands to its program and empties, so each is freed after its last use there (the
-generated program deletes dead values) rather than when the whole backward ends.
+Saved tensors go through `ctx.save_for_backward`, so autograd frees them after the backward (or
+keeps them for another, under retain_graph=True) as it does eager's.  The backward program takes
+its inputs as one list which it empties first, so the values it computes from them are freed
+after their last use (the generated program deletes dead values).
 """
 from __future__ import annotations
 
@@ -51,8 +51,10 @@ def torch_vjp(graphs, leaves, cotangents):
     pairs = [(o, g) for o, g in zip(graphs, cotangents) if o.requires_grad]
     if not pairs:
         return tuple(torch.zeros_like(x, memory_format=torch.contiguous_format) for x in leaves)
+    # retain_graph: a backward under retain_graph=True may run this again; the graph is freed
+    # with the saved tensors that hold it.
     grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
-                                allow_unused=True, materialize_grads=True)
+                                allow_unused=True, materialize_grads=True, retain_graph=True)
     return tuple(g.contiguous() for g in grads)
 
 
@@ -98,11 +100,6 @@ class Plan:
         self.tensor_outputs = [k for k, v in enumerate(joint.outputs) if hasattr(v, "shape")]
         self.nondiff = [i for i, k in enumerate(self.tensor_outputs) if not joint.differentiable[k]]
         self.cotangents = [i for i, k in enumerate(self.tensor_outputs) if joint.differentiable[k]]
-        saved_names = [v.name for v in joint.forward.output[self.n_outputs:]]
-        # saved values that are the caller's outputs: (saved index, index among tensor outputs)
-        out_index = {names[k]: i for i, k in enumerate(self.tensor_outputs)}
-        self.saved_outputs = [(j, out_index[n]) for j, n in enumerate(saved_names) if n in out_index]
-        self.n_saved = len(saved_names)
         self.template = output_template
         self.rebuild = rebuild
         self.index = {n: k for k, n in enumerate(names)}
@@ -124,15 +121,14 @@ class JointFunction(torch.autograd.Function):
     def forward(ctx, plan: Plan, box: list, *leaves):
         flat = plan.forward(*leaves)
         values = list(flat[:plan.n_outputs])
-        saved = list(flat[plan.n_outputs:])
         outs = tuple(values[k] for k in plan.tensor_outputs)
         box.append(values)        # the non-tensor outputs reach the caller through here
         ctx.plan = plan
-        ctx.n_leaves = len(leaves)
-        for j, _ in plan.saved_outputs:
-            saved[j] = None       # restored from ctx.saved_tensors in the backward
-        ctx.save_for_backward(*(outs[i] for _, i in plan.saved_outputs))
-        ctx.saved = saved
+        saved = flat[plan.n_outputs:]
+        # Tensors go through save_for_backward: autograd frees them after a backward without
+        # retain_graph, keeps them for one with it, and applies saved-tensor hooks to them.
+        ctx.save_for_backward(*(x for x in saved if isinstance(x, torch.Tensor)))
+        ctx.numbers = [(j, x) for j, x in enumerate(saved) if not isinstance(x, torch.Tensor)]
         if plan.nondiff:
             ctx.mark_non_differentiable(*(outs[i] for i in plan.nondiff))
         return outs
@@ -145,19 +141,12 @@ class JointFunction(torch.autograd.Function):
                 "function compiled with fjit.jit is not supported: its backward is a compiled "
                 "program, not a graph autograd can differentiate. Fix: call the function outside "
                 "fjit.jit for higher-order gradients, or compute them with torch.func")
-        plan, saved = ctx.plan, ctx.saved
-        if saved is None:
-            raise FjitError("fjit: a second backward through the same call of a compiled "
-                            "function: its compiled backward frees its saved values as it runs, "
-                            "so retain_graph=True is not supported. Fix: call the jitted function "
-                            "again before the second backward, or call it outside fjit.jit")
-        ctx.saved = None
-        restored = ctx.saved_tensors
-        for (j, _), t in zip(plan.saved_outputs, restored):
-            saved[j] = t
+        plan = ctx.plan
+        inputs = list(ctx.saved_tensors)
+        for j, x in ctx.numbers:
+            inputs.insert(j, x)
         for i in plan.cotangents:
             g = grads[i]
-            saved.append(g if g.is_contiguous() and not g.is_neg() else g.resolve_neg().contiguous())
-        del restored, grads
-        result = plan.backward(saved)
-        return (None, None, *result)
+            inputs.append(g if g.is_contiguous() and not g.is_neg() else g.resolve_neg().contiguous())
+        del grads
+        return (None, None, *plan.backward(inputs))

@@ -216,10 +216,11 @@ class _Backward:
         self.env[var.name] = p
         return p
 
-    def _accumulate(self, var, g) -> None:
+    def _accumulate(self, var, g, shape) -> None:
+        """Add g, a contribution standing for a value of `shape`, to var's cotangent."""
         if not differentiable(var) or g is None:
             return
-        g = fit(g, var)
+        g = fit(g, var, shape)
         old = self.ct.get(var.name)
         self.ct[var.name] = g if old is None else prim(Prim.ADD, old, g)
 
@@ -256,8 +257,13 @@ class _Backward:
             return
         if not s.sym.has(Tag.ELEMENTWISE):     # elementwise rules broadcast; others need the shape
             g = full(g, outs[0])
+        elementwise = s.sym.has(Tag.ELEMENTWISE)
         for var, contribution in VJP[prim_of(s)](s, g, self.value):
-            self._accumulate(var, contribution)
+            # an elementwise contribution stands for a value of the output's shape; another
+            # rule's for one of its operand's (or one broadcast further, as matmul's batch dims)
+            shape = outs[0].shape if elementwise else torch.broadcast_shapes(
+                tuple(contribution.shape), var.shape)
+            self._accumulate(var, contribution, shape)
 
     def _record_pullback(self, i: int, op: BoundSymbol) -> None:
         outs = [v for v in op.outputs() if differentiable(v)]
@@ -275,5 +281,5 @@ class _Backward:
                                                 tuple(g.ir for _, g in used)), {}, results,
                                     comment=f"torch autograd's backward of {op.sym.qualname}"))
         for var, r in zip(inputs, results):
-            self._accumulate(var, TensorProxy(r))
+            self._accumulate(var, TensorProxy(r), var.shape)
 

@@ -47,18 +47,35 @@ def _t(x) -> bool:
     return isinstance(x, TensorVar)
 
 
-def fit(g, var: TensorVar):
-    """`g` summed over the dims `var` was broadcast along and typed as `var`.  The result may still
-    be broadcast *to* var's shape (size-1 dims where var has more): cotangents stay that way until
-    a rule needs the full shape (`full`), so the elementwise work on them fuses (an expand is a
-    view the partitioner does not take)."""
-    shape = tuple(var.shape)
-    lead = g.ndim - len(shape)
-    if lead > 0:
-        g = prim(Prim.SUM, g, tuple(range(lead)), False)
-    dims = tuple(i for i, s in enumerate(shape) if s == 1 and g.shape[g.ndim - len(shape) + i] != 1)
+def fit(g, var: TensorVar, shape: tuple):
+    """The contribution `g` to var's cotangent, summed over the dims var was broadcast along and
+    typed as var.  `shape` is the value g stands for: g may be that value lazily broadcast (size-1
+    or missing dims: cotangents stay so until a rule needs the full shape, see `full`, so the
+    elementwise work on them fuses; an expand is a view the partitioner does not take).  A sum
+    over a dim g only broadcasts along is a multiplication by its size."""
+    shape, target = tuple(shape), tuple(var.shape)
+    lead = len(shape) - len(target)
+    factor = 1
+    offset = len(shape) - g.ndim          # g's dim j is shape's dim j + offset
+    factor *= math.prod(shape[:max(0, min(lead, offset))])
+    dims = tuple(j for j in range(g.ndim) if j + offset < lead)
     if dims:
-        g = prim(Prim.SUM, g, tuple(g.ndim - len(shape) + i for i in dims), True)
+        factor *= math.prod(shape[j + offset] for j in dims if g.shape[j] == 1)
+        g = prim(Prim.SUM, g, dims, False)
+    offset = len(target) - g.ndim         # now g's dim j is target's dim j + offset
+    summed = []
+    for i, size in enumerate(target):
+        if size != 1 or shape[lead + i] == 1:
+            continue
+        j = i - offset
+        if j >= 0 and g.shape[j] != 1:
+            summed.append(j)
+        else:
+            factor *= shape[lead + i]
+    if summed:
+        g = prim(Prim.SUM, g, tuple(summed), True)
+    if factor != 1:
+        g = prim(Prim.MUL, g, factor)
     return prim(Prim.CONVERT, g, var.dtype) if g.dtype != var.dtype else g
 
 
