@@ -106,7 +106,9 @@ def test_every_rule_has_a_gradcheck_sample():
 
 @pytest.mark.parametrize("p", sorted(VJP, key=lambda p: p.value), ids=lambda p: p.value)
 def test_vjp_rule_gradcheck(p):
-    fn, inputs = SAMPLES[p]()
+    sample, inputs = SAMPLES[p]()
+    # the trailing multiply is fused work, without which fjit leaves the backward to torch
+    fn = lambda *args: sample(*args) * 1.5  # noqa: E731
     jf = fjit.jit(fn, executors=("c", "torch"))
     jf(*inputs)
     assert _applies(fjit.last_traces(jf)[0], p), "the sample does not exercise the rule"
@@ -246,6 +248,14 @@ def test_op_without_a_rule_keeps_torch_autograd_between_fused_parts():
     backward = str(fjit.last_backward_traces(jf)[-1])
     assert "torch autograd's backward of torch.cumsum" in backward
     assert _c_kernels(backward)
+
+
+def test_nothing_to_fuse_leaves_the_backward_to_torch_autograd():
+    x = _f32(4, 8)
+    jf = fjit.jit(lambda x: x.t().reshape(32), executors=("c", "torch"))   # views only
+    jf(x).sum().backward()
+    assert fjit.last_backward_traces(jf) == []
+    torch.testing.assert_close(x.grad, torch.ones(4, 8))
 
 
 def test_no_grad_call_and_grad_call_get_separate_programs():

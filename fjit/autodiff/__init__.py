@@ -57,7 +57,8 @@ def compile_with_backward(trace: Trace, leaves: list, executors: tuple,
 # -- which ops are differentiated through their prims -------------------------------------------
 
 def _fusion_policy(trace: Trace, executors: tuple) -> Callable[[BoundSymbol], bool] | None:
-    """decompose(op): whether an op's prims (and so its backward's) go into kernels here.  An op
+    """decompose(op, fused=False): whether an op is differentiated through its prims (with
+    fused=True: whether they go into kernels here).  An op
     with several fusible prims that would not be fused (big CPU tensors) keeps torch autograd:
     torch's own backward kernel (gelu_backward, softmax_backward) beats its prims one call each.
     None: no executor fuses anything on this device."""
@@ -71,7 +72,7 @@ def _fusion_policy(trace: Trace, executors: tuple) -> Callable[[BoundSymbol], bo
             continue
         if option is Executor.TRITON and (device.type == "cuda" or
                                           device.type == "cpu" and module.interpreting()):
-            return lambda b: True
+            return lambda b, fused=False: True
         if option is Executor.C and device.type == "cpu" and module.mode() != "off" \
                 and module.compiler() is not None:
             return _c_policy(module)
@@ -84,8 +85,12 @@ def _c_policy(module):
         return supported(s) and all(math.prod(v.shape) <= limit
                                     for v in s.inputs() + s.outputs() if isinstance(v, TensorVar))
 
-    def decompose(b: BoundSymbol) -> bool:
+    def decompose(b: BoundSymbol, fused: bool = False) -> bool:
+        """fused=False: whether to differentiate b through its prims (single prims cost what
+        eager's backward does even unfused); fused=True: whether its prims go into C kernels."""
         work = [s for s in (b.subsymbols or (b,))
                 if s.sym.has(Tag.ELEMENTWISE) or s.sym.has(Tag.REDUCTION)]
+        if fused:
+            return bool(work) and all(small(s) for s in work)
         return len(work) <= 1 or all(small(s) for s in work)
     return decompose

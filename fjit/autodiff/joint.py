@@ -63,10 +63,10 @@ class Unsupported(Exception):
     """Something the joint program does not handle: the whole function keeps torch autograd."""
 
 
-def build(trace: Trace, leaves: list, decompose: Callable[[BoundSymbol], bool]) -> Joint | None:
+def build(trace: Trace, leaves: list, decompose: Callable[..., bool]) -> Joint | None:
     """The joint program of `trace`, or None when torch autograd should run it as before (nothing
-    would be fused, or something is unsupported).  `decompose(b)` says whether an op's prims would
-    be fused by a kernel executor."""
+    would be fused, or something is unsupported).  `decompose(b)` says whether to differentiate
+    an op through its prims, `decompose(b, fused=True)` whether they would go into kernels."""
     if any(b.sym.has(Tag.MODE) for b in trace.bsyms):
         return None       # grad-mode regions inside the function: eager's semantics need autograd
     if not any(differentiable(v) for v in trace.inputs):
@@ -79,8 +79,8 @@ def build(trace: Trace, leaves: list, decompose: Callable[[BoundSymbol], bool]) 
         prims = b.subsymbols or ((b,) if prim_of(b) is not None else ())
         ok = prims and all(has_rule(prim_of(s)) for s in prims) and decompose(b)
         kinds.append("prims" if ok else "record")
-    if "prims" not in kinds:
-        return None
+    if not any(kind == "prims" and decompose(b, fused=True) for b, kind in zip(trace.bsyms, kinds)):
+        return None       # nothing would be fused: torch autograd over the forward's ops is as fast
     try:
         return _Builder(trace, leaves, kinds).build()
     except Unsupported:
