@@ -107,8 +107,8 @@ def test_every_rule_has_a_gradcheck_sample():
 @pytest.mark.parametrize("p", sorted(VJP, key=lambda p: p.value), ids=lambda p: p.value)
 def test_vjp_rule_gradcheck(p):
     sample, inputs = SAMPLES[p]()
-    # the trailing multiply is fused work, without which fjit leaves the backward to torch
-    fn = lambda *args: sample(*args) * 1.5  # noqa: E731
+    # the trailing work is fused, without which fjit leaves the backward to torch autograd
+    fn = lambda *args: (sample(*args) * 1.5).sin()  # noqa: E731
     jf = fjit.jit(fn, executors=("c", "torch"))
     jf(*inputs)
     assert _applies(fjit.last_traces(jf)[0], p), "the sample does not exercise the rule"
@@ -279,13 +279,15 @@ def test_double_backward_is_a_clear_error():
 
 def test_retain_graph_allows_a_second_backward():
     x = _f32(4, 8)
-    jf = fjit.jit(lambda x: (torch.cumsum(x.sin(), -1) * x).sum())   # fused parts and a recorded op
+    def f(x):       # fused parts and a recorded op
+        return (torch.cumsum(x.sin() * 2 + 1, -1).cos() * x + 1).sum()
+    jf = fjit.jit(f)
     out = jf(x)
     first = torch.autograd.grad(out, x, retain_graph=True)[0]
     second = torch.autograd.grad(out, x)[0]
     assert fjit.last_backward_traces(jf)
     torch.testing.assert_close(first, second)
-    torch.testing.assert_close(first, torch.autograd.grad((torch.cumsum(x.sin(), -1) * x).sum(), x)[0])
+    torch.testing.assert_close(first, torch.autograd.grad(f(x), x)[0])
 
 
 def test_last_backward_traces_needs_a_jitted_function():

@@ -72,7 +72,7 @@ def _fusion_policy(trace: Trace, executors: tuple) -> Callable[[BoundSymbol], bo
             continue
         if option is Executor.TRITON and (device.type == "cuda" or
                                           device.type == "cpu" and module.interpreting()):
-            return lambda b, fused=False: True
+            return lambda b, fused=False: len(b.subsymbols or (b,)) if fused else True
         if option is Executor.C and device.type == "cpu" and module.mode() != "off" \
                 and module.compiler() is not None:
             return _c_policy(module)
@@ -85,12 +85,14 @@ def _c_policy(module):
         return supported(s) and all(math.prod(v.shape) <= limit
                                     for v in s.inputs() + s.outputs() if isinstance(v, TensorVar))
 
-    def decompose(b: BoundSymbol, fused: bool = False) -> bool:
-        """fused=False: whether to differentiate b through its prims (single prims cost what
-        eager's backward does even unfused); fused=True: whether its prims go into C kernels."""
-        work = [s for s in (b.subsymbols or (b,))
-                if s.sym.has(Tag.ELEMENTWISE) or s.sym.has(Tag.REDUCTION)]
+    def decompose(b: BoundSymbol, fused: bool = False):
+        """fused=False: whether to differentiate b through its prims (a single pointwise prim
+        costs what eager's backward does even unfused).  fused=True: how many of its pointwise
+        and reduction prims go into C kernels (0 unless the executor splits the op: all of its
+        prims are small and supported)."""
+        prims = b.subsymbols or (b,)
+        work = [s for s in prims if s.sym.has(Tag.ELEMENTWISE) or s.sym.has(Tag.REDUCTION)]
         if fused:
-            return bool(work) and all(small(s) for s in work)
+            return len(work) if all(small(s) for s in prims) else 0
         return len(work) <= 1 or all(small(s) for s in work)
     return decompose

@@ -66,7 +66,7 @@ class Unsupported(Exception):
 def build(trace: Trace, leaves: list, decompose: Callable[..., bool]) -> Joint | None:
     """The joint program of `trace`, or None when torch autograd should run it as before (nothing
     would be fused, or something is unsupported).  `decompose(b)` says whether to differentiate
-    an op through its prims, `decompose(b, fused=True)` whether they would go into kernels."""
+    an op through its prims, `decompose(b, fused=True)` how many of its prims kernels would take."""
     if any(b.sym.has(Tag.MODE) for b in trace.bsyms):
         return None       # grad-mode regions inside the function: eager's semantics need autograd
     if not any(differentiable(v) for v in trace.inputs):
@@ -79,8 +79,12 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool]) -> Joint |
         prims = b.subsymbols or ((b,) if prim_of(b) is not None else ())
         ok = prims and all(has_rule(prim_of(s)) for s in prims) and decompose(b)
         kinds.append("prims" if ok else "record")
-    if not any(kind == "prims" and decompose(b, fused=True) for b, kind in zip(trace.bsyms, kinds)):
-        return None       # nothing would be fused: torch autograd over the forward's ops is as fast
+    # Worth it when kernels take enough work: a recorded op costs a graph in the forward and a
+    # nested autograd call in the backward (tens of us on the CPU), which a few fused prims do
+    # not pay back; otherwise torch autograd over the forward's torch calls is as fast.
+    fused = sum(decompose(b, fused=True) for b, kind in zip(trace.bsyms, kinds) if kind == "prims")
+    if fused < max(2, 4 * kinds.count("record")):
+        return None
     try:
         return _Builder(trace, leaves, kinds).build()
     except Unsupported:

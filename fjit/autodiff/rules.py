@@ -361,9 +361,21 @@ def _matmul(b, g, value):
         va, g = prim(Prim.UNSQUEEZE, va, 0), prim(Prim.UNSQUEEZE, g, -2 if c.ndim > 1 else 0)
     if c.ndim == 1:
         vc, g = prim(Prim.UNSQUEEZE, vc, -1), prim(Prim.UNSQUEEZE, g, -1)
-    ga = prim(Prim.MATMUL, g, _transposed(vc))
-    gc = prim(Prim.MATMUL, _transposed(va), g)
+    # A cotangent gets its operand's layout: F.linear's weight is used transposed, and a
+    # transposed gradient would make AccumulateGrad's += read it with strides (3x slower).
+    if _column_major(a):
+        ga = _transposed(prim(Prim.MATMUL, vc, _transposed(g)))
+    else:
+        ga = prim(Prim.MATMUL, g, _transposed(vc))
+    if _column_major(c):
+        gc = _transposed(prim(Prim.MATMUL, _transposed(g), va))
+    else:
+        gc = prim(Prim.MATMUL, _transposed(va), g)
     return [(a, _squeeze_to(ga, a)), (c, _squeeze_to(gc, c))]
+
+
+def _column_major(v: TensorVar) -> bool:
+    return v.ndim >= 2 and v.strides[-2] == 1 and v.strides[-1] != 1
 
 
 def _transposed(v):
