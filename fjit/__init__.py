@@ -1,7 +1,7 @@
 """fjit: a strict, purely functional tracing JIT for PyTorch."""
 from fjit import logs
 from fjit.api import (CacheInfo, JittedFunction, Report, cache_info, clear_caches, diagnose, explain,
-                      jit, last_traces)
+                      jit, last_backward_traces, last_traces)
 from fjit.core.ir import Binding, Trace
 from fjit.errors import (DataDependentError, FjitError, InputMutationError, NondeterminismError,
                          SharpEdge, SharpEdgeError, SharpEdgeWarning, SideEffectError,
@@ -10,8 +10,8 @@ from fjit.module import FjitModule
 
 fjit = jit
 
-__all__ = ["jit", "fjit", "last_traces", "cache_info", "diagnose", "explain", "clear_caches",
-           "CacheInfo", "JittedFunction", "Report", "Trace", "Binding", "FjitError",
+__all__ = ["jit", "fjit", "last_traces", "last_backward_traces", "cache_info", "diagnose", "explain",
+           "clear_caches", "CacheInfo", "JittedFunction", "Report", "Trace", "Binding", "FjitError",
            "SharpEdgeError", "UnproxiedTensorError", "InputMutationError", "SideEffectError",
            "NondeterminismError", "DataDependentError", "UnsupportedInputError",
            "UnsupportedOpError", "SharpEdgeWarning", "SharpEdge", "FjitModule"]

@@ -16,7 +16,7 @@ from typing import Any, Callable, Generic, Iterable, Literal, ParamSpec, TypeVar
 
 import torch
 
-from fjit import config, logs
+from fjit import autodiff, config, logs
 from fjit.cache import CacheInfo, ProgramCache
 from fjit.config import DEFAULT_EXECUTORS, CacheMode, Executor, SharpEdges, TraceMode
 from fjit.core.ir import Binding, Tag, Trace
@@ -61,6 +61,7 @@ class JittedFunction(Generic[P, R]):
         self._last_traces: list[Trace] = []
         self._history = logs.History()
         _ALL.add(self)
+        self._last_backward_traces: list[Trace] = []
 
     def __call__(self, *args, **kwargs):
         if not kwargs:
@@ -102,8 +103,17 @@ class JittedFunction(Generic[P, R]):
             self._history.add(self.__qualname__, cache.explain_miss(
                 key, key_labels(args, kwargs, _parameter_names(self._fn)),
                 cache.hits + cache.misses))
-            result, traces, first = self._trace_with_real_layouts(args, kwargs, leaves)
-            program = torch_executor.compile_trace(traces[-1])
+            result, traces, first, executors = self._trace_with_real_layouts(args, kwargs, leaves)
+            # An input requiring grad under grad mode: a compiled forward and backward, when
+            # something in them fuses (else torch autograd runs the forward program's torch calls).
+            joint = autodiff.compile_with_backward(
+                traces[len(CLEANUP)], leaves, executors,
+                lambda t, cleanup: optimize(t, executors, leaves, cleanup))
+            if joint is not None:
+                traces, program = joint.forward_traces, joint.program
+            else:
+                program = torch_executor.compile_trace(traces[-1])
+            self._last_backward_traces = joint.backward_traces if joint is not None else []
             if any(b.sym.has(Tag.MODE) for b in traces[-1].bsyms):
                 program = _restoring_modes_on_error(program)
             if config.check_mode():
@@ -126,7 +136,7 @@ class JittedFunction(Generic[P, R]):
             # The traced stage, dead ops included: check mode checks every stage's layouts.
             traced = traces[0]
             if not torch_executor.has_opaque_ops(traced):
-                return result, traces, _NOT_RUN
+                return result, traces, _NOT_RUN, self._executors
             rewind = rng_snapshot(traced.bsyms)
             first, wrong = _restoring_modes_on_error(torch_executor.run_observing_layouts)(
                 traced, leaves)
@@ -136,7 +146,7 @@ class JittedFunction(Generic[P, R]):
             observed.update(wrong)
         if wrong:                # torch calls read any layout
             traces = optimize(result.trace, (Executor.TORCH,), leaves)
-        return result, traces, first
+        return result, traces, first, (Executor.TORCH,) if wrong else self._executors
 
     def __repr__(self):
         return f"<fjit.jit of {self._fn!r}>"
@@ -187,12 +197,15 @@ def _restoring_modes_on_error(program):
 _NOT_RUN = object()
 
 
-def optimize(trace: Trace, executors: tuple, leaves: list) -> list[Trace]:
+CLEANUP = (dce, cse, constant_fold, dce)
+
+
+def optimize(trace: Trace, executors: tuple, leaves: list, cleanup: bool = True) -> list[Trace]:
     """Every stage from the traced program to the one the generated function runs: the cleanup
     passes, then each kernel executor of `executors` in the user's order (a stage each that claims
     something; each sees what the earlier ones left), then the torch executor for the rest."""
     traces = [trace]
-    for stage in (dce, cse, constant_fold, dce):
+    for stage in CLEANUP if cleanup else ():
         traces.append(stage(traces[-1]))
     for option in executors:
         executor = kernel_executor(option)
@@ -276,6 +289,15 @@ def last_traces(jf: JittedFunction) -> list[Trace]:
     if not isinstance(jf, JittedFunction):
         raise TypeError("fjit.last_traces expects a function made by fjit.jit")
     return list(jf._last_traces)
+
+
+def last_backward_traces(jf: JittedFunction) -> list[Trace]:
+    """Every stage of the compiled backward of `jf`'s last compilation, first to last; empty when
+    that compilation has none (no input required grad under grad mode, or torch autograd runs the
+    forward program's ops because nothing in them would be fused)."""
+    if not isinstance(jf, JittedFunction):
+        raise TypeError("fjit.last_backward_traces expects a function made by fjit.jit")
+    return list(jf._last_backward_traces)
 
 
 def cache_info(jf: JittedFunction) -> CacheInfo:

@@ -79,11 +79,13 @@ def test_identical_regions_share_one_kernel():
     assert _kernels(a) == _kernels(b) and len(_kernels(a)) == 1
 
 
-def test_inputs_requiring_grad_stay_with_torch():
+def test_inputs_requiring_grad_run_kernels_forward_and_backward():
+    # issue 9: an input requiring grad gets a compiled backward, fused like the forward
     x = torch.randn(8, requires_grad=True)
     jf = fjit.jit(lambda x: torch.sin(x) * 2)
     y = jf(x)
-    assert not _kernels(jf)
+    assert _kernels(jf)
+    assert "# Triton kernel" in str(fjit.last_backward_traces(jf)[-1])
     y.sum().backward()
     torch.testing.assert_close(x.grad, torch.cos(x.detach()) * 2)
 

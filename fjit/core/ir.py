@@ -19,7 +19,7 @@ import torch
 class Tag(enum.Enum):
     """Properties of a symbol.  Behaviour is looked up by tag in tables, not by subclass."""
 
-    PRIM = "prim"                # one of the closed set in fjit.ops.prims
+    PRIM = "prim"                # one of the closed set in fjit.core.prims
     ELEMENTWISE = "elementwise"  # prim applied per element (torch broadcasting and promotion)
     REDUCTION = "reduction"      # prim reducing over dims
     SHAPE = "shape"              # prim that only moves or views data
@@ -232,11 +232,20 @@ class Trace:
         """The stage as a runnable module: `exec(str(trace), ns)` defines ns["computation"]."""
         return TracePrinter(self).source(imports=True)
 
-    def python_callable(self, extra_namespace: dict | None = None) -> Callable:
+    def python_callable(self, extra_namespace: dict | None = None, inputs_in_a_list: bool = False) -> Callable:
         """Compile the printed source into a function (what executors and check mode run).  The
-        names the printed imports would resolve are bound directly: no lookups per call."""
+        names the printed imports would resolve are bound directly: no lookups per call.
+
+        `inputs_in_a_list`: the function takes ONE list holding its inputs, which it empties before
+        running, so the program's own `del`s free each input after its last use (a call with *args
+        holds every argument until it returns; the compiled backward's saved tensors must not)."""
         printer = TracePrinter(self)
         src = printer.source()
+        if inputs_in_a_list:
+            params = ", ".join(v.name for v in self.inputs)
+            unpack = f"  ({params},) = _inputs\n  _inputs.clear()\n" if params else "  _inputs.clear()\n"
+            head, body = src.split(f"def computation({params}):\n", 1)
+            src = f"{head}def computation(_inputs):\n{unpack}{body}"
         ns = {"torch": torch, "operator": operator, "inf": math.inf, "nan": math.nan}
         ns.update(self.namespace)
         ns.update(printer.consts)

@@ -57,7 +57,8 @@ def _key_of(x):
 def run_meta(func, margs, mkwargs):
     """func(*margs, **mkwargs) on meta tensors, from the memo when an equal call was seen."""
     try:
-        key = (func, _key_of(margs), _key_of(mkwargs))
+        # grad mode decides the outputs' requires_grad (what the compiled backward differentiates)
+        key = (func, torch.is_grad_enabled(), _key_of(margs), _key_of(mkwargs))
     except _Unkeyable:
         return func(*margs, **mkwargs)
     inputs = [m for m in flatten_values((margs, mkwargs)) if isinstance(m, torch.Tensor)]

@@ -1,0 +1,290 @@
+"""The joint forward/backward program: a reverse walk over the forward trace, split in two.
+
+Each top-level op of the (cleaned) forward trace is one of
+- plain: none of its outputs requires grad; it runs as traced and gets no backward;
+- prims: it is differentiated through its prims' VJP rules (rules.py), and its backward is traced
+  as prims the kernel executors fuse, like the forward;
+- recorded: torch autograd keeps it (an opaque op, a prim without a rule, or an op whose prims no
+  executor would fuse, where torch's own backward kernel is the fast one): the forward runs it under
+  enable_grad on detached leaves (`record`) and saves that small graph; the backward calls
+  torch.autograd.grad on it (`torch_vjp`).
+
+The backward is recorded by running the rules on proxies in a trace context of its own, so every
+value's metadata comes from torch's meta kernels, as in a traced forward.  A rule asks for the
+forward values it reads; `_Backward.value` decides for each: cheap pointwise and view values are
+recomputed from their operands in the backward (fused there for free, and never written by the
+forward); everything else (inputs, the caller's outputs, reductions, matmuls, random draws, opaque
+results) is saved: an extra output of the forward trace, an input of the backward trace.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable
+
+import torch
+
+from fjit.core.ir import (BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Trace, Var,
+                          flatten_values, map_values)
+from fjit.frontend.context import Mode, TraceContext
+from fjit.frontend.dispatch import dispatch
+from fjit.frontend.proxies import NumberProxy, TensorProxy
+from fjit.autodiff.function import record, torch_vjp
+from fjit.autodiff.rules import NONDIFF, VJP, fit, full, has_rule
+from fjit.core.prims import Prim, prim_of
+from fjit.ops.math_ops import prim
+
+RECORD = Symbol("fjit_autodiff.record", record, frozenset({Tag.FALLBACK, Tag.RANDOM}))
+TORCH_VJP = Symbol("fjit_autodiff.torch_vjp", torch_vjp, frozenset({Tag.FALLBACK}))
+
+
+def differentiable(v) -> bool:
+    return isinstance(v, TensorVar) and v.requires_grad and v.dtype.is_floating_point
+
+
+def _recomputable(b: BoundSymbol | None) -> bool:
+    """Cheap to run again in the backward: pointwise and view prims (random ones are draws)."""
+    p = prim_of(b) if b is not None else None
+    if p is None or b.sym.has(Tag.RANDOM):
+        return False
+    return b.sym.has(Tag.ELEMENTWISE) or b.sym.has(Tag.SHAPE) or p in (Prim.FULL, Prim.IOTA,
+                                                                         Prim.CONTIGUOUS)
+
+
+@dataclasses.dataclass
+class Joint:
+    forward: Trace          # the caller's flat outputs (distinct tensors first), then the saved values
+    backward: Trace         # saved values, then one cotangent per differentiable output -> grads
+    outputs: list           # the distinct Vars the forward returns to the caller, in order
+    differentiable: list    # per entry of `outputs`: whether a cotangent flows back through it
+    n_saved: int
+
+
+class Unsupported(Exception):
+    """Something the joint program does not handle: the whole function keeps torch autograd."""
+
+
+def build(trace: Trace, leaves: list, decompose: Callable[..., bool]) -> Joint | None:
+    """The joint program of `trace`, or None when torch autograd should run it as before (nothing
+    would be fused, or something is unsupported).  `decompose(b)` says whether to differentiate
+    an op through its prims, `decompose(b, fused=True)` how many of its prims kernels would take."""
+    if any(b.sym.has(Tag.MODE) for b in trace.bsyms):
+        return None       # grad-mode regions inside the function: eager's semantics need autograd
+    if not any(differentiable(v) for v in trace.inputs):
+        return None
+    kinds = []
+    for b in trace.bsyms:
+        if not any(differentiable(v) for v in b.outputs()):
+            kinds.append("plain")
+            continue
+        prims = b.subsymbols or ((b,) if prim_of(b) is not None else ())
+        ok = prims and all(has_rule(prim_of(s)) for s in prims) and decompose(b)
+        kinds.append("prims" if ok else "record")
+    # Worth it when kernels take enough work: a recorded op costs a graph in the forward and a
+    # nested autograd call in the backward (tens of us on the CPU), which a few fused prims do
+    # not pay back; otherwise torch autograd over the forward's torch calls is as fast.
+    fused = sum(decompose(b, fused=True) for b, kind in zip(trace.bsyms, kinds) if kind == "prims")
+    if fused < max(2, 4 * kinds.count("record")):
+        return None
+    try:
+        return _Builder(trace, leaves, kinds).build()
+    except Unsupported:
+        return None
+
+
+def _contiguous(shape) -> tuple:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+class _Builder:
+    def __init__(self, trace: Trace, leaves: list, kinds: list):
+        self.trace, self.leaves, self.kinds = trace, leaves, kinds
+        self.used = {v.name for v in trace.inputs}
+        top_level = set()
+        self.producer: dict[str, tuple[BoundSymbol, int]] = {}   # var -> (prim or op, unit)
+        for i, (b, kind) in enumerate(zip(trace.bsyms, kinds)):
+            top_level.update(v.name for v in b.outputs())
+            for s in (b.subsymbols if b.subsymbols and kind != "record" else (b,)):
+                for v in s.outputs():
+                    self.producer[v.name] = (s, i)
+                    self.used.add(v.name)
+            for v in b.outputs():
+                self.used.add(v.name)
+        self.top_level = top_level
+        outs, seen = [], set()
+        for v in flatten_values(trace.output):
+            if isinstance(v, Var) and v.name not in seen:
+                seen.add(v.name)
+                outs.append(v)
+        self.outputs = outs
+        self.output_names = seen
+        self.records: dict[int, tuple] = {}    # unit -> (graph outputs, leaves, their inputs)
+
+    def fresh(self, base: str) -> str:
+        name = base
+        while name in self.used:
+            name += "_"
+        self.used.add(name)
+        return name
+
+    # -- the record units: fixed before the backward asks for their graphs ------------------------
+    def _record_vars(self, i: int, b: BoundSymbol):
+        if i not in self.records:
+            graph = [TensorVar(self.fresh(f"{v.name}_graph"), v.shape, v.dtype, v.device, v.strides,
+                               True) for v in b.outputs() if differentiable(v)]
+            inputs, seen = [], set()
+            for v in b.inputs():
+                if differentiable(v) and v.name not in seen:
+                    seen.add(v.name)
+                    inputs.append(v)
+            leaf = [TensorVar(self.fresh(f"{v.name}_leaf"), v.shape, v.dtype, v.device, v.strides,
+                              True) for v in inputs]
+            self.records[i] = (graph, leaf, inputs)
+        return self.records[i]
+
+    def build(self) -> Joint:
+        with torch.no_grad():
+            backward, saved = _Backward(self).trace()
+        forward = self._forward(saved)
+        diff = [differentiable(v) for v in self.outputs]
+        return Joint(forward, backward, self.outputs, diff, len(saved))
+
+    def _forward(self, saved: list) -> Trace:
+        internal = {v.name for v in saved if v.name not in self.top_level}
+        bsyms = []
+        for i, (b, kind) in enumerate(zip(self.trace.bsyms, self.kinds)):
+            if kind == "record" and i in self.records:
+                graph, leaf, inputs = self.records[i]
+                flat = flatten_values((b.args, b.kwargs))
+                names = [v.name for v in inputs]
+                slots = tuple((k, names.index(x.name)) for k, x in enumerate(flat)
+                              if isinstance(x, Var) and x.name in names)
+                outs = flatten_values(b.output)
+                graph_slots = tuple(k for k, v in enumerate(outs) if differentiable(v))
+                bsyms.append(BoundSymbol(RECORD, (b.sym.fn, slots, len(leaf), graph_slots)
+                                         + tuple(b.args),
+                                         dict(b.kwargs), (b.output, tuple(graph), tuple(leaf)),
+                                         comment=f"{b.sym.qualname} runs under torch autograd, "
+                                                 f"which keeps its backward"))
+            elif b.subsymbols and any(v.name in internal for s in b.subsymbols for v in s.outputs()):
+                bsyms.extend(b.subsymbols)     # a value inside the op is saved: run its prims
+            else:
+                bsyms.append(b)
+        out = tuple(self.outputs) + tuple(saved)
+        return self.trace.with_stage("autodiff_forward", bsyms, output=out, rebuild=None)
+
+
+class _Backward:
+    """Records the backward trace: cotangents flow from the outputs to the inputs."""
+
+    def __init__(self, builder: _Builder):
+        self.b = builder
+        self.env: dict[str, object] = {}      # forward var name -> its proxy in the backward
+        self.saved: list = []                 # forward Vars the backward reads, in first-read order
+        self.ct: dict[str, object] = {}       # forward var name -> cotangent proxy so far
+        self.ctx = TraceContext(lambda: None, Mode.ERROR, dispatch, builder.trace.namespace)
+        self.ctx.fn_name = builder.trace.name
+        numbers = [int(m.group(1)) for n in builder.used if (m := re.fullmatch(r"t(\d+)", n))]
+        self.ctx.counter = max(numbers, default=-1) + 1
+
+    def _input(self, var: Var, name: str):
+        if isinstance(var, NumberVar):
+            try:
+                position = self.b.trace.inputs.index(var)
+            except ValueError:
+                raise Unsupported from None    # a float computed in the function: not kept
+            v = NumberVar(name, var.pytype)
+            self.ctx.inputs.append(v)
+            return NumberProxy(self.b.leaves[position], v, frozenset())
+        v = TensorVar(name, var.shape, var.dtype, var.device, var.strides, False)
+        self.ctx.inputs.append(v)
+        return TensorProxy(v, is_input=True)
+
+    def value(self, var: Var):
+        """A forward value in the backward: recomputed if cheap, else saved by the forward."""
+        p = self.env.get(var.name)
+        if p is not None:
+            return p
+        made = self.b.producer.get(var.name)
+        if made is not None and var.name not in self.b.output_names and _recomputable(made[0]):
+            s = made[0]
+            args, kwargs = map_values(lambda x: self.value(x) if isinstance(x, Var) else x,
+                                      (s.args, s.kwargs))
+            p = prim(prim_of(s), *args, **kwargs)
+        else:
+            self.saved.append(var)
+            p = self._input(var, var.name)
+        self.env[var.name] = p
+        return p
+
+    def _accumulate(self, var, g, shape) -> None:
+        """Add g, a contribution standing for a value of `shape`, to var's cotangent."""
+        if not differentiable(var) or g is None:
+            return
+        g = fit(g, var, shape)
+        old = self.ct.get(var.name)
+        self.ct[var.name] = g if old is None else prim(Prim.ADD, old, g)
+
+    def trace(self) -> tuple[Trace, list]:
+        b, ctx = self.b, self.ctx
+        with ctx:
+            cotangents = []
+            for v in b.outputs:
+                if differentiable(v):
+                    g = TensorVar(b.fresh(f"grad_{v.name}"), v.shape, v.dtype, v.device,
+                                  _contiguous(v.shape), False)
+                    cotangents.append(g)
+                    self.ct[v.name] = TensorProxy(g, is_input=True)
+            for i in reversed(range(len(b.trace.bsyms))):
+                kind, op = b.kinds[i], b.trace.bsyms[i]
+                if kind == "prims":
+                    for s in reversed(op.subsymbols or (op,)):
+                        self._pullback(s)
+                elif kind == "record":
+                    self._record_pullback(i, op)
+            grads = []
+            for v in b.trace.inputs:
+                g = self.ct.get(v.name) if differentiable(v) else None
+                grads.append(full(g, v).ir if g is not None else None)
+            ctx.inputs.extend(cotangents)      # saved values first, then the cotangents
+            trace = Trace(b.trace.name, list(ctx.inputs), list(ctx.scopes[0]), tuple(grads),
+                          dict(ctx.consts), stage="autodiff_backward", namespace=b.trace.namespace)
+        return trace, self.saved
+
+    def _pullback(self, s: BoundSymbol) -> None:
+        outs = s.outputs()
+        g = self.ct.pop(outs[0].name, None) if outs else None
+        if g is None or prim_of(s) in NONDIFF:
+            return
+        if not s.sym.has(Tag.ELEMENTWISE):     # elementwise rules broadcast; others need the shape
+            g = full(g, outs[0])
+        elementwise = s.sym.has(Tag.ELEMENTWISE)
+        for var, contribution in VJP[prim_of(s)](s, g, self.value):
+            # an elementwise contribution stands for a value of the output's shape; another
+            # rule's for one of its operand's (or one broadcast further, as matmul's batch dims)
+            shape = outs[0].shape if elementwise else torch.broadcast_shapes(
+                tuple(contribution.shape), var.shape)
+            self._accumulate(var, contribution, shape)
+
+    def _record_pullback(self, i: int, op: BoundSymbol) -> None:
+        outs = [v for v in op.outputs() if differentiable(v)]
+        gs = [self.ct.pop(v.name, None) for v in outs]
+        if all(g is None for g in gs):
+            return
+        graph, leaf, inputs = self.b._record_vars(i, op)
+        used = [(gv, full(g, gv)) for gv, g in zip(graph, gs) if g is not None]
+        graph_in = tuple(self.value(gv) for gv, _ in used)
+        leaf_in = tuple(self.value(lv) for lv in leaf)
+        results = tuple(TensorVar(self.ctx.new_name(), v.shape, v.dtype, v.device,
+                                  _contiguous(v.shape), False) for v in inputs)
+        self.ctx.record(BoundSymbol(TORCH_VJP, (tuple(p.ir for p in graph_in),
+                                                tuple(p.ir for p in leaf_in),
+                                                tuple(g.ir for _, g in used)), {}, results,
+                                    comment=f"torch autograd's backward of {op.sym.qualname}"))
+        for var, r in zip(inputs, results):
+            self._accumulate(var, TensorProxy(r), var.shape)
+
