@@ -40,12 +40,7 @@ def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, trai
     detached = dispatch(torch.Tensor.detach, (x,), {})
     var, mean = dispatch(torch.var_mean, (detached, dims), {"correction": 1})
 
-    writes = []
-    if running_mean is not None:
-        writes.append((running_mean, _blend(dispatch, running_mean, mean, momentum)))
-    if running_var is not None:
-        writes.append((running_var, _blend(dispatch, running_var, var, momentum)))
-    return out, writes
+    return out, _stat_writes(dispatch, (running_mean, mean), (running_var, var), momentum=momentum)
 
 
 def _instance_norm_parts(dispatch, x, running_mean, running_var, weight, bias, use_input_stats,
@@ -64,12 +59,13 @@ def _instance_norm_parts(dispatch, x, running_mean, running_var, weight, bias, u
     detached = dispatch(torch.Tensor.detach, (x,), {})
     var, mean = dispatch(torch.var_mean, (detached, list(range(2, len(x.shape)))), {"correction": 1})
     var, mean = (dispatch(torch.mean, (v, 0), {}) for v in (var, mean))
-    writes = []
-    if running_mean is not None:
-        writes.append((running_mean, _blend(dispatch, running_mean, mean, momentum)))
-    if running_var is not None:
-        writes.append((running_var, _blend(dispatch, running_var, var, momentum)))
-    return out, writes
+    return out, _stat_writes(dispatch, (running_mean, mean), (running_var, var), momentum=momentum)
+
+
+def _stat_writes(dispatch, *pairs, momentum):
+    """(running statistic, its blended new value) for each statistic the layer keeps."""
+    return [(running, _blend(dispatch, running, batch, momentum)) for running, batch in pairs
+            if running is not None]
 
 
 def _blend(dispatch, old, new, momentum):
