@@ -344,3 +344,18 @@ def test_forward_changing_a_torch_layers_configuration_is_fj104():
         fjit.jit(seq)(torch.randn(2, 3))
     with pytest.raises(fjit.SideEffectError, match="FJ104"):
         fjit.jit(Annealing())(torch.randn(2, 3))
+
+
+def test_cached_module_calls_take_the_generated_fast_path():
+    """Parameters are torch.nn.Parameter, not torch.Tensor: the fast path must accept them, or
+    every cached call walks its arguments (about 4 us more per call on a 3-layer MLP)."""
+    from fjit.frontend.inputs import MISS
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    jm = fjit.jit(model)
+    x = torch.randn(3, 4)
+    jm(x)
+    jm(x)
+    state, flags = jm._fj_layout.read(model)
+    out = jm._fj_jitted._cache.fast_call(*state, flags, x)
+    assert out is not MISS
+    torch.testing.assert_close(out[0], model(x))

@@ -79,8 +79,8 @@ def fast_path(args: tuple, specialized: frozenset):
     for i, a in enumerate(args):
         t = type(a)
         name = f"a{i}"
-        if t is torch.Tensor:
-            checks.append(f"type({name}) is not _Tensor or {name}.layout is not _strided")
+        if t is torch.Tensor or t is torch.nn.Parameter:   # a module's parameters come as these
+            checks.append(f"type({name}) is not _c{i} or {name}.layout is not _strided")
             key += [f"{name}.{f}" for f in _TENSOR_KEY]
             leaves.append(name)
         elif t is float:
@@ -113,9 +113,10 @@ def fast_path(args: tuple, specialized: frozenset):
               f"        return None\n"
               f"    return ({', '.join(key)},)\n")
     cache: dict = {}
-    namespace = {"_Tensor": torch.Tensor, "_strided": torch.strided, "_grad": torch.is_grad_enabled,
+    namespace = {"_strided": torch.strided, "_grad": torch.is_grad_enabled,
                  "_autocast": autocast_key, "MISS": MISS, "cache": cache}
-    namespace.update({f"_c{i}": type(a) for i, a in enumerate(args) if type(a) in _FAST_CONSTANTS})
+    namespace.update({f"_c{i}": type(a) for i, a in enumerate(args)
+                      if type(a) in _FAST_CONSTANTS or type(a) in _TENSOR_TYPES})
     exec(compile(source, "<fjit fast path>", "exec"), namespace)
     return namespace["call"], namespace["key"], cache
 
