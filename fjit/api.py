@@ -295,6 +295,7 @@ def last_backward_traces(jf: JittedFunction) -> list[Trace]:
     """Every stage of the compiled backward of `jf`'s last compilation, first to last; empty when
     that compilation has none (no input required grad under grad mode, or torch autograd runs the
     forward program's ops because nothing in them would be fused)."""
+    jf = jitted_of(jf) if isinstance(jf, FjitModule) else jf
     if not isinstance(jf, JittedFunction):
         raise TypeError("fjit.last_backward_traces expects a function made by fjit.jit")
     return list(jf._last_backward_traces)

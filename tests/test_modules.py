@@ -359,3 +359,18 @@ def test_cached_module_calls_take_the_generated_fast_path():
     out = jm._fj_jitted._cache.fast_call(*state, flags, x)
     assert out is not MISS
     torch.testing.assert_close(out[0], model(x))
+
+
+def test_last_backward_traces_of_a_module():
+    """fjit.last_backward_traces accepts the module wrapper, as last_traces does: an RMSNorm's
+    backward fuses into C kernels, and its gradients are eager's."""
+    model = torch.nn.RMSNorm(8)
+    jm = fjit.jit(model)
+    x = torch.randn(4, 8)
+    jm(x).square().sum().backward()
+    got = model.weight.grad.clone()
+    stages = fjit.last_backward_traces(jm)
+    assert stages and "# C kernel" in str(stages[-1])
+    model.weight.grad = None
+    model(x).square().sum().backward()
+    torch.testing.assert_close(got, model.weight.grad)
