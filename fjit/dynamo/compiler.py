@@ -38,6 +38,9 @@ from fjit.dynamo.split import (SplitReason, assign, describe_error, is_compute, 
                                node_of_error, op_name, static_reason)
 
 SPLIT_EXECUTORS = ("torch", "inductor")
+# Who differentiates a graph whose inputs require grad: fjit (its own compiled backward, on the
+# torch-level graph) or AOTAutograd (aten forward and backward graphs, each compiled by fjit).
+AUTOGRAD = ("fjit", "aot")
 
 
 @dataclasses.dataclass
@@ -82,7 +85,7 @@ def _table(headers, rows) -> list[str]:
 class Backend:
     """A torch.compile backend: `torch.compile(model, backend=Backend())`."""
 
-    def __init__(self, executors=DEFAULT_EXECUTORS, split_executor="torch"):
+    def __init__(self, executors=DEFAULT_EXECUTORS, split_executor="torch", autograd="fjit"):
         if isinstance(executors, str):
             executors = (executors,)
         self.executors = tuple(config.parse(Executor, e, "fjit.backend: executors") for e in executors)
@@ -90,13 +93,18 @@ class Backend:
             raise ValueError(f"fjit.backend: split_executor={split_executor!r} is not one of "
                              f"{', '.join(map(repr, SPLIT_EXECUTORS))}")
         self.split_executor = split_executor
+        if autograd not in AUTOGRAD:
+            raise ValueError(f"fjit.backend: autograd={autograd!r} is not one of "
+                             f"{', '.join(map(repr, AUTOGRAD))}")
+        self.autograd = autograd
         self.subgraph_infos: list[SubgraphInfo] = []
         self._graphs = 0
 
-    def with_options(self, *, executors=None, split_executor=None) -> "Backend":
+    def with_options(self, *, executors=None, split_executor=None, autograd=None) -> "Backend":
         """A new backend with these options (the others as this one's)."""
         return Backend(self.executors if executors is None else executors,
-                       self.split_executor if split_executor is None else split_executor)
+                       self.split_executor if split_executor is None else split_executor,
+                       self.autograd if autograd is None else autograd)
 
     def clear(self) -> None:
         """Forget the recorded subgraph infos (compiled graphs keep working)."""
@@ -104,7 +112,7 @@ class Backend:
 
     def __repr__(self):
         return (f"<fjit torch.compile backend executors={tuple(e.value for e in self.executors)} "
-                f"split_executor={self.split_executor!r}>")
+                f"split_executor={self.split_executor!r} autograd={self.autograd!r}>")
 
     # ------------------------------------------------------------------------------------------
     # Dynamo's entry
@@ -112,8 +120,13 @@ class Backend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
         self._graphs += 1
         graph = self._graphs
-        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
-                                           for x in example_inputs):
+        training = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                                   for x in example_inputs)
+        if training and self.autograd == "fjit":
+            # The torch-level graph, as fjit.jit would trace it: inputs that require grad get
+            # fjit's compiled backward where it fuses, torch autograd over its calls elsewhere.
+            return self.compile_graph(gm, example_inputs, graph, "train")
+        if training:
             from torch._dynamo.backends.common import aot_autograd
             return aot_autograd(
                 fw_compiler=functools.partial(self._compile_aot, graph=graph, stage="forward"),
