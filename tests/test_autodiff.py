@@ -337,3 +337,24 @@ def test_random_programs_gradients_match_eager(program):
     xs = [_f32(*s, seed=i) for i, s in enumerate(shapes)]
     fn = lambda *t: _run(steps, reduce_dim, *t)  # noqa: E731
     _grads_match(fn, xs, jf=fjit.jit(fn))
+
+
+@pytest.mark.parametrize("op", [
+    lambda a, b: a.clamp(b, None), lambda a, b: a.clamp(None, b), torch.maximum, torch.minimum,
+    lambda a, b: a.clamp(a, None)], ids=["clamp_min", "clamp_max", "maximum", "minimum", "clamp_self"])
+def test_selection_grads_at_ties_and_nans_are_eagers(op):
+    """gradcheck's smooth samples never tie or hold a NaN; torch's formulas decide there (a NaN
+    loses nothing in maximum, clamps nothing in clamp).  Found by the property test with specials."""
+    nan, inf = float("nan"), float("inf")
+    a = torch.tensor([nan, 1.0, 2.0, -inf, 3.0, inf])
+    b = torch.tensor([1.0, nan, 2.0, 0.0, 1.0, inf])
+
+    def f(x, y):
+        return op(x, y) * 2.5
+    got, want = [], []
+    for fn, out in ((fjit.jit(f, executors=("c", "torch")), got), (f, want)):
+        x, y = a.clone().requires_grad_(), b.clone().requires_grad_()
+        fn(x, y).sum().backward()
+        out += [x.grad, y.grad]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, equal_nan=True, atol=0, rtol=0)

@@ -219,29 +219,33 @@ def _pow(b, g, value):
 
 @vjp(Prim.MAXIMUM, Prim.MINIMUM)
 def _max_min(b, g, value):
-    """torch: the larger (smaller) operand gets g, ties split it in half."""
+    """torch (derivatives.yaml): each operand gets g unless it loses (for maximum: is smaller),
+    ties split g in half.  A NaN loses nothing, so both operands get g where either is NaN."""
     a, c = b.args[:2]
     va, vc = _operands(b, value)
-    wins = Prim.GT if b.sym.name == "maximum" else Prim.LT
+    loses = Prim.LT if b.sym.name == "maximum" else Prim.GT
     tie = prim(Prim.EQ, va, vc)
     half = prim(Prim.MUL, g, 0.5)
     out = []
     for var, mine, other in ((a, va, vc), (c, vc, va)):
         if _t(var):
-            share = prim(Prim.WHERE, prim(wins, mine, other), g, _zeros_like(g))
+            share = prim(Prim.WHERE, prim(loses, mine, other), _zeros_like(g), g)
             out.append((var, prim(Prim.WHERE, tie, half, share)))
     return out
 
 
 @vjp(Prim.CLAMP_MIN, Prim.CLAMP_MAX)
 def _clamp(b, g, value):
-    """torch: x gets g where it is not clamped (x >= min), a tensor bound where it clamps."""
+    """torch (clamp_backward_min_max): x gets g where it is not clamped (x >= min), a tensor
+    bound where it clamps (x < min).  Neither gets it where x or the bound is NaN."""
     x, bound = b.args[:2]
     vx, vb = _operands(b, value)
-    keep = prim(Prim.GE if b.sym.name == "clamp_min" else Prim.LE, vx, vb)
+    is_min = b.sym.name == "clamp_min"
+    keep = prim(Prim.GE if is_min else Prim.LE, vx, vb)
     out = [(x, prim(Prim.WHERE, keep, g, _zeros_like(g)))]
     if _t(bound):
-        out.append((bound, prim(Prim.WHERE, keep, _zeros_like(g), g)))
+        clamps = prim(Prim.LT if is_min else Prim.GT, vx, vb)
+        out.append((bound, prim(Prim.WHERE, clamps, g, _zeros_like(g))))
     return out
 
 
