@@ -125,9 +125,10 @@ def _changes(label: tuple[str, str], old, new) -> list[Change]:
     if _is_tensor(old) and _is_tensor(new):
         return [Change(where, field, _shown(a), _shown(b))
                 for field, a, b in zip(TENSOR_KEY_FIELDS, old, new) if a != b]
-    if _is_float(old) and _is_float(new):    # a float the trace specialized on: ("f", value)
+    if _is_float(old) and _is_float(new):    # a float the trace specialized on: ("f", its hex)
         return [Change(where, "specialized float value",
-                       old[1] if isinstance(old, tuple) else "any", new[1])]
+                       float.fromhex(old[1]) if isinstance(old, tuple) else "any",
+                       float.fromhex(new[1]))]
     if kind == "mode":
         return [Change(where, "value", old, new)]
     if _is_constant(old) and _is_constant(new) and old[0] is new[0]:

@@ -77,3 +77,16 @@ def test_a_guarded_value_recompiles_once_per_value_and_caches():
         torch.testing.assert_close(jf(x, s), f(x, s))
     info = fjit.cache_info(jf)
     assert (info.misses, info.hits) == (2, 2), info
+
+
+@pytest.mark.parametrize("first, second", [(0.0, -0.0), (-0.0, 0.0), (float("nan"), float("nan"))])
+def test_specialized_floats_are_keyed_by_their_bits(first, second):
+    """A trace specialized on str(s) must not serve -0.0 with 0.0's program (0.0 == -0.0 and they
+    hash alike); a NaN must hit its own program (nan != nan).  Found by the property test."""
+    def f(x, s):
+        return x * 2 if str(s).startswith("-") else x - 1
+    jf = fjit.jit(f)
+    x = torch.ones(3)
+    for s in (first, second, first, second):
+        torch.testing.assert_close(jf(x, s), f(x, s))
+    assert jf.cache_info().misses == (1 if str(first) == str(second) else 2)

@@ -86,7 +86,7 @@ def fast_path(args: tuple, specialized: frozenset):
         elif t is float:
             checks.append(f"type({name}) is not float")
             if len(leaves) in specialized:
-                key.append(name)
+                key.append(f"{name}.hex()")      # as call_key: -0.0 is not 0.0 here
             leaves.append(name)
         elif t in _FAST_CONSTANTS:
             checks.append(f"type({name}) is not _c{i}")
@@ -129,7 +129,8 @@ def _walk(x, parts, leaves, specialized, where):
         parts.append(_tensor_key(x))
         leaves.append(x)
     elif t is float:
-        parts.append(("f", x) if len(leaves) in specialized else float)
+        # by bit pattern, not ==: str(-0.0) != str(0.0), and a NaN must equal itself
+        parts.append(("f", x.hex()) if len(leaves) in specialized else float)
         leaves.append(x)
     elif t in _CONSTANT_TYPES:
         parts.append((t, x))
