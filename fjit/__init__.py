@@ -1,5 +1,5 @@
 """fjit: a strict, purely functional tracing JIT for PyTorch."""
-from fjit import logs
+import fjit.logs as logs
 from fjit.api import (CacheInfo, JittedFunction, Report, cache_info, clear_caches, diagnose, explain,
                       jit, last_backward_traces, last_traces)
 from fjit.core.ir import Binding, Trace

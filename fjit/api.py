@@ -16,7 +16,9 @@ from typing import Any, Callable, Generic, Iterable, Literal, ParamSpec, TypeVar
 
 import torch
 
-from fjit import autodiff, config, logs
+import fjit.autodiff as autodiff
+import fjit.config as config
+import fjit.logs as logs
 from fjit.cache import CacheInfo, ProgramCache
 from fjit.config import DEFAULT_EXECUTORS, CacheMode, Executor, SharpEdges, TraceMode
 from fjit.core.ir import Binding, Tag, Trace

@@ -19,7 +19,7 @@ import logging
 import sys
 import warnings
 
-from fjit import config
+import fjit.config as config
 from fjit.config import LogTopic
 
 LOGGERS = {topic: logging.getLogger(f"fjit.{topic.value}") for topic in LogTopic}

@@ -30,7 +30,7 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
-from fjit import config
+import fjit.config as config
 from fjit.api import _NOT_RUN, DEFAULT_EXECUTORS, Executor, JittedFunction
 from fjit.core.ir import Tag, Trace
 from fjit.dynamo import aten as aten_table

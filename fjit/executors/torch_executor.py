@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from fjit import config
+import fjit.config as config
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Trace, Var, flatten_values, map_values
 from fjit.core.prims import Prim, prim_of
 from fjit.passes.basic import free_dead_values, reuse_buffers

@@ -31,8 +31,7 @@ def current() -> "TraceContext | None":
 
 
 def _library_dirs() -> tuple[str, ...]:
-    import fjit
-    dirs = {os.path.dirname(fjit.__file__), os.path.dirname(torch.__file__)}
+    dirs = {os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__)}
     for key in ("stdlib", "platstdlib"):
         path = sysconfig.get_paths().get(key)
         if path:

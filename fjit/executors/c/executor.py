@@ -36,7 +36,7 @@ import _ctypes
 
 import torch
 
-from fjit import config
+import fjit.config as config
 from fjit.core.ir import BoundSymbol, TensorVar, Trace, Var, map_values
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported

@@ -22,7 +22,7 @@ import torch
 if importlib.util.find_spec("triton") is None:
     raise ImportError("fjit's Triton executor needs the triton package")
 
-from fjit import config
+import fjit.config as config
 from fjit.core.ir import BoundSymbol, NumberVar, Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
 from fjit.executors.triton.codegen import Kernel, generate, supported
