@@ -15,6 +15,7 @@ import weakref
 from typing import Any, Callable, Generic, Iterable, Literal, ParamSpec, TypeVar, Union, overload
 
 import torch
+import torch.utils._pytree as pytree
 
 import fjit.autodiff as autodiff
 import fjit.config as config
@@ -234,8 +235,21 @@ def check_traces(traces: list[Trace], leaves: list) -> None:
         for t in flat[1:]:
             rewind()
             got = t.python_callable()(*leaves)
-            torch.testing.assert_close(got, expected, equal_nan=True,
-                                       msg=lambda m: f"fjit check: stage {t.stage} differs: {m}")
+            _assert_same_result(got, expected, t.stage)
+
+
+def _assert_same_result(got, expected, stage: str) -> None:
+    """Tensors agree up to dtype tolerance; every other leaf (a string, a dtype, a size) is equal."""
+    got_leaves, got_spec = pytree.tree_flatten(got)
+    want_leaves, want_spec = pytree.tree_flatten(expected)
+    if got_spec != want_spec:
+        raise AssertionError(f"fjit check: stage {stage} returns {got_spec}, the first {want_spec}")
+    for a, b in zip(got_leaves, want_leaves):
+        if isinstance(b, torch.Tensor):
+            torch.testing.assert_close(a, b, equal_nan=True,
+                                       msg=lambda m: f"fjit check: stage {stage} differs: {m}")
+        elif not (a == b or a != a and b != b):      # NaN floats equal themselves here
+            raise AssertionError(f"fjit check: stage {stage} returns {a!r}, the first {b!r}")
 
 
 def _lookup(module: str, qualname: str):
