@@ -23,6 +23,11 @@ TL_DTYPE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.floa
             torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32",
             torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
             torch.bool: "tl.int1"}
+# Triton's names of the types in a compiled kernel's signature (pointers add a leading '*')
+PTR_TYPE = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16",
+            torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.int16: "i16",
+            torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
+SCALAR_TYPE = {float: "fp32", int: "i64", bool: "i1"}
 
 # Triton's overrides of the shared expressions: tl.* math only (no libdevice), so that the same
 # source runs under TRITON_INTERPRET=1; {t} is the computation dtype.
@@ -92,6 +97,12 @@ class Kernel:
     num_warps: int
     scalar_args: list      # NumberVars and non-finite literals, in kernel-argument order
     params: list           # argument names before BLOCK: in<k>/s<k> (region input k), k<j>, out<k>
+    signature: dict = dataclasses.field(default_factory=dict)   # argument -> Triton type
+    constexprs: dict = dataclasses.field(default_factory=dict)  # constexpr argument -> value
+
+    def stages(self) -> list:
+        """The kernels one launch of the region runs, in order."""
+        return [self]
 
 
 class _Emitter:
@@ -101,6 +112,7 @@ class _Emitter:
         self.lines: list[str] = []
         self.values: dict[str, tuple[str, torch.dtype]] = {}   # var name -> (expr, compute dtype)
         self.params: list[str] = []
+        self.signature: dict[str, str] = {}
         self.scalars: list = []
         self.counter = 0
 
@@ -129,6 +141,7 @@ class _Emitter:
         if isinstance(a, float) and not math.isfinite(a):
             name = f"k{len(self.scalars)}"
             self.params.append(name)
+            self.signature[name] = "fp32"
             self.scalars.append(a)
             self.values[f"__lit{name}"] = (name, torch.float32)
             return name
@@ -159,10 +172,12 @@ class _Emitter:
         for k, v in enumerate(r.inputs):
             if isinstance(v, NumberVar):
                 self.params.append(f"s{k}")
+                self.signature[f"s{k}"] = SCALAR_TYPE[v.pytype]
                 self.scalars.append(v)
                 self.values[v.name] = (f"s{k}", torch.float32)
                 continue
             self.params.append(f"in{k}")
+            self.signature[f"in{k}"] = "*" + PTR_TYPE[v.dtype]
             val = self.fresh()
             off = self.index_terms(v.shape, v.strides)
             load = f"tl.load(in{k} + {off}, mask=mask, other=0)"
@@ -173,6 +188,7 @@ class _Emitter:
             self.emit_bsym(b)
         for k, v in enumerate(r.outputs):
             self.params.append(f"out{k}")
+            self.signature[f"out{k}"] = "*" + PTR_TYPE[v.dtype]
             expr, dt = self.values[v.name]
             value = expr if dt == v.dtype else f"{expr}.to({TL_DTYPE[v.dtype]})"
             if v.name in r.row_vars:
@@ -183,7 +199,10 @@ class _Emitter:
         head = f"@triton.jit\ndef {name}({', '.join(self.params + ['BLOCK: tl.constexpr'])}):"
         source = f"import triton\nimport triton.language as tl\n{_HELPERS}\n\n{head}\n" + \
             "\n".join(self.lines) + "\n"
-        return Kernel(name, source, grid, block, warps, self.scalars, self.params)
+        signature = dict(self.signature)
+        signature["BLOCK"] = "constexpr"
+        return Kernel(name, source, grid, block, warps, self.scalars, self.params, signature,
+                      {"BLOCK": block})
 
     def emit_bsym(self, b: BoundSymbol) -> None:
         p = prim_of(b)

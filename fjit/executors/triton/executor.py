@@ -25,6 +25,7 @@ if importlib.util.find_spec("triton") is None:
 from fjit import config
 from fjit.core.ir import BoundSymbol, NumberVar, Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
+from fjit.executors.triton import target
 from fjit.executors.triton.codegen import Kernel, generate, supported
 from fjit.logs import kernels as log
 from fjit.passes.fusion import Partitioner, Region
@@ -53,15 +54,31 @@ def claim(trace: Trace, leaves: list) -> Trace | None:
     return _PARTITIONER.fuse(trace, "triton_fusion", _region_bsym)
 
 
-def _region_bsym(region: Region) -> BoundSymbol:
-    kernel = generate(region, "fused", interpreting())
+def kernel_for(region: Region, interpret: bool) -> Kernel:
+    """The region's kernel, named by a hash of its source (identical regions share one)."""
+    kernel = generate(region, "fused", interpret)
     digest = hashlib.sha1(kernel.source.encode()).hexdigest()[:12]
     name = f"fjit_kernel_{digest}"
     kernel.source = kernel.source.replace("def fused(", f"def {name}(")
     kernel.name = name
+    return kernel
+
+
+def target_kernels(trace: Trace) -> list[Kernel]:
+    """The kernels this executor would generate for `trace` on a GPU (not for the interpreter),
+    whatever its tensors' device: what the target-compile tests compile for sm_90."""
+    return [kernel_for(item, interpret=False) for item in _PARTITIONER.partition(trace)
+            if isinstance(item, Region) and item.outputs]
+
+
+def _region_bsym(region: Region) -> BoundSymbol:
+    kernel = kernel_for(region, interpreting())
+    dump = config.triton_dump_target()
+    if dump:
+        target.dump(kernel_for(region, interpret=False), dump)
     launch = _launcher(region, kernel, _compiled(kernel))
-    comment = f"Triton kernel {name}, grid {kernel.grid}, BLOCK={kernel.block}\n{kernel.source}"
-    return kernel_bsym(region, name, launch, comment)
+    comment = f"Triton kernel {kernel.name}, grid {kernel.grid}, BLOCK={kernel.block}\n{kernel.source}"
+    return kernel_bsym(region, kernel.name, launch, comment)
 
 
 def _compiled(kernel: Kernel):
