@@ -283,3 +283,17 @@ def test_launcher_argument_order_and_its_fallback():
     assert [c[1] for c in calls] == [(2,), (1,)] and calls[0][2][-1] is calls[1][2][1] or True
     ws = calls[1][2][0]
     assert ws.shape == (6,) and ws.dtype == torch.float32
+
+
+def test_online_softmax_with_infinities_and_nan():
+    # a looped softmax computes max and sum in one pass; rows of -inf (masked attention), an
+    # all -inf row, a +inf and a NaN behave as torch's
+    x = torch.randn(5, 9000)
+    x[0, :4500] = float("-inf")
+    x[1] = float("-inf")
+    x[2, 8999] = float("inf")
+    x[3, 4096] = float("nan")
+    x[4, 0] = 80.0
+    for fn in (lambda x: torch.softmax(x, -1), lambda x: F.log_softmax(x, -1)):
+        jf = _check(fn, x)
+        assert _modes(jf) == ["looped"] and _source(jf).count("for k in range") == 2

@@ -9,9 +9,7 @@ A region with reductions is a tile of ROWS rows x BLOCK columns: persistent (the
 tile), looped over the row, or split in two kernels (plan.py has the table).  Per-row values are
 [ROWS, 1] tensors, so they broadcast against the tile as torch broadcasts a keepdim result.
 
-Precise math: compiled for a GPU, tanh, expm1, log1p, sinh, cosh, erf, erfc, ... are libdevice's
-(as torch's CUDA kernels call them); under TRITON_INTERPRET=1 (which cannot run libdevice) they are
-`tl.*` forms that keep their relative precision near 0 (Kahan's expm1 and log1p).
+The expressions (libdevice on a GPU, precise `tl.*` forms under the interpreter) are lowering.py's.
 """
 from __future__ import annotations
 
@@ -20,128 +18,17 @@ import math
 
 import torch
 
-from fjit import config
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.core.prims import BOOL_RESULT, Prim, prim_of
 from fjit.executors import render
 from fjit.executors.render import HALF as _HALF, computes_in, index_decomposition
 from fjit.executors.triton import plan as P
+from fjit.executors.triton.lowering import (ACCUMULATE, COMPILED, COMPILED_F32, HELPERS,
+                                            INTERPRETED, INTERPRETER_HELPERS, REDUCE, PTR_TYPE,
+                                            SCALAR_TYPE, TL_DTYPE, TRITON, supported)
+
+__all__ = ["Kernel", "generate", "supported", "TL_DTYPE"]
 from fjit.passes.fusion import Region
-
-TL_DTYPE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
-            torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32",
-            torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
-            torch.bool: "tl.int1"}
-# Triton's names of the types in a compiled kernel's signature (pointers add a leading '*')
-PTR_TYPE = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16",
-            torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.int16: "i16",
-            torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
-SCALAR_TYPE = {float: "fp32", int: "i64", bool: "i1"}
-
-# Triton's overrides of the shared expressions; {t} is the computation dtype.
-_COMMON = {
-    **render.BASE,
-    Prim.EXP: "tl.exp({0})", Prim.EXP2: "tl.exp2({0})",
-    Prim.LOG: "tl.log({0})", Prim.LOG2: "tl.log2({0})", Prim.LOG10: "(tl.log2({0}) * 0.30102999566398120)",
-    Prim.SQRT: "tl.sqrt({0})", Prim.RSQRT: "(1 / tl.sqrt({0}))",
-    Prim.SIN: "tl.sin({0})", Prim.COS: "tl.cos({0})", Prim.TAN: "(tl.sin({0}) / tl.cos({0}))",
-    Prim.SIGMOID: "(1 / (1 + tl.exp(-{0})))",
-    Prim.ERF: "tl.erf({0})", Prim.FLOOR: "tl.floor({0})", Prim.CEIL: "tl.ceil({0})",
-    Prim.TRUNC: "tl.where({0} >= 0, tl.floor({0}), tl.ceil({0}))",
-    Prim.COSH: "((tl.exp({0}) + tl.exp(-{0})) * 0.5)",
-    Prim.ROUND: "_round_half_even({0})",
-    Prim.ISINF: "(tl.abs({0}) == float('inf'))", Prim.ISFINITE: "(tl.abs({0}) < float('inf'))",
-    Prim.ABS: "tl.abs({0})",
-    Prim.MAXIMUM: "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
-    Prim.MINIMUM: "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
-    Prim.CLAMP_MIN: "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
-    Prim.CLAMP_MAX: "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
-    Prim.SIGN: "(({0} > 0).to({t}) - ({0} < 0).to({t}))",
-    Prim.LOGICAL_AND: "(({0} != 0) & ({1} != 0))", Prim.LOGICAL_OR: "(({0} != 0) | ({1} != 0))",
-    Prim.LOGICAL_XOR: "(({0} != 0) ^ ({1} != 0))",
-    Prim.WHERE: "tl.where({0}, {1}, {2})",
-}
-# Under the interpreter: tl.* only, with forms that keep small arguments' relative precision.
-_INTERPRETED = {**_COMMON, Prim.EXPM1: "_expm1({0})", Prim.LOG1P: "_log1p({0})",
-                Prim.TANH: "_tanh({0})", Prim.SINH: "_sinh({0})"}
-# Compiled for a GPU: libdevice, as torch's CUDA kernels.
-_COMPILED = {**_COMMON, **{p: f"libdevice.{p.value}({{0}})" for p in (
-    Prim.EXPM1, Prim.LOG1P, Prim.TANH, Prim.SINH, Prim.COSH, Prim.ERF, Prim.ERFC, Prim.TAN,
-    Prim.LOG10, Prim.RSQRT)}}
-_COMPILED_ONLY = frozenset(_COMPILED) - frozenset(_INTERPRETED)
-# float32 ops torch rounds correctly on CUDA, where Triton's default is an approximation
-_COMPILED_F32 = {Prim.DIV: "tl.div_rn({0}, {1})", Prim.SQRT: "tl.sqrt_rn({0})"}
-_REDUCE = {Prim.SUM: "tl.sum", Prim.AMAX: "tl.max", Prim.AMIN: "tl.min"}
-_ACCUMULATE = {Prim.SUM: "{acc} + {x}", Prim.AMAX: "tl.maximum({acc}, {x})", Prim.AMIN: "tl.minimum({acc}, {x})"}
-TRITON = render.Language("triton", _COMPILED, frozenset(TL_DTYPE), frozenset(_REDUCE), "float('inf')")
-
-_HELPERS = '''
-@triton.jit
-def _round_half_even(x):
-    f = tl.floor(x)
-    d = x - f
-    odd = (f - 2 * tl.floor(f * 0.5)) != 0
-    return tl.where(d > 0.5, f + 1, tl.where(d < 0.5, f, tl.where(odd, f + 1, f)))
-
-
-@triton.jit
-def _round_to_bf16(x):
-    # float32 -> nearest bfloat16 (ties to even), kept in float32.  Spelled out in bits because the
-    # interpreter's own conversion truncates.
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
-'''
-_INTERPRETER_HELPERS = '''
-
-@triton.jit
-def _expm1(x):
-    # exp(x) - 1 without the cancellation near 0 (Kahan): (u - 1) * x / log(u)
-    u = tl.exp(x)
-    d = u - 1
-    exact = (d == -1) | (u == float('inf')) | (x != x)
-    return tl.where(u == 1, x, tl.where(exact, d, d * (x / tl.log(u))))
-
-
-@triton.jit
-def _log1p(x):
-    # log(1 + x) without the rounding of 1 + x (Kahan): log(u) * x / (u - 1)
-    u = 1 + x
-    exact = (u == float('inf')) | (u <= 0)
-    return tl.where(u == 1, x, tl.where(exact, tl.log(u), tl.log(u) * (x / (u - 1))))
-
-
-@triton.jit
-def _tanh(x):
-    a = tl.abs(x)
-    e = _expm1(2 * a)
-    t = tl.where(a > 20, 1.0, e / (e + 2))
-    return tl.where(x < 0, -t, t)
-
-
-@triton.jit
-def _sinh(x):
-    e = _expm1(tl.abs(x))
-    s = tl.where(e == float('inf'), e, 0.5 * (e + e / (e + 1)))
-    return tl.where(x < 0, -s, s)
-'''
-
-
-def supported(b: BoundSymbol, interpret: bool | None = None) -> bool:
-    """Whether this generator can emit `b` inside a region (for the interpreter or a GPU; by
-    default as TRITON_INTERPRET says)."""
-    if not render.supported(b, TRITON):
-        return False
-    p = prim_of(b)
-    if p in _COMPILED_ONLY and (config.triton_interpret() if interpret is None else interpret):
-        return False    # libdevice only: the interpreter cannot run it
-    if p in _REDUCE:
-        return p is not Prim.SUM or b.args[0].dtype != torch.bool
-    if p is not Prim.CONVERT and computes_in(b) == torch.float64 and any(
-            isinstance(a, NumberVar) or isinstance(a, float) and not math.isfinite(a) for a in b.args):
-        return False    # a float kernel argument is float32 in Triton; torch keeps a double
-    return True
-
 
 @dataclasses.dataclass
 class Kernel:
@@ -168,19 +55,22 @@ class _Emitter:
     def __init__(self, region: Region, interpret: bool):
         self.r = region
         self.interpret = interpret
-        self.exprs = _INTERPRETED if interpret else _COMPILED
+        self.exprs = INTERPRETED if interpret else COMPILED
         self.lines: list[str] = []
         self.depth = 1
         self.values: dict[str, tuple[str, torch.dtype]] = {}   # var name -> (expr, compute dtype)
         self.counter = 0
         self.literals: dict[str, str] = {}     # repr of a non-finite float -> its k<j> parameter
-        self.reductions = [b for b in region.bsyms if prim_of(b) in _REDUCE]
+        self.reductions = [b for b in region.bsyms if prim_of(b) in REDUCE]
         rows, width = math.prod(region.outer), math.prod(region.inner)
         self.rows, self.width = rows, width
         self.level = self._levels()
         splittable = all(self.level[b.outputs()[0].name] == 1 for b in self.reductions) and all(
             v.name in region.row_vars or self.level[v.name] == 0 for v in region.outputs)
         self.plan = P.plan(rows, width, region.has_reduction, splittable, interpret)
+        self.online = self._online_sums() if self.plan.mode == "looped" else {}
+        if self.online:
+            self.level = self._levels()
         self.two_d = region.has_reduction
         self._layout()
 
@@ -189,9 +79,32 @@ class _Emitter:
         """How many reductions in a row a value waits for (0: computed from the inputs)."""
         level = {}
         for b in self.r.bsyms:
+            if id(b) in getattr(self, "online", {}):   # reduced in its max's pass
+                level[b.outputs()[0].name] = level[self.online[id(b)].outputs()[0].name]
+                continue
             deps = [level.get(v.name, 0) for v in b.inputs() if isinstance(v, TensorVar)]
-            level[b.outputs()[0].name] = max(deps, default=0) + (prim_of(b) in _REDUCE)
+            level[b.outputs()[0].name] = max(deps, default=0) + (prim_of(b) in REDUCE)
         return level
+
+    def _online_sums(self) -> dict:
+        """sum(exp(y - amax(y))) reductions (softmax's), as id(sum) -> the amax: a looped kernel
+        computes both in one pass (the online softmax: the running sum is rescaled whenever the
+        running max grows)."""
+        producer = {b.outputs()[0].name: b for b in self.r.bsyms}
+        pairs = {}
+        for b in self.reductions:
+            e = producer.get(b.args[0].name)
+            d = producer.get(e.args[0].name) if e is not None and prim_of(e) is Prim.EXP else None
+            if d is None or prim_of(d) is not Prim.SUB or not all(isinstance(a, TensorVar) for a in d.args):
+                continue
+            m = producer.get(d.args[1].name)
+            if prim_of(b) is not Prim.SUM or m is None or prim_of(m) is not Prim.AMAX:
+                continue
+            values = (b.outputs()[0], e.outputs()[0], d.outputs()[0], m.outputs()[0])
+            if m.args[0].name == d.args[0].name and self.level.get(d.args[0].name, 0) == 0 and all(
+                    v.dtype in (torch.float32, torch.float64) and v.dtype == values[0].dtype for v in values):
+                pairs[id(b)] = m
+        return pairs
 
     def _layout(self) -> None:
         r = self.r
@@ -295,7 +208,7 @@ class _Emitter:
     def reduce(self, p: Prim, tile: str, ct: torch.dtype, nan: str | None) -> str:
         """The per-row reduction of a [ROWS, BLOCK] tile, NaN where `nan` (a tile of 0/1) has a 1."""
         val = self.fresh()
-        self.emit(f"{val} = {_REDUCE[p]}({tile}, axis=1, keep_dims=True)")
+        self.emit(f"{val} = {REDUCE[p]}({tile}, axis=1, keep_dims=True)")
         if nan is not None:
             self.emit(f"{val} = tl.where(tl.max({nan}, axis=1, keep_dims=True) > 0, float('nan'), {val})")
         return val
@@ -303,8 +216,7 @@ class _Emitter:
     def emit_bsym(self, b: BoundSymbol) -> None:
         p = prim_of(b)
         out = b.outputs()[0]
-        val = self.fresh()
-        if p in _REDUCE:   # the whole row is in the tile
+        if p in REDUCE:   # the whole row is in the tile
             expr, ct, neutral = self.reduce_input(b)
             nan = None
             if p is not Prim.SUM and ct.is_floating_point:   # torch's max/min propagate NaN
@@ -312,6 +224,7 @@ class _Emitter:
                 self.emit(f"{nan} = tl.where(mask, tl.where({expr} != {expr}, 1, 0), 0)")
             self.finish(out, self.reduce(p, f"tl.where(mask, {expr}, {neutral})", ct, nan), ct)
             return
+        val = self.fresh()
         if p is Prim.CONVERT:
             expr, dt = self.values[b.args[0].name]
             target = b.args[1]
@@ -329,8 +242,8 @@ class _Emitter:
         else:
             ops = [self.operand(a, ct) for a in b.args]
         template = self.exprs[p]
-        if not self.interpret and ct == torch.float32 and p in _COMPILED_F32:
-            template = _COMPILED_F32[p]
+        if not self.interpret and ct == torch.float32 and p in COMPILED_F32:
+            template = COMPILED_F32[p]
         self.emit(f"{val} = {template.format(*ops, t=TL_DTYPE[ct])}")
         self.finish(out, val, torch.bool if p in BOOL_RESULT else ct)
 
@@ -398,7 +311,7 @@ class _Emitter:
         prelude = "import triton\nimport triton.language as tl\n"
         if not self.interpret:
             prelude += "from triton.language.extra import libdevice\n"
-        helpers = _HELPERS + (_INTERPRETER_HELPERS if self.interpret else "")
+        helpers = HELPERS + (INTERPRETER_HELPERS if self.interpret else "")
         body = f"{head}\n" + "\n".join(first_lines) + "\n"
         if second is not None:
             body += "\n\n" + second.source
@@ -439,7 +352,9 @@ class _Emitter:
     def loop_pass(self, reds: list, outputs: list, count: int, start: str) -> list:
         """One loop over the row: accumulate the reductions `reds`, store `outputs`; the
         accumulators (acc, nan flags or None, dtype) of each reduction."""
-        bsyms, inputs = self.closure([b.args[0].name for b in reds] + [v.name for _, v in outputs])
+        online = {id(self.online[id(b)]) for b in reds if id(b) in self.online}   # their maxes
+        bsyms, inputs = self.closure([self.online[id(b)].args[0].name if id(b) in self.online else b.args[0].name
+                                      for b in reds] + [v.name for _, v in outputs])
         accs = []
         for b in reds:
             p, out = prim_of(b), b.outputs()[0]
@@ -462,10 +377,16 @@ class _Emitter:
         for b in self.r.bsyms:
             if id(b) in bsyms:
                 self.emit_bsym(b)
+        running = {}   # id(amax) -> its accumulator, for the online sums
         for b, (acc, nan, _) in zip(reds, accs):
+            if id(b) in self.online:
+                self.online_update(b, acc, running[id(self.online[id(b)])])
+                continue
             expr, ct, neutral = self.reduce_input(b)
-            update = _ACCUMULATE[prim_of(b)].format(acc=acc, x=f"tl.where(mask, {expr}, {neutral})")
-            self.emit(f"{acc} = {update}")
+            running[id(b)] = acc
+            if id(b) not in online:   # an online sum's max is updated with it
+                update = ACCUMULATE[prim_of(b)].format(acc=acc, x=f"tl.where(mask, {expr}, {neutral})")
+                self.emit(f"{acc} = {update}")
             if nan is not None:
                 self.emit(f"{nan} = tl.maximum({nan}, tl.where(mask, tl.where({expr} != {expr}, 1, 0), 0))")
         for k, v in outputs:
@@ -474,11 +395,29 @@ class _Emitter:
         self.values = before
         return accs
 
+    def online_update(self, b: BoundSymbol, acc: str, macc: str) -> None:
+        """The online softmax's step: with the new running max, rescale the running sum of
+        exp(y - max) and add this tile's terms (lanes still at -inf add nothing)."""
+        y, _, _ = self.reduce_input(self.online[id(b)])
+        x, m = self.fresh(), self.fresh()
+        self.emit(f"{x} = tl.where(mask, {y}, -float('inf'))")
+        self.emit(f"{m} = tl.maximum({macc}, {x})")
+        self.emit(f"{acc} = {acc} * tl.where({m} == -float('inf'), 0, tl.exp({macc} - {m})) + "
+                  f"tl.where({m} == -float('inf'), 0, tl.exp({x} - {m}))")
+        self.emit(f"{macc} = {m}")
+
+    def online_total(self, b: BoundSymbol, acc: str, macc: str) -> str:
+        """An online sum's row total: each lane's sum rescaled to the row's max."""
+        val, (m, _) = self.fresh(), self.values[self.online[id(b)].outputs()[0].name]
+        self.emit(f"{val} = tl.sum({acc} * tl.where({macc} == -float('inf'), 0, tl.exp({macc} - {m})), "
+                  "axis=1, keep_dims=True)")
+        return val
+
     def row_prims(self) -> None:
         """Every per-row prim whose operands are all computed, in order."""
         for b in self.r.bsyms:
             out = b.outputs()[0].name
-            if out in self.r.row_vars and out not in self.values and prim_of(b) not in _REDUCE and all(
+            if out in self.r.row_vars and out not in self.values and prim_of(b) not in REDUCE and all(
                     v.name in self.values for v in b.inputs() if isinstance(v, TensorVar)):
                 self.emit_bsym(b)
 
@@ -490,8 +429,13 @@ class _Emitter:
             reds = [b for b in self.reductions if self.level[b.outputs()[0].name] == level]
             stores = [(k, v) for k, v in domain_outs if self.level[v.name] == level - 1]
             accs = self.loop_pass(reds, stores, self.width, "k")
+            maxes = {id(b): acc for b, (acc, _, _) in zip(reds, accs)}
             for b, (acc, nan, ct) in zip(reds, accs):
-                self.finish(b.outputs()[0], self.reduce(prim_of(b), acc, ct, nan), ct)
+                if id(b) in self.online:
+                    val = self.online_total(b, acc, maxes[id(self.online[id(b)])])
+                else:
+                    val = self.reduce(prim_of(b), acc, ct, nan)
+                self.finish(b.outputs()[0], val, ct)
             self.row_prims()
         last = [(k, v) for k, v in domain_outs if self.level[v.name] == top]
         if last:

@@ -65,7 +65,8 @@ def plan(rows: int, width: int, reduction: bool, splittable: bool, interpret: bo
     if not reduction:
         cap = ELEMENTWISE_BLOCK if width < 1 << 22 else 4 * ELEMENTWISE_BLOCK
         block = min(pow2ceil(width), 1 << 16 if interpret else cap)
-        return Plan("elementwise", 1, width, block, 1, 4, (-(-width // block),))
+        warps = max(1, min(16, block // 256))    # 8 elements per thread: long math chains fit
+        return Plan("elementwise", 1, width, block, 1, warps, (-(-width // block),))
     b = pow2ceil(width)
     if b <= PERSISTENT_MAX:
         per = 1
