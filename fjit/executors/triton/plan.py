@@ -6,7 +6,7 @@ Strategies for a region with reductions, a row of `width` elements per row (`row
 | row (next power of two) | strategy | tile | warps |
 |---|---|---|---|
 | <= PERSISTENT_MAX | persistent: one pass, the row tile held in registers; several short rows per program (up to TILE elements) | ROWS x BLOCK | by tile (WARPS) |
-| > PERSISTENT_MAX | looped: one loop over the row per level of reductions (a value reduced from values that need an earlier reduction waits for it), then one loop for the outputs | 1 x LOOP_BLOCK | 8 |
+| > PERSISTENT_MAX | looped: one loop over the row per level of reductions (a value reduced from values that need an earlier reduction waits for it; softmax's sum of exp(y - max) runs with its max, online), then one loop for the outputs | 1 x LOOP_BLOCK | 8 |
 | > PERSISTENT_MAX, few rows, one level of sum/max/min, row outputs only | split: (rows, S) programs reduce a segment each into a workspace, a second kernel combines the S partials per row | 1 x LOOP_BLOCK, then 1 x S | 8, then by S |
 
 A persistent tile of up to PERSISTENT_MAX elements at 16 warps holds 16 elements of each live
@@ -28,7 +28,7 @@ from fjit.core.ir import TensorVar
 
 PERSISTENT_MAX = 8192     # largest row tile (elements) one program holds in registers
 TILE = 2048               # elements per program for short rows: several rows per program
-LOOP_BLOCK = 4096         # elements per iteration of a looped row
+LOOP_BLOCK = 2048         # elements per iteration of a looped row (8 per thread at 8 warps)
 LOOP_WARPS = 8
 SPLIT_MAX_ROWS = 64       # a looped region with fewer rows than this may be split
 SPLIT_PROGRAMS = 512      # about this many programs for a split reduction's first stage

@@ -25,6 +25,7 @@ import subprocess
 import sys
 
 TARGETS = {"sm_90": 90, "sm_80": 80}
+REGISTER_FILE = 65536    # 32-bit registers per SM on sm_80 and sm_90
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,8 +154,22 @@ def check(jobs: list[Job], cache_dir: str, workers: int | None = None) -> list[d
             if report.get("ok"):
                 with open(os.path.join(cache_dir, f"{key}.json"), "w") as f:
                     json.dump(report, f)
-    return [dict(reports[k], name=j.name, arch=j.arch, num_warps=j.num_warps,
-                 constexprs=j.constexprs) for j, k in zip(jobs, keys)]
+    out = [dict(reports[k], name=j.name, arch=j.arch, num_warps=j.num_warps, constexprs=j.constexprs)
+           for j, k in zip(jobs, keys)]
+    for r in out:   # one program's registers must fit an SM's register file (64K on sm_80/sm_90)
+        r["fits"] = not r["ok"] or r["registers"] * 32 * r["num_warps"] <= REGISTER_FILE
+    return out
+
+
+def problem(report: dict) -> str | None:
+    """What is wrong with a kernel's report, or None."""
+    if not report["ok"]:
+        return report["error"]
+    if report["spill_bytes"]:
+        return f"{report['spill_bytes']} spill bytes"
+    if not report["fits"]:
+        return f"{report['registers']} registers x {32 * report['num_warps']} threads exceed the register file"
+    return None
 
 
 def dump(kernel, directory: str) -> None:
@@ -176,16 +191,17 @@ def main(argv: list[str]) -> int:
                 job = Job(**json.load(f))
             jobs += [dataclasses.replace(job, arch=arch) for arch in TARGETS]
     reports = check(jobs, os.path.join(directory, "reports"))
-    bad = [r for r in reports if not r["ok"] or r["spill_bytes"]]
+    bad = [r for r in reports if problem(r)]
     for arch in TARGETS:
         mine = [r for r in reports if r["arch"] == arch and r["ok"]]
+        most = max(mine, key=lambda r: r["registers"], default=None)
         print(f"{arch}: {len(mine)} kernels compiled, "
-              f"{sum(1 for r in mine if r['spill_bytes'])} spill, max registers "
-              f"{max((r['registers'] for r in mine), default=0)}, max spill bytes "
-              f"{max((r['spill_bytes'] for r in mine), default=0)}")
+              f"{sum(1 for r in mine if r['spill_bytes'])} spill, max spill bytes "
+              f"{max((r['spill_bytes'] for r in mine), default=0)}, max registers "
+              + (f"{most['registers']} ({most['name']}, {most['constexprs']}, {most['num_warps']} warps)"
+                 if most else "-"))
     for r in bad:
-        print(f"  ! {r['arch']} {r['name']} {r['constexprs']} warps={r['num_warps']}: "
-              f"{r.get('error') or str(r['spill_bytes']) + ' spill bytes'}")
+        print(f"  ! {r['arch']} {r['name']} {r['constexprs']} warps={r['num_warps']}: {problem(r)}")
     return 1 if bad else 0
 
 
