@@ -297,3 +297,32 @@ def test_online_softmax_with_infinities_and_nan():
     for fn in (lambda x: torch.softmax(x, -1), lambda x: F.log_softmax(x, -1)):
         jf = _check(fn, x)
         assert _modes(jf) == ["looped"] and _source(jf).count("for k in range") == 2
+
+
+GPU_GOLDEN = {   # kernels as generated for a GPU (libdevice, the compiled strategies)
+    "softmax_looped_online_3x10000_f32_gpu": (lambda x: torch.softmax(x, -1), (3, 10000)),
+    "sum_of_squares_split_50000_f32_gpu": (lambda x: (x * x).sum(), (50000,)),
+    "gelu_tanh_elementwise_4x5x6_f32_gpu": (lambda x: F.gelu(x, approximate="tanh"), (4, 5, 6)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GPU_GOLDEN))
+def test_golden_gpu_kernels(name):
+    from fjit.executors.triton import executor
+    fn, shape = GPU_GOLDEN[name]
+    jf = fjit.jit(fn, executors=("torch",))
+    jf(torch.randn(*shape))
+    source = "\n\n".join(f"# {k.mode}, grid {k.grid}, {k.constexprs}, {k.num_warps} warps\n{k.source}"
+                         for k in executor.target_kernels(fjit.last_traces(jf)[-2]))
+    path = GOLDEN / f"{name}.py.txt"
+    if os.environ.get("FJIT_UPDATE_GOLDEN") == "1":
+        path.write_text(source)
+    assert source == path.read_text(), "codegen changed: review it, then FJIT_UPDATE_GOLDEN=1"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback where no GPU can compile")
+def test_compiled_launcher_falls_back_to_kernel_grid_where_it_cannot_compile():
+    from fjit.executors.triton.codegen import Kernel
+    from fjit.executors.triton.launch import compile_for_device
+    kernel = Kernel("k", "", (1,), 8, 4, [], ["in0", "out0"], {"in0": "*fp32", "out0": "*fp32"}, {"BLOCK": 8})
+    assert compile_for_device(lambda: None, kernel, torch.device("cuda")) is None

@@ -7,7 +7,8 @@ launcher bound to it: `run(grid..., stream, function, metadata, ..., *args)`, th
 `kernel[grid](...)` ends in after its argument binding, specialization and cache lookup (a few
 microseconds each launch).  `kernel[grid]` stays the fallback: under the interpreter, where an
 input is not 16-byte aligned, where launch hooks (profilers) are set, and where Triton's compiled-
-kernel API is not the one this was written for.
+kernel API is not the one this was written for, and on machines with several GPUs (a compiled binary
+is loaded on one device).
 """
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def compile_for_device(fn, kernel, device: torch.device):
         from triton.compiler import ASTSource
         from triton.runtime.driver import driver
         if triton.knobs.runtime.launch_enter_hook is not None or triton.knobs.runtime.launch_exit_hook is not None:
+            return None
+        if torch.cuda.device_count() != 1:   # the binary is loaded on one device; kernel[grid] follows the current one
             return None
         names = list(kernel.signature)
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if kernel.signature[n].startswith("*")}
