@@ -154,6 +154,8 @@ CASES = [
          {"M": 8, "N": 64}, "2 * 2*M*N (read x, write y; bf16)", lambda a: 2 * nbytes(a[0])),
     Case("softmax_wide", softmax, lambda d, r: (r(d["M"], d["N"]),), {"M": 1024, "N": 32768},
          {"M": 2, "N": 256}, "2 * 2*M*N (read x, write y; bf16)", lambda a: 2 * nbytes(a[0])),
+    Case("softmax_vocab", softmax, lambda d, r: (r(d["M"], d["N"]),), {"M": 4096, "N": 50257},
+         {"M": 2, "N": 300}, "2 * 2*M*N (read x, write y; bf16)", lambda a: 2 * nbytes(a[0])),
     Case("cross_entropy", cross_entropy, _ce_args, {"M": 8192, "N": 32000}, {"M": 8, "N": 100},
          "2*M*N + 8*M + 2 (read bf16 logits, int64 targets; write the bf16 mean)",
          lambda a: nbytes(*a) + a[0].element_size()),

@@ -12,6 +12,8 @@ test or a notebook may change them between compilations; FJIT_LOGS is read when 
 | FJIT_CHECK | 1 | check mode: every stage runs and is compared with the first; torch fallbacks' real layouts are checked |
 | FJIT_C_KERNELS | background (default), sync, 0 | when C kernels are built: in a background thread, before the compile returns, or never |
 | FJIT_TRITON_CPU | 0 | with TRITON_INTERPRET=1, keep CPU tensors away from the Triton interpreter |
+| FJIT_TRITON_DUMP_TARGET | a directory | every Triton kernel built is also written there as generated for a GPU, for `python -m fjit.executors.triton.target DIR` (compiles them for sm_90/sm_80, reports spills) |
+| FJIT_TRITON_LAUNCH | compiled (default), jit | on a GPU: call each kernel compiled once through a pre-bound launcher, or through `kernel[grid]` |
 | FJIT_CACHE_DIR | a directory | where generated kernels are kept (default ~/.cache/fjit/kernels) |
 """
 from __future__ import annotations
@@ -123,6 +125,24 @@ def c_kernels() -> CKernels:
 def triton_on_cpu() -> bool:
     """Whether CPU tensors go to Triton's interpreter: TRITON_INTERPRET=1, unless FJIT_TRITON_CPU=0."""
     return os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("FJIT_TRITON_CPU") != "0"
+
+
+def triton_interpret() -> bool:
+    """TRITON_INTERPRET=1: Triton interprets every kernel (no libdevice, no compiled launcher)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def triton_compiled_launch() -> bool:
+    """FJIT_TRITON_LAUNCH: compiled (the default) or jit (kernel[grid] on every call)."""
+    value = os.environ.get("FJIT_TRITON_LAUNCH", "compiled")
+    if value not in ("compiled", "jit"):
+        raise ValueError(f"fjit: FJIT_TRITON_LAUNCH={value!r} is not one of 'compiled', 'jit'")
+    return value == "compiled"
+
+
+def triton_dump_target() -> str | None:
+    """FJIT_TRITON_DUMP_TARGET: where to write every Triton kernel built, as generated for a GPU."""
+    return os.environ.get("FJIT_TRITON_DUMP_TARGET") or None
 
 
 def kernel_cache_root() -> str:

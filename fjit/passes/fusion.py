@@ -16,7 +16,7 @@ from typing import Callable
 
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Trace, Var, flatten_values
 
-# Rows of at most this many elements are reduced by one program holding the whole row.
+# The widest row a reduction region takes by default (a generator without looped kernels).
 MAX_ROW = 1 << 16
 
 
@@ -53,8 +53,9 @@ class Partitioner:
     costs little next to the fusion won, but on a CPU can cost more than the op's own torch call)."""
 
     def __init__(self, supported: Callable[[BoundSymbol], bool], split_partial_ops: bool = True,
-                 whole_ops: frozenset = frozenset()):
+                 whole_ops: frozenset = frozenset(), max_row: int | None = MAX_ROW):
         self.supported = supported
+        self.max_row = max_row    # widest row a reduction region takes (None: any)
         self.split_partial_ops = split_partial_ops
         self.whole_ops = whole_ops    # qualnames of torch-level ops never split into their prims
 
@@ -68,7 +69,8 @@ class Partitioner:
             x = tensors[0]
             dims, keepdim = tuple(b.args[1]), b.args[2]
             k = len(dims)
-            if dims != tuple(range(x.ndim - k, x.ndim)) or math.prod(x.shape[x.ndim - k:]) > MAX_ROW:
+            width = math.prod(x.shape[x.ndim - k:])
+            if dims != tuple(range(x.ndim - k, x.ndim)) or self.max_row is not None and width > self.max_row:
                 return None
             outer, inner = x.shape[:x.ndim - k], x.shape[x.ndim - k:]
             if region is None:

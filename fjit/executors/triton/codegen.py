@@ -4,7 +4,12 @@ The kernel reads like Triton's vector-add tutorial: program id, offsets, mask, l
 stores.  Shapes and strides are literals (a trace is specialized to them), so the source itself is
 the cache key: identical regions over identical layouts share one kernel.  Half-precision values are
 computed in float32 and rounded after every op, as torch's eager kernels round each op's result.
-Only `tl.*` math is used (no libdevice), so the same source runs under TRITON_INTERPRET=1.
+
+A region with reductions is a tile of ROWS rows x BLOCK columns: persistent (the whole row in one
+tile), looped over the row, or split in two kernels (plan.py has the table).  Per-row values are
+[ROWS, 1] tensors, so they broadcast against the tile as torch broadcasts a keepdim result.
+
+The expressions (libdevice on a GPU, precise `tl.*` forms under the interpreter) are lowering.py's.
 """
 from __future__ import annotations
 
@@ -16,72 +21,14 @@ import torch
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.core.prims import BOOL_RESULT, Prim, prim_of
 from fjit.executors import render
-from fjit.executors.render import HALF as _HALF, computes_in, index_decomposition, index_terms
+from fjit.executors.render import HALF as _HALF, computes_in, index_decomposition
+from fjit.executors.triton import plan as P
+from fjit.executors.triton.lowering import (ACCUMULATE, COMPILED, COMPILED_F32, HELPERS,
+                                            INTERPRETED, INTERPRETER_HELPERS, REDUCE, PTR_TYPE,
+                                            SCALAR_TYPE, TL_DTYPE, TRITON, supported)
+
+__all__ = ["Kernel", "generate", "supported", "TL_DTYPE"]
 from fjit.passes.fusion import Region
-
-TL_DTYPE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
-            torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32",
-            torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
-            torch.bool: "tl.int1"}
-
-# Triton's overrides of the shared expressions: tl.* math only (no libdevice), so that the same
-# source runs under TRITON_INTERPRET=1; {t} is the computation dtype.
-_TL_EXPRS = {
-    **render.BASE,
-    Prim.EXP: "tl.exp({0})", Prim.EXP2: "tl.exp2({0})", Prim.EXPM1: "(tl.exp({0}) - 1)",
-    Prim.LOG: "tl.log({0})", Prim.LOG2: "tl.log2({0})", Prim.LOG10: "(tl.log2({0}) * 0.30102999566398120)",
-    Prim.LOG1P: "tl.log(1 + {0})", Prim.SQRT: "tl.sqrt({0})", Prim.RSQRT: "(1 / tl.sqrt({0}))",
-    Prim.SIN: "tl.sin({0})", Prim.COS: "tl.cos({0})", Prim.TAN: "(tl.sin({0}) / tl.cos({0}))",
-    Prim.TANH: "(1 - 2 / (tl.exp(2 * {0}) + 1))", Prim.SIGMOID: "(1 / (1 + tl.exp(-{0})))",
-    Prim.ERF: "tl.erf({0})", Prim.FLOOR: "tl.floor({0})", Prim.CEIL: "tl.ceil({0})",
-    Prim.TRUNC: "tl.where({0} >= 0, tl.floor({0}), tl.ceil({0}))",
-    Prim.SINH: "((tl.exp({0}) - tl.exp(-{0})) * 0.5)", Prim.COSH: "((tl.exp({0}) + tl.exp(-{0})) * 0.5)",
-    Prim.ROUND: "_round_half_even({0})",
-    Prim.ISINF: "(tl.abs({0}) == float('inf'))", Prim.ISFINITE: "(tl.abs({0}) < float('inf'))",
-    Prim.ABS: "tl.abs({0})",
-    Prim.MAXIMUM: "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
-    Prim.MINIMUM: "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
-    Prim.CLAMP_MIN: "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
-    Prim.CLAMP_MAX: "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
-    Prim.SIGN: "(({0} > 0).to({t}) - ({0} < 0).to({t}))",
-    Prim.LOGICAL_AND: "(({0} != 0) & ({1} != 0))", Prim.LOGICAL_OR: "(({0} != 0) | ({1} != 0))",
-    Prim.LOGICAL_XOR: "(({0} != 0) ^ ({1} != 0))",
-    Prim.WHERE: "tl.where({0}, {1}, {2})",
-}
-_REDUCE = {Prim.SUM: "tl.sum", Prim.AMAX: "tl.max", Prim.AMIN: "tl.min"}
-TRITON = render.Language("triton", _TL_EXPRS, frozenset(TL_DTYPE), frozenset(_REDUCE), "float('inf')")
-
-_HELPERS = '''
-@triton.jit
-def _round_half_even(x):
-    f = tl.floor(x)
-    d = x - f
-    odd = (f - 2 * tl.floor(f * 0.5)) != 0
-    return tl.where(d > 0.5, f + 1, tl.where(d < 0.5, f, tl.where(odd, f + 1, f)))
-
-
-@triton.jit
-def _round_to_bf16(x):
-    # float32 -> nearest bfloat16 (ties to even), kept in float32.  Spelled out in bits because the
-    # interpreter's own conversion truncates.
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
-'''
-
-
-def supported(b: BoundSymbol) -> bool:
-    """Whether this generator can emit `b` inside a region."""
-    if not render.supported(b, TRITON):
-        return False
-    p = prim_of(b)
-    if p in _REDUCE:
-        return p is not Prim.SUM or b.args[0].dtype != torch.bool
-    if p is not Prim.CONVERT and computes_in(b) == torch.float64 and any(
-            isinstance(a, NumberVar) or isinstance(a, float) and not math.isfinite(a) for a in b.args):
-        return False    # a float kernel argument is float32 in Triton; torch keeps a double
-    return True
-
 
 @dataclasses.dataclass
 class Kernel:
@@ -90,35 +37,152 @@ class Kernel:
     grid: tuple
     block: int
     num_warps: int
-    scalar_args: list      # NumberVars and non-finite literals, in kernel-argument order
-    params: list           # argument names before BLOCK: in<k>/s<k> (region input k), k<j>, out<k>
+    scalar_args: list      # non-finite literals (k<j>), in kernel-argument order
+    params: list           # argument names before the constexprs: in<k>/s<k> (region input k),
+    #                        k<j> (literal j), out<k> (region output k), ws<j> (workspace j)
+    signature: dict = dataclasses.field(default_factory=dict)   # argument -> Triton type
+    constexprs: dict = dataclasses.field(default_factory=dict)  # constexpr argument -> value
+    mode: str = "elementwise"
+    second: "Kernel | None" = None   # a split reduction's second stage
+    workspaces: list = dataclasses.field(default_factory=list)   # (numel, dtype) of ws<j>
+
+    def stages(self) -> list:
+        """The kernels one launch of the region runs, in order."""
+        return [self] + ([self.second] if self.second is not None else [])
 
 
 class _Emitter:
     def __init__(self, region: Region, interpret: bool):
         self.r = region
         self.interpret = interpret
+        self.exprs = INTERPRETED if interpret else COMPILED
         self.lines: list[str] = []
+        self.depth = 1
         self.values: dict[str, tuple[str, torch.dtype]] = {}   # var name -> (expr, compute dtype)
-        self.params: list[str] = []
-        self.scalars: list = []
         self.counter = 0
+        self.literals: dict[str, str] = {}     # repr of a non-finite float -> its k<j> parameter
+        self.reductions = [b for b in region.bsyms if prim_of(b) in REDUCE]
+        rows, width = math.prod(region.outer), math.prod(region.inner)
+        self.rows, self.width = rows, width
+        self.level = self._levels()
+        splittable = all(self.level[b.outputs()[0].name] == 1 for b in self.reductions) and all(
+            v.name in region.row_vars or self.level[v.name] == 0 for v in region.outputs)
+        self.plan = P.plan(rows, width, region.has_reduction, splittable, interpret)
+        self.online = self._online_sums() if self.plan.mode == "looped" else {}
+        if self.online:
+            self.level = self._levels()
+        self.two_d = region.has_reduction
+        self._layout()
 
+    # -- layout -----------------------------------------------------------------------------------
+    def _levels(self) -> dict:
+        """How many reductions in a row a value waits for (0: computed from the inputs)."""
+        level = {}
+        for b in self.r.bsyms:
+            if id(b) in getattr(self, "online", {}):   # reduced in its max's pass
+                level[b.outputs()[0].name] = level[self.online[id(b)].outputs()[0].name]
+                continue
+            deps = [level.get(v.name, 0) for v in b.inputs() if isinstance(v, TensorVar)]
+            level[b.outputs()[0].name] = max(deps, default=0) + (prim_of(b) in REDUCE)
+        return level
+
+    def _online_sums(self) -> dict:
+        """sum(exp(y - amax(y))) reductions (softmax's), as id(sum) -> the amax: a looped kernel
+        computes both in one pass (the online softmax: the running sum is rescaled whenever the
+        running max grows)."""
+        producer = {b.outputs()[0].name: b for b in self.r.bsyms}
+        pairs = {}
+        for b in self.reductions:
+            e = producer.get(b.args[0].name)
+            d = producer.get(e.args[0].name) if e is not None and prim_of(e) is Prim.EXP else None
+            if d is None or prim_of(d) is not Prim.SUB or not all(isinstance(a, TensorVar) for a in d.args):
+                continue
+            m = producer.get(d.args[1].name)
+            if prim_of(b) is not Prim.SUM or m is None or prim_of(m) is not Prim.AMAX:
+                continue
+            values = (b.outputs()[0], e.outputs()[0], d.outputs()[0], m.outputs()[0])
+            if m.args[0].name == d.args[0].name and self.level.get(d.args[0].name, 0) == 0 and all(
+                    v.dtype in (torch.float32, torch.float64) and v.dtype == values[0].dtype for v in values):
+                pairs[id(b)] = m
+        return pairs
+
+    def _layout(self) -> None:
+        r = self.r
+        n_outer = len(r.outer)
+        tensors = [v for v in r.inputs + r.outputs if isinstance(v, TensorVar)]
+        strides = {v.name: P.domain_strides(v, r.domain, n_outer, v.name in r.row_vars) for v in tensors}
+        self.osizes, self.ostr = P.collapse(r.outer, {k: s[:n_outer] for k, s in strides.items()})
+        self.isizes, self.istr = P.collapse(r.inner, {k: s[n_outer:] for k, s in strides.items()})
+        self.int64 = P.needs_int64(tensors, r.domain)
+        self.onames = ["r"] if len(self.osizes) == 1 else [f"o{j}" for j in range(len(self.osizes))]
+        self.inames = ["c"] if len(self.isizes) == 1 else [f"i{j}" for j in range(len(self.isizes))]
+
+    def offsets(self, name: str) -> tuple[str | None, str | None]:
+        """(row part, column part) of a tensor's element offset; None where it has no terms."""
+        def terms(names, strides):
+            parts = [f"{n} * {s}" if s != 1 else n for n, s in zip(names, strides) if s]
+            return " + ".join(parts) or None
+        return terms(self.onames, self.ostr[name]), terms(self.inames, self.istr[name])
+
+    def decompose(self, names: str, sizes: tuple, flat: str) -> None:
+        """The index of each collapsed dim from the flat index (itself, for one dim)."""
+        if len(sizes) > 1:
+            for index, expr in index_decomposition(names, sizes, flat, "//"):
+                self.emit(f"{index} = {expr}")
+
+    # -- emitting -------------------------------------------------------------------------------
     def fresh(self) -> str:
         self.counter += 1
         return f"v{self.counter}"
 
     def emit(self, line: str) -> None:
-        self.lines.append("    " + line)
+        self.lines.append("    " * self.depth + line)
 
-    # -- indexing -------------------------------------------------------------------------------
-    def index_terms(self, shape: tuple, strides: tuple, rows_only: bool = False) -> str:
-        terms = index_terms(self.r, shape, strides, rows_only)
-        if rows_only:
-            return " + ".join(terms) if terms else "0"
-        if not any(t.startswith("i") for t in terms):
-            terms.append("c * 0")   # constant along the row: still a block of pointers
-        return " + ".join(terms)
+    def masks(self) -> tuple[str, str]:
+        return ("rmask", "cmask") if self.two_d else ("mask", "mask")
+
+    def emit_columns(self, start: str | None) -> None:
+        """c (the tile's columns), its masks, and the column index of each collapsed inner dim."""
+        arange = "tl.arange(0, BLOCK)[None, :]" if self.two_d else "tl.arange(0, BLOCK)"
+        self.emit(f"c = {start} + {arange}" if start else f"c = {arange}")
+        if self.two_d:
+            self.emit(f"cmask = c < {self.width}")
+            self.emit("mask = rmask & cmask")
+        else:
+            self.emit(f"mask = c < {self.width}")
+        self.decompose("i", self.isizes, "c")
+
+    def pid(self, axis: int) -> str:
+        return f"tl.program_id({axis}).to(tl.int64)" if self.int64 else f"tl.program_id({axis})"
+
+    def emit_rows(self) -> None:
+        self.emit(f"r = {self.pid(0)} * ROWS + tl.arange(0, ROWS)[:, None]")
+        self.emit(f"rmask = r < {self.rows}")
+        self.decompose("o", self.osizes, "r")
+
+    def load(self, k: int, v: TensorVar) -> None:
+        rows, cols = self.offsets(v.name)
+        rmask, cmask = self.masks()
+        off, mask = (f"{rows} + {cols}", "mask") if rows and cols else (rows, rmask) if rows else (cols, cmask)
+        if not off:   # one element for the whole domain: one per row (a block, not a scalar)
+            off, mask = ("r * 0", "rmask") if self.two_d else ("c * 0", "mask")
+        val = self.fresh()
+        load = f"tl.load(in{k} + {off}, mask={mask}, other=0)"
+        self.emit(f"{val} = {load}" + (".to(tl.float32)" if v.dtype in _HALF else ""))
+        self.values[v.name] = (val, torch.float32 if v.dtype in _HALF else v.dtype)
+
+    def store(self, k: int, v: TensorVar) -> None:
+        expr, dt = self.values[v.name]
+        value = expr if dt == v.dtype else f"{expr}.to({TL_DTYPE[v.dtype]})"
+        rows, cols = self.offsets(v.name)
+        if v.name in self.r.row_vars:
+            self.emit(f"tl.store(out{k} + {rows or 'r * 0'}, {value}, mask=rmask)")
+            return
+        if self.two_d:
+            off = f"{rows or 'r * 0'} + {cols or 'c * 0'}"
+        else:
+            off = cols or "c * 0"
+        self.emit(f"tl.store(out{k} + {off}, {value}, mask=mask)")
 
     def operand(self, a, ct: torch.dtype) -> str:
         if isinstance(a, (TensorVar, NumberVar)):
@@ -127,83 +191,40 @@ class _Emitter:
         if isinstance(a, bool):
             return "1" if a else "0"
         if isinstance(a, float) and not math.isfinite(a):
-            name = f"k{len(self.scalars)}"
-            self.params.append(name)
-            self.scalars.append(a)
-            self.values[f"__lit{name}"] = (name, torch.float32)
-            return name
+            return self.literals[repr(a)]
         return repr(a)
 
-    # -- the kernel ------------------------------------------------------------------------------
-    def generate(self, name: str) -> Kernel:
-        r = self.r
-        rows, width = math.prod(r.outer), math.prod(r.inner)
-        big = any(math.prod(v.shape) >= 2**31 for v in r.inputs + r.outputs
-                  if isinstance(v, TensorVar))
-        pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
-        if r.has_reduction:
-            block = 1 << max(width - 1, 0).bit_length()
-            self.emit(f"r = {pid}")
-            self.emit("c = tl.arange(0, BLOCK)")
-            self.emit(f"mask = c < {width}")
-            grid = (rows,)
-        else:
-            cap = 1 << 16 if self.interpret else 1024 if width < 1 << 22 else 4096
-            block = min(1 << max(width - 1, 0).bit_length(), cap)
-            self.emit(f"c = {pid} * BLOCK + tl.arange(0, BLOCK)")
-            self.emit(f"mask = c < {width}")
-            grid = (-(-width // block),)
-        for index, expr in index_decomposition("i", r.inner, "c", "//") + \
-                index_decomposition("o", r.outer, "r", "//"):
-            self.emit(f"{index} = {expr}")
-        for k, v in enumerate(r.inputs):
-            if isinstance(v, NumberVar):
-                self.params.append(f"s{k}")
-                self.scalars.append(v)
-                self.values[v.name] = (f"s{k}", torch.float32)
-                continue
-            self.params.append(f"in{k}")
-            val = self.fresh()
-            off = self.index_terms(v.shape, v.strides)
-            load = f"tl.load(in{k} + {off}, mask=mask, other=0)"
-            ct = torch.float32 if v.dtype in _HALF else v.dtype
-            self.emit(f"{val} = {load}" + (".to(tl.float32)" if v.dtype in _HALF else ""))
-            self.values[v.name] = (val, ct)
-        for b in r.bsyms:
-            self.emit_bsym(b)
-        for k, v in enumerate(r.outputs):
-            self.params.append(f"out{k}")
-            expr, dt = self.values[v.name]
-            value = expr if dt == v.dtype else f"{expr}.to({TL_DTYPE[v.dtype]})"
-            if v.name in r.row_vars:
-                self.emit(f"tl.store(out{k} + {self.index_terms(v.shape, v.strides, rows_only=True)}, {value})")
-            else:
-                self.emit(f"tl.store(out{k} + {self.index_terms(v.shape, v.strides)}, {value}, mask=mask)")
-        warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
-        head = f"@triton.jit\ndef {name}({', '.join(self.params + ['BLOCK: tl.constexpr'])}):"
-        source = f"import triton\nimport triton.language as tl\n{_HELPERS}\n\n{head}\n" + \
-            "\n".join(self.lines) + "\n"
-        return Kernel(name, source, grid, block, warps, self.scalars, self.params)
+    def reduce_input(self, b: BoundSymbol) -> tuple[str, torch.dtype, str]:
+        """The reduced value in its accumulation dtype, that dtype, and the masked lanes' value."""
+        p, out = prim_of(b), b.outputs()[0]
+        expr, dt = self.values[b.args[0].name]
+        ct = torch.float32 if out.dtype in _HALF else out.dtype
+        if dt != ct:
+            expr = f"{expr}.to({TL_DTYPE[ct]})"
+        start = render.identity(p, ct)
+        neutral = TRITON.literal_inf(start < 0) if isinstance(start, float) else str(start)
+        return expr, ct, neutral
+
+    def reduce(self, p: Prim, tile: str, ct: torch.dtype, nan: str | None) -> str:
+        """The per-row reduction of a [ROWS, BLOCK] tile, NaN where `nan` (a tile of 0/1) has a 1."""
+        val = self.fresh()
+        self.emit(f"{val} = {REDUCE[p]}({tile}, axis=1, keep_dims=True)")
+        if nan is not None:
+            self.emit(f"{val} = tl.where(tl.max({nan}, axis=1, keep_dims=True) > 0, float('nan'), {val})")
+        return val
 
     def emit_bsym(self, b: BoundSymbol) -> None:
         p = prim_of(b)
         out = b.outputs()[0]
-        val = self.fresh()
-        if p in _REDUCE:
-            x = b.args[0]
-            expr, dt = self.values[x.name]
-            ct = torch.float32 if out.dtype in _HALF else out.dtype
-            if dt != ct:
-                expr = f"{expr}.to({TL_DTYPE[ct]})"
-            start = render.identity(p, ct)
-            neutral = TRITON.literal_inf(start < 0) if isinstance(start, float) else str(start)
-            self.emit(f"{val} = {_REDUCE[p]}(tl.where(mask, {expr}, {neutral}), axis=0)")
+        if p in REDUCE:   # the whole row is in the tile
+            expr, ct, neutral = self.reduce_input(b)
+            nan = None
             if p is not Prim.SUM and ct.is_floating_point:   # torch's max/min propagate NaN
                 nan = self.fresh()
-                self.emit(f"{nan} = tl.max(tl.where(mask & ({expr} != {expr}), 1, 0), axis=0)")
-                self.emit(f"{val} = tl.where({nan} > 0, float('nan'), {val})")
-            self.finish(out, val, ct)
+                self.emit(f"{nan} = tl.where(mask, tl.where({expr} != {expr}, 1, 0), 0)")
+            self.finish(out, self.reduce(p, f"tl.where(mask, {expr}, {neutral})", ct, nan), ct)
             return
+        val = self.fresh()
         if p is Prim.CONVERT:
             expr, dt = self.values[b.args[0].name]
             target = b.args[1]
@@ -220,7 +241,9 @@ class _Emitter:
             ops = [self.operand(b.args[0], None)] + [self.operand(a, ct) for a in b.args[1:]]
         else:
             ops = [self.operand(a, ct) for a in b.args]
-        template = _TL_EXPRS[p]
+        template = self.exprs[p]
+        if not self.interpret and ct == torch.float32 and p in COMPILED_F32:
+            template = COMPILED_F32[p]
         self.emit(f"{val} = {template.format(*ops, t=TL_DTYPE[ct])}")
         self.finish(out, val, torch.bool if p in BOOL_RESULT else ct)
 
@@ -232,6 +255,246 @@ class _Emitter:
                 self.emit(f"{val} = {val}.to(tl.float16).to(tl.float32)")
             ct = torch.float32
         self.values[out.name] = (val, ct)
+
+    # -- the kernel ------------------------------------------------------------------------------
+    def generate(self, name: str) -> Kernel:
+        r, pl = self.r, self.plan
+        params, signature = [], {}
+        for k, v in enumerate(r.inputs):
+            if isinstance(v, NumberVar):
+                params.append(f"s{k}")
+                signature[f"s{k}"] = SCALAR_TYPE[v.pytype]
+                self.values[v.name] = (f"s{k}", torch.float32)
+            else:
+                params.append(f"in{k}")
+                signature[f"in{k}"] = "*" + PTR_TYPE[v.dtype]
+        literals = []
+        for b in r.bsyms:
+            for a in b.args:
+                if isinstance(a, float) and not math.isfinite(a) and repr(a) not in self.literals:
+                    self.literals[repr(a)] = f"k{len(literals)}"
+                    literals.append(a)
+        for j in range(len(literals)):
+            params.append(f"k{j}")
+            signature[f"k{j}"] = "fp32"
+        outputs = list(enumerate(r.outputs))
+        split = pl.mode == "split"
+        for k, v in outputs:
+            if not (split and v.name in r.row_vars):
+                params.append(f"out{k}")
+                signature[f"out{k}"] = "*" + PTR_TYPE[v.dtype]
+        constexprs = {"BLOCK": pl.block}
+        if pl.mode == "elementwise":
+            self.emit_columns(f"{self.pid(0)} * BLOCK")
+            self.single_pass(outputs)
+        elif pl.mode == "persistent":
+            constexprs["ROWS"] = pl.rows_per_program
+            self.emit_rows()
+            self.emit_columns(None)
+            self.single_pass(outputs)
+        elif pl.mode == "looped":
+            constexprs["ROWS"] = 1
+            self.emit_rows()
+            self.looped(outputs)
+        else:
+            constexprs["ROWS"] = 1
+            self.emit_rows()
+            partials = self.split_first(outputs)
+            for j, (_, ct) in enumerate(partials):
+                params.append(f"ws{j}")
+                signature[f"ws{j}"] = "*" + PTR_TYPE[ct]
+        first_lines = self.lines
+        second = None
+        if split:
+            second = self.split_second(name, partials, literals, outputs)
+        head = f"@triton.jit\ndef {name}({', '.join(params + [f'{c}: tl.constexpr' for c in constexprs])}):"
+        prelude = "import triton\nimport triton.language as tl\n"
+        if not self.interpret:
+            prelude += "from triton.language.extra import libdevice\n"
+        helpers = HELPERS + (INTERPRETER_HELPERS if self.interpret else "")
+        body = f"{head}\n" + "\n".join(first_lines) + "\n"
+        if second is not None:
+            body += "\n\n" + second.source
+        source = f"{prelude}{helpers}\n\n{body}"
+        kernel = Kernel(name, source, pl.grid, pl.block, pl.num_warps, literals, params,
+                        {**signature, **{c: "constexpr" for c in constexprs}}, constexprs, pl.mode)
+        if second is not None:
+            second.source = source
+            kernel.second = second
+            kernel.workspaces = [(self.rows * pl.segments, ct) for _, ct in partials]
+        return kernel
+
+    def single_pass(self, outputs: list) -> None:
+        for k, v in enumerate(self.r.inputs):
+            if isinstance(v, TensorVar):
+                self.load(k, v)
+        for b in self.r.bsyms:
+            self.emit_bsym(b)
+        for k, v in outputs:
+            self.store(k, v)
+
+    def closure(self, names: list) -> tuple[set, set]:
+        """The domain prims (ids) and region inputs (names) that computing `names` needs, given
+        the per-row values already computed."""
+        producer = {b.outputs()[0].name: b for b in self.r.bsyms}
+        bsyms, inputs, stack = set(), set(), list(names)
+        while stack:
+            n = stack.pop()
+            if n in self.r.row_vars or n in inputs or (n in producer and id(producer[n]) in bsyms):
+                continue
+            if n in producer:
+                bsyms.add(id(producer[n]))
+                stack.extend(v.name for v in producer[n].inputs() if isinstance(v, (TensorVar, NumberVar)))
+            else:
+                inputs.add(n)
+        return bsyms, inputs
+
+    def loop_pass(self, reds: list, outputs: list, count: int, start: str) -> list:
+        """One loop over the row: accumulate the reductions `reds`, store `outputs`; the
+        accumulators (acc, nan flags or None, dtype) of each reduction."""
+        online = {id(self.online[id(b)]) for b in reds if id(b) in self.online}   # their maxes
+        bsyms, inputs = self.closure([self.online[id(b)].args[0].name if id(b) in self.online else b.args[0].name
+                                      for b in reds] + [v.name for _, v in outputs])
+        accs = []
+        for b in reds:
+            p, out = prim_of(b), b.outputs()[0]
+            ct = torch.float32 if out.dtype in _HALF else out.dtype
+            start_value = render.identity(p, ct)
+            neutral = TRITON.literal_inf(start_value < 0) if isinstance(start_value, float) else str(start_value)
+            acc, nan = self.fresh(), None
+            self.emit(f"{acc} = tl.full([ROWS, BLOCK], {neutral}, {TL_DTYPE[ct]})")
+            if p is not Prim.SUM and ct.is_floating_point:
+                nan = self.fresh()
+                self.emit(f"{nan} = tl.zeros([ROWS, BLOCK], tl.int32)")
+            accs.append((acc, nan, ct))
+        before = dict(self.values)
+        self.emit(f"for k in range(0, {count}, BLOCK):")
+        self.depth += 1
+        self.emit_columns(start)
+        for k, v in enumerate(self.r.inputs):
+            if v.name in inputs and isinstance(v, TensorVar):
+                self.load(k, v)
+        for b in self.r.bsyms:
+            if id(b) in bsyms:
+                self.emit_bsym(b)
+        running = {}   # id(amax) -> its accumulator, for the online sums
+        for b, (acc, nan, _) in zip(reds, accs):
+            if id(b) in self.online:
+                self.online_update(b, acc, running[id(self.online[id(b)])])
+                continue
+            expr, ct, neutral = self.reduce_input(b)
+            running[id(b)] = acc
+            if id(b) not in online:   # an online sum's max is updated with it
+                update = ACCUMULATE[prim_of(b)].format(acc=acc, x=f"tl.where(mask, {expr}, {neutral})")
+                self.emit(f"{acc} = {update}")
+            if nan is not None:
+                self.emit(f"{nan} = tl.maximum({nan}, tl.where(mask, tl.where({expr} != {expr}, 1, 0), 0))")
+        for k, v in outputs:
+            self.store(k, v)
+        self.depth -= 1
+        self.values = before
+        return accs
+
+    def online_update(self, b: BoundSymbol, acc: str, macc: str) -> None:
+        """The online softmax's step: with the new running max, rescale the running sum of
+        exp(y - max) and add this tile's terms (lanes still at -inf add nothing)."""
+        y, _, _ = self.reduce_input(self.online[id(b)])
+        x, m = self.fresh(), self.fresh()
+        self.emit(f"{x} = tl.where(mask, {y}, -float('inf'))")
+        self.emit(f"{m} = tl.maximum({macc}, {x})")
+        self.emit(f"{acc} = {acc} * tl.where({m} == -float('inf'), 0, tl.exp({macc} - {m})) + "
+                  f"tl.where({m} == -float('inf'), 0, tl.exp({x} - {m}))")
+        self.emit(f"{macc} = {m}")
+
+    def online_total(self, b: BoundSymbol, acc: str, macc: str) -> str:
+        """An online sum's row total: each lane's sum rescaled to the row's max."""
+        val, (m, _) = self.fresh(), self.values[self.online[id(b)].outputs()[0].name]
+        self.emit(f"{val} = tl.sum({acc} * tl.where({macc} == -float('inf'), 0, tl.exp({macc} - {m})), "
+                  "axis=1, keep_dims=True)")
+        return val
+
+    def row_prims(self) -> None:
+        """Every per-row prim whose operands are all computed, in order."""
+        for b in self.r.bsyms:
+            out = b.outputs()[0].name
+            if out in self.r.row_vars and out not in self.values and prim_of(b) not in REDUCE and all(
+                    v.name in self.values for v in b.inputs() if isinstance(v, TensorVar)):
+                self.emit_bsym(b)
+
+    def looped(self, outputs: list) -> None:
+        r = self.r
+        top = max(self.level[b.outputs()[0].name] for b in self.reductions)
+        domain_outs = [(k, v) for k, v in outputs if v.name not in r.row_vars]
+        for level in range(1, top + 1):
+            reds = [b for b in self.reductions if self.level[b.outputs()[0].name] == level]
+            stores = [(k, v) for k, v in domain_outs if self.level[v.name] == level - 1]
+            accs = self.loop_pass(reds, stores, self.width, "k")
+            maxes = {id(b): acc for b, (acc, _, _) in zip(reds, accs)}
+            for b, (acc, nan, ct) in zip(reds, accs):
+                if id(b) in self.online:
+                    val = self.online_total(b, acc, maxes[id(self.online[id(b)])])
+                else:
+                    val = self.reduce(prim_of(b), acc, ct, nan)
+                self.finish(b.outputs()[0], val, ct)
+            self.row_prims()
+        last = [(k, v) for k, v in domain_outs if self.level[v.name] == top]
+        if last:
+            self.loop_pass([], last, self.width, "k")
+        for k, v in outputs:
+            if v.name in r.row_vars:
+                self.store(k, v)
+
+    def split_first(self, outputs: list) -> list:
+        """A split reduction's first stage: each program reduces one segment of a row into the
+        workspaces; [(reduction, partial dtype)]."""
+        pl = self.plan
+        self.emit(f"seg = {self.pid(1)}")
+        stores = [(k, v) for k, v in outputs if v.name not in self.r.row_vars]
+        accs = self.loop_pass(self.reductions, stores, pl.segment, f"seg * {pl.segment} + k")
+        partials = []
+        for j, (b, (acc, nan, ct)) in enumerate(zip(self.reductions, accs)):
+            val = self.reduce(prim_of(b), acc, ct, nan)
+            self.emit(f"tl.store(ws{j} + r * {pl.segments} + seg, {val}, mask=rmask)")
+            partials.append((b, ct))
+        return partials
+
+    def split_second(self, name: str, partials: list, literals: list, outputs: list) -> Kernel:
+        """The second stage: one program per row combines the row's partials and finishes it."""
+        pl, r = self.plan, self.r
+        self.lines, self.depth = [], 1
+        self.values = {k: v for k, v in self.values.items() if v[0].startswith("s")}
+        params = [f"s{k}" for k, v in enumerate(r.inputs) if isinstance(v, NumberVar)]
+        params += [f"k{j}" for j in range(len(literals))]
+        params += [f"ws{j}" for j in range(len(partials))]
+        signature = {p: "fp32" for p in params if p[0] in "sk"}
+        signature.update({p: SCALAR_TYPE[v.pytype] for p, v in
+                          ((f"s{k}", v) for k, v in enumerate(r.inputs) if isinstance(v, NumberVar))})
+        signature.update({f"ws{j}": "*" + PTR_TYPE[ct] for j, (_, ct) in enumerate(partials)})
+        self.emit_rows()
+        self.emit("s = tl.arange(0, BLOCK)[None, :]")
+        self.emit(f"mask = rmask & (s < {pl.segments})")
+        for j, (b, ct) in enumerate(partials):
+            p = prim_of(b)
+            start = render.identity(p, ct)
+            neutral = TRITON.literal_inf(start < 0) if isinstance(start, float) else str(start)
+            part, nan = self.fresh(), None
+            self.emit(f"{part} = tl.load(ws{j} + r * {pl.segments} + s, mask=mask, other={neutral})")
+            if p is not Prim.SUM and ct.is_floating_point:
+                nan = self.fresh()
+                self.emit(f"{nan} = tl.where({part} != {part}, 1, 0)")
+            self.finish(b.outputs()[0], self.reduce(p, part, ct, nan), ct)
+        self.row_prims()
+        for k, v in outputs:
+            if v.name in r.row_vars:
+                params.append(f"out{k}")
+                signature[f"out{k}"] = "*" + PTR_TYPE[v.dtype]
+                self.store(k, v)
+        constexprs = {"BLOCK": pl.finish_block, "ROWS": 1}
+        head = f"@triton.jit\ndef {name}_finish({', '.join(params + ['BLOCK: tl.constexpr', 'ROWS: tl.constexpr'])}):"
+        source = f"{head}\n" + "\n".join(self.lines) + "\n"
+        return Kernel(f"{name}_finish", source, (self.rows,), pl.finish_block, pl.finish_warps, literals,
+                      params, {**signature, "BLOCK": "constexpr", "ROWS": "constexpr"}, constexprs,
+                      "split-finish")
 
 
 def generate(region: Region, name: str, interpret: bool) -> Kernel:

@@ -9,6 +9,7 @@ the output layouts; per call it allocates outputs and launches, nothing else.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -23,15 +24,18 @@ if importlib.util.find_spec("triton") is None:
     raise ImportError("fjit's Triton executor needs the triton package")
 
 import fjit.config as config
-from fjit.core.ir import BoundSymbol, NumberVar, Trace
+from fjit.core.ir import BoundSymbol, Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
+from fjit.executors.triton import target
 from fjit.executors.triton.codegen import Kernel, generate, supported
+from fjit.executors.triton.launch import Stage, compile_for_device, make_launcher
 from fjit.logs import kernels as log
 from fjit.passes.fusion import Partitioner, Region
 
-_KERNELS: dict[str, object] = {}      # source hash -> triton.jit function
+_KERNELS: dict[str, object] = {}      # kernel name (its source's hash) -> its loaded module
 _LOCK = threading.Lock()
-_PARTITIONER = Partitioner(supported)
+_PARTITIONER = Partitioner(supported, max_row=None)   # looped kernels take rows of any width
+_GPU_PARTITIONER = Partitioner(functools.partial(supported, interpret=False), max_row=None)
 
 
 def interpreting() -> bool:
@@ -53,22 +57,43 @@ def claim(trace: Trace, leaves: list) -> Trace | None:
     return _PARTITIONER.fuse(trace, "triton_fusion", _region_bsym)
 
 
-def _region_bsym(region: Region) -> BoundSymbol:
-    kernel = generate(region, "fused", interpreting())
+def kernel_for(region: Region, interpret: bool) -> Kernel:
+    """The region's kernel, named by a hash of its source (identical regions share one)."""
+    kernel = generate(region, "fused", interpret)
     digest = hashlib.sha1(kernel.source.encode()).hexdigest()[:12]
     name = f"fjit_kernel_{digest}"
-    kernel.source = kernel.source.replace("def fused(", f"def {name}(")
-    kernel.name = name
-    launch = _launcher(region, kernel, _compiled(kernel))
-    comment = f"Triton kernel {name}, grid {kernel.grid}, BLOCK={kernel.block}\n{kernel.source}"
-    return kernel_bsym(region, name, launch, comment)
+    source = kernel.source.replace("def fused", f"def {name}")
+    for stage in kernel.stages():
+        stage.source = source
+        stage.name = stage.name.replace("fused", name, 1)
+    return kernel
 
 
-def _compiled(kernel: Kernel):
-    """triton.jit needs its source in a file; identical sources share one module and one binary."""
+def target_kernels(trace: Trace) -> list[Kernel]:
+    """The kernels this executor would generate for `trace` on a GPU (not for the interpreter),
+    whatever its tensors' device: what the target-compile tests compile for sm_90."""
+    return [kernel_for(item, interpret=False) for item in _GPU_PARTITIONER.partition(trace)
+            if isinstance(item, Region) and item.outputs]
+
+
+def _region_bsym(region: Region) -> BoundSymbol:
+    interpret = config.triton_interpret()
+    kernel = kernel_for(region, interpret)
+    dump = config.triton_dump_target()
+    if dump:
+        target.dump(kernel if not interpret else kernel_for(region, interpret=False), dump)
+    launch = _launcher(region, kernel, _compiled(kernel), interpret)
+    comment = (f"Triton kernel {kernel.name}, {kernel.mode}, grid {kernel.grid}, BLOCK={kernel.block}, "
+               f"{kernel.num_warps} warps\n{kernel.source}")
+    return kernel_bsym(region, kernel.name, launch, comment)
+
+
+def _compiled(kernel: Kernel) -> list:
+    """The triton.jit function of each stage.  triton.jit needs its source in a file; identical
+    sources share one module and one binary."""
     with _LOCK:
-        fn = _KERNELS.get(kernel.name)
-        if fn is not None:
+        module = _KERNELS.get(kernel.name)
+        if module is not None:
             log.debug("Triton kernel %s: cache hit (loaded in this process)", kernel.name)
         else:
             start = time.perf_counter()
@@ -81,40 +106,18 @@ def _compiled(kernel: Kernel):
             spec = importlib.util.spec_from_file_location(kernel.name, path)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-            fn = _KERNELS[kernel.name] = getattr(module, kernel.name)
-            # triton.jit compiles at the first launch, into Triton's own cache
-            log.debug("Triton kernel %s loaded in %.0f ms (%s), grid %s, BLOCK=%s:\n%s",
-                      kernel.name, 1e3 * (time.perf_counter() - start), path, kernel.grid,
-                      kernel.block, kernel.source)
-    return fn
+            _KERNELS[kernel.name] = module
+            log.debug("Triton kernel %s loaded in %.0f ms (%s), %s, grid %s, BLOCK=%s:\n%s",
+                      kernel.name, 1e3 * (time.perf_counter() - start), path, kernel.mode,
+                      kernel.grid, kernel.block, kernel.source)
+    return [getattr(module, stage.name) for stage in kernel.stages()]
 
 
-def _launcher(region: Region, kernel: Kernel, fn):
+def _launcher(region: Region, kernel: Kernel, fns: list, interpret: bool):
     """The per-call work, with everything that can be decided at compile time decided here."""
-    outputs = [(tuple(v.shape), tuple(v.strides), v.dtype, v.device) for v in region.outputs]
-    n_in = len(region.inputs)
-    literal = [s for s in kernel.scalar_args if not isinstance(s, NumberVar)]
-    order = []   # kernel argument order as ("in", i) / ("lit", j) / ("out", k)
-    n_lit = 0
-    for p in kernel.params:
-        if p.startswith("in"):
-            order.append(("in", int(p[2:])))
-        elif p.startswith("s"):
-            order.append(("in", int(p[1:])))
-        elif p.startswith("k"):
-            order.append(("lit", n_lit))
-            n_lit += 1
-        else:
-            order.append(("out", int(p[3:])))
-    launch = fn[kernel.grid]
-    block, warps = kernel.block, kernel.num_warps
-    single = len(outputs) == 1
-
-    def run(*inputs):
-        assert len(inputs) == n_in
-        outs = [torch.empty_strided(s, st, dtype=dt, device=dev) for s, st, dt, dev in outputs]
-        args = [inputs[i] if kind == "in" else literal[i] if kind == "lit" else outs[i]
-                for kind, i in order]
-        launch(*args, BLOCK=block, num_warps=warps)
-        return outs[0] if single else tuple(outs)
-    return run
+    device = region.outputs[0].device
+    fast = device.type == "cuda" and not interpret and config.triton_compiled_launch()
+    stages = [Stage(k, fn, compile_for_device(fn, k, device) if fast else None)
+              for k, fn in zip(kernel.stages(), fns)]
+    outputs = [(tuple(v.shape), tuple(v.strides), v.dtype) for v in region.outputs]
+    return make_launcher(outputs, stages, list(kernel.scalar_args), kernel.workspaces, device)

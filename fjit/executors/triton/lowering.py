@@ -1,0 +1,135 @@
+"""Triton's lowering of the prims: the expression of each, for the interpreter and for a GPU, the
+reductions, the types of a compiled kernel's signature, and the jit helpers a kernel may call.
+
+Precise math: compiled for a GPU, tanh, expm1, log1p, sinh, cosh, erf, erfc, ... are libdevice's
+(as torch's CUDA kernels call them), and float32 division and square root are IEEE-rounded; under
+TRITON_INTERPRET=1 (which cannot run libdevice) they are `tl.*` forms that keep their relative
+precision near 0 (Kahan's expm1 and log1p); erfc, which has none, stays a torch call there.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+import fjit.config as config
+from fjit.core.ir import BoundSymbol, NumberVar
+from fjit.core.prims import Prim, prim_of
+from fjit.executors import render
+from fjit.executors.render import computes_in
+
+TL_DTYPE = {torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
+            torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32",
+            torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8",
+            torch.bool: "tl.int1"}
+# Triton's names of the types in a compiled kernel's signature (pointers add a leading '*')
+PTR_TYPE = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16",
+            torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32", torch.int16: "i16",
+            torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
+SCALAR_TYPE = {float: "fp32", int: "i64", bool: "i1"}
+
+# Triton's overrides of the shared expressions; {t} is the computation dtype.
+_COMMON = {
+    **render.BASE,
+    Prim.EXP: "tl.exp({0})", Prim.EXP2: "tl.exp2({0})",
+    Prim.LOG: "tl.log({0})", Prim.LOG2: "tl.log2({0})", Prim.LOG10: "(tl.log2({0}) * 0.30102999566398120)",
+    Prim.SQRT: "tl.sqrt({0})", Prim.RSQRT: "(1 / tl.sqrt({0}))",
+    Prim.SIN: "tl.sin({0})", Prim.COS: "tl.cos({0})", Prim.TAN: "(tl.sin({0}) / tl.cos({0}))",
+    Prim.SIGMOID: "(1 / (1 + tl.exp(-{0})))",
+    Prim.ERF: "tl.erf({0})", Prim.FLOOR: "tl.floor({0})", Prim.CEIL: "tl.ceil({0})",
+    Prim.TRUNC: "tl.where({0} >= 0, tl.floor({0}), tl.ceil({0}))",
+    Prim.COSH: "((tl.exp({0}) + tl.exp(-{0})) * 0.5)",
+    Prim.ROUND: "_round_half_even({0})",
+    Prim.ISINF: "(tl.abs({0}) == float('inf'))", Prim.ISFINITE: "(tl.abs({0}) < float('inf'))",
+    Prim.ABS: "tl.abs({0})",
+    Prim.MAXIMUM: "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+    Prim.MINIMUM: "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+    Prim.CLAMP_MIN: "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+    Prim.CLAMP_MAX: "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+    Prim.SIGN: "(({0} > 0).to({t}) - ({0} < 0).to({t}))",
+    Prim.LOGICAL_AND: "(({0} != 0) & ({1} != 0))", Prim.LOGICAL_OR: "(({0} != 0) | ({1} != 0))",
+    Prim.LOGICAL_XOR: "(({0} != 0) ^ ({1} != 0))",
+    Prim.WHERE: "tl.where({0}, {1}, {2})",
+}
+# Under the interpreter: tl.* only, with forms that keep small arguments' relative precision.
+INTERPRETED = {**_COMMON, Prim.EXPM1: "_expm1({0})", Prim.LOG1P: "_log1p({0})",
+                Prim.TANH: "_tanh({0})", Prim.SINH: "_sinh({0})"}
+# Compiled for a GPU: libdevice, as torch's CUDA kernels.
+COMPILED = {**_COMMON, **{p: f"libdevice.{p.value}({{0}})" for p in (
+    Prim.EXPM1, Prim.LOG1P, Prim.TANH, Prim.SINH, Prim.COSH, Prim.ERF, Prim.ERFC, Prim.TAN,
+    Prim.LOG10, Prim.RSQRT)}}
+_COMPILED_ONLY = frozenset(COMPILED) - frozenset(INTERPRETED)
+# float32 ops torch rounds correctly on CUDA, where Triton's default is an approximation
+COMPILED_F32 = {Prim.DIV: "tl.div_rn({0}, {1})", Prim.SQRT: "tl.sqrt_rn({0})"}
+REDUCE = {Prim.SUM: "tl.sum", Prim.AMAX: "tl.max", Prim.AMIN: "tl.min"}
+ACCUMULATE = {Prim.SUM: "{acc} + {x}", Prim.AMAX: "tl.maximum({acc}, {x})", Prim.AMIN: "tl.minimum({acc}, {x})"}
+TRITON = render.Language("triton", COMPILED, frozenset(TL_DTYPE), frozenset(REDUCE), "float('inf')")
+
+HELPERS = '''
+@triton.jit
+def _round_half_even(x):
+    f = tl.floor(x)
+    d = x - f
+    odd = (f - 2 * tl.floor(f * 0.5)) != 0
+    return tl.where(d > 0.5, f + 1, tl.where(d < 0.5, f, tl.where(odd, f + 1, f)))
+
+
+@triton.jit
+def _round_to_bf16(x):
+    # float32 -> nearest bfloat16 (ties to even), kept in float32.  Spelled out in bits because the
+    # interpreter's own conversion truncates.
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+'''
+INTERPRETER_HELPERS = '''
+
+@triton.jit
+def _expm1(x):
+    # exp(x) - 1 without the cancellation near 0 (Kahan): (u - 1) * x / log(u)
+    u = tl.exp(x)
+    d = u - 1
+    exact = (d == -1) | (u == float('inf')) | (x != x)
+    return tl.where(u == 1, x, tl.where(exact, d, d * (x / tl.log(u))))
+
+
+@triton.jit
+def _log1p(x):
+    # log(1 + x) without the rounding of 1 + x (Kahan): log(u) * x / (u - 1)
+    u = 1 + x
+    exact = (u == float('inf')) | (u <= 0)
+    return tl.where(u == 1, x, tl.where(exact, tl.log(u), tl.log(u) * (x / (u - 1))))
+
+
+@triton.jit
+def _tanh(x):
+    a = tl.abs(x)
+    e = _expm1(2 * a)
+    t = tl.where(a > 20, 1.0, e / (e + 2))
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _sinh(x):
+    e = _expm1(tl.abs(x))
+    s = tl.where(e == float('inf'), e, 0.5 * (e + e / (e + 1)))
+    return tl.where(x < 0, -s, s)
+'''
+
+
+def supported(b: BoundSymbol, interpret: bool | None = None) -> bool:
+    """Whether this generator can emit `b` inside a region (for the interpreter or a GPU; by
+    default as TRITON_INTERPRET says)."""
+    if not render.supported(b, TRITON):
+        return False
+    p = prim_of(b)
+    if p in _COMPILED_ONLY and (config.triton_interpret() if interpret is None else interpret):
+        return False    # libdevice only: the interpreter cannot run it
+    if p in REDUCE:
+        return p is not Prim.SUM or b.args[0].dtype != torch.bool
+    if p is not Prim.CONVERT and computes_in(b) == torch.float64 and any(
+            isinstance(a, NumberVar) or isinstance(a, float) and not math.isfinite(a) for a in b.args):
+        return False    # a float kernel argument is float32 in Triton; torch keeps a double
+    return True
+
+
