@@ -119,3 +119,28 @@ def test_representative_kernels_compile_for_sm90_and_sm80_without_spills():
 @pytest.mark.skipif(os.environ.get("FJIT_TARGET_FULL") != "1", reason="FJIT_TARGET_FULL=1 runs the full sweep")
 def test_full_sweep_compiles_for_sm90_and_sm80_without_spills():
     _check_all(FULL)
+
+
+_SPILLING = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def wide_row(in0, out0, BLOCK: tl.constexpr):
+    c = tl.arange(0, BLOCK)
+    x = tl.load(in0 + c)
+    y = tl.exp(x) * tl.sin(x) + tl.cos(x)
+    tl.store(out0, tl.sum(y, axis=0) + tl.max(y, axis=0) * tl.min(x, axis=0))
+'''
+
+
+def test_the_tier_reports_a_kernel_that_spills(tmp_path):
+    """The check can fail: a whole 4096-wide row held by one warp (128 values a thread, each kept
+    for two reductions) spills,
+    and problem() names the spill bytes (the generated kernels keep rows this wide looped)."""
+    job = target.Job("wide_row", _SPILLING, {"in0": "*fp32", "out0": "*fp32", "BLOCK": "constexpr"},
+                     {"BLOCK": 4096}, num_warps=1)
+    (report,) = target.check([job], str(tmp_path))
+    assert report["ok"], report
+    assert report["spill_bytes"] > 0 and "spill bytes" in target.problem(report)
