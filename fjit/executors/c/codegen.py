@@ -178,6 +178,10 @@ def _literal(value, ct: torch.dtype) -> str:
     raise TypeError(f"no C literal for {type(value).__name__}")
 
 
+def _indent(line: str) -> str:
+    return line if line.startswith("#") else "    " + line
+
+
 def _walk_strides(v: TensorVar, domain: tuple) -> list:
     """`v`'s stride along each dim of `domain` it is broadcast to (0 where it is broadcast)."""
     out = []
@@ -342,7 +346,7 @@ class _Emitter:
             signature.append("int64_t fj_nt")
             body = ["#pragma omp parallel for num_threads(fj_nt) schedule(static) if(fj_nt > 1)"] + body
         source = _PRELUDE + f"\nvoid {name}({', '.join(signature)})\n{{\n" + \
-            "\n".join(line if line.startswith("#") else "    " + line for line in body) + "\n}\n"
+            "\n".join(_indent(line) for line in body) + "\n}\n"
         return Kernel(name, source, params, arg_types + (["q"] if threaded else []), threaded)
 
     def guarded_twice(self, emit) -> list[str]:
@@ -355,7 +359,7 @@ class _Emitter:
         self.exact = True
         exact = emit()
         self.exact = False
-        return ["int fj_bad = 0;"] + fast + ["if (fj_bad) {"] + ["    " + x for x in exact] + ["}"]
+        return ["int fj_bad = 0;"] + fast + ["if (fj_bad) {"] + [_indent(x) for x in exact] + ["}"]
 
     def element_code(self, upto: int, names: dict, store_level: int | None,
                      lines: list | None = None) -> tuple[list, dict]:
@@ -410,9 +414,9 @@ class _Emitter:
 
         def emit():
             inner, _ = self.element_code(0, names, None)
-            return ["for (int64_t c = lo; c < hi; c++) {"] + ["    " + x for x in inner] + ["}"]
+            return ["for (int64_t c = lo; c < hi; c++) {"] + [_indent(x) for x in inner] + ["}"]
         lines = [f"for (int64_t it = 0; it < {items}; it++) {{"] + \
-            ["    " + x for x in head + self.guarded_twice(emit)] + ["}"]
+            [_indent(x) for x in head + self.guarded_twice(emit)] + ["}"]
         return lines, items
 
     def reduction_body(self, passes: int, names: dict) -> tuple[list[str], int]:
@@ -420,7 +424,7 @@ class _Emitter:
         rows = math.prod(r.outer)
         row_lines = self.index_lines("o", r.outer, "r")
         row_lines += self.guarded_twice(lambda: self.row_code(passes, names))
-        return [f"for (int64_t r = 0; r < {rows}; r++) {{"] + ["    " + x for x in row_lines] + ["}"], rows
+        return [f"for (int64_t r = 0; r < {rows}; r++) {{"] + [_indent(x) for x in row_lines] + ["}"], rows
 
     def row_code(self, passes: int, names: dict) -> list[str]:
         r = self.r
@@ -450,15 +454,18 @@ class _Emitter:
                 accs.append((b, acc))
             # LANES partial accumulators, lane = c % LANES: blocks of LANES, then the tail
             row_lines += ["{", "    int64_t c0 = 0;"]
-            for loop_head in (f"for (; c0 + {LANES} <= {width}; c0 += {LANES}) "
-                              f"for (int64_t l = 0; l < {LANES}; l++) {{",
-                              f"for (int64_t l = 0; c0 + l < {width}; l++) {{"):
+            # (the lane loop must not be unrolled before the vectorizer sees it: unrolled, its
+            # NaN-propagating max/min stay scalar)
+            for head, tail in (([f"for (; c0 + {LANES} <= {width}; c0 += {LANES}) {{",
+                                 "#pragma GCC unroll 1",
+                                 f"for (int64_t l = 0; l < {LANES}; l++) {{"], ["}", "}"]),
+                               ([f"for (int64_t l = 0; c0 + l < {width}; l++) {{"], ["}"])):
                 loop, local = self.element_code(p, row_names, p, ["int64_t c = c0 + l;"])
                 for b, acc in accs:
                     loop.append(self.accumulate(b, f"{acc}[l]", local))
-                row_lines.append("    " + loop_head)
+                row_lines += [_indent(x) for x in head]
                 row_lines += ["        " + x for x in loop]
-                row_lines.append("    }")
+                row_lines += ["    " + x for x in tail]
             row_lines.append("}")
             for b, acc in accs:
                 o = b.outputs()[0]

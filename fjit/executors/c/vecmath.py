@@ -29,7 +29,7 @@ GUARDED = frozenset({Prim.SIN, Prim.COS})
 TRIG_LIMIT = "0x1p20f"
 
 # Max error in ulps against torch (float32), measured; the test asserts these.
-ULP_BOUND = {Prim.EXP: 1, Prim.LOG: 1, Prim.TANH: 2, Prim.SIGMOID: 1, Prim.ERF: 2,
+ULP_BOUND = {Prim.EXP: 1, Prim.LOG: 1, Prim.TANH: 2, Prim.SIGMOID: 3, Prim.ERF: 2,
              Prim.SIN: 2, Prim.COS: 2}
 
 SOURCE = r"""
