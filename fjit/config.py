@@ -13,6 +13,7 @@ test or a notebook may change them between compilations; FJIT_LOGS is read when 
 | FJIT_C_KERNELS | background (default), sync, 0 | when C kernels are built: in a background thread, before the compile returns, or never |
 | FJIT_TRITON_CPU | 0 | with TRITON_INTERPRET=1, keep CPU tensors away from the Triton interpreter |
 | FJIT_CACHE_DIR | a directory | where generated kernels are kept (default ~/.cache/fjit/kernels) |
+| FJIT_SLOW_TESTS | 1 | the test suite only: also run the long sweeps marked `slow` (tests/conftest.py) |
 """
 from __future__ import annotations
 
