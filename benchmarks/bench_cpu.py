@@ -384,11 +384,13 @@ def bench_c_crossover(quick: bool) -> list[dict]:
     os.environ["FJIT_C_KERNELS"] = "sync"
     timer, rows = H.CpuTimer(), []
     try:
-        for fn in (elementwise10, arithmetic10, softmax_rows):
+        for fn, dtype in ((elementwise10, torch.float32), (elementwise10, torch.float64),
+                          (arithmetic10, torch.float32), (softmax_rows, torch.float32)):
             for numel in (64, 256, 1024, 4096, 16384, 65536):
                 gen = torch.Generator().manual_seed(3)
                 shape = (numel // 64, 64) if fn is softmax_rows else (numel,)
-                args = (torch.randn(shape, generator=gen), torch.randn(shape, generator=gen), SCALE)
+                args = (torch.randn(shape, generator=gen, dtype=dtype),
+                        torch.randn(shape, generator=gen, dtype=dtype), SCALE)
                 c = fjit.jit(fn)
                 torch_calls = fjit.jit(fn, executors=("torch",))
                 candidates = {"eager": lambda: fn(*args), "c": lambda: c(*args),
@@ -398,7 +400,7 @@ def bench_c_crossover(quick: bool) -> list[dict]:
                     assert not mismatch, f"{fn.__name__} {name}: {mismatch}"
                 iters = H.calibrate_iters(candidates["eager"], timer, 5e6 if quick else 20e6)
                 stats = H.measure(candidates, timer, rounds=5 if quick else 11, iters=iters)
-                rows.append({"function": fn.__name__, "numel": numel,
+                rows.append({"function": f"{fn.__name__} {str(dtype)[6:]}", "numel": numel,
                              "eager_us": stats["eager"].median_us,
                              "c_over_eager": H.paired_ratio(stats, "c", "eager"),
                              "torch_calls_over_eager": H.paired_ratio(stats, "torch_calls", "eager")})
