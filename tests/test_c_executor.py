@@ -525,3 +525,15 @@ def test_large_float32_arithmetic_is_bit_identical_and_broadcasts_read_by_stride
     jf = _check(fn, x, y, z, 0.3, kernels=1, exact=True)
     assert "pow" not in _kernel_text(jf)
     _check(lambda x: (x + 1) * 2, torch.randn(1 << 16)[::2], kernels=1, exact=True)
+
+
+def test_costly_row_values_are_kept_for_later_passes_and_huge_trig_arguments_use_libm():
+    """softmax's exp is computed once per element (a row buffer holds it for the last pass); a row
+    holding a sin argument past vecmath's range is computed again with the C library."""
+    x = torch.randn(8, 300)
+    jf = _check(lambda x: torch.softmax(torch.sin(x * 3.0), -1), x, kernels=1)
+    text = _kernel_text(jf)
+    assert "fj_s0[c] = " in text and "fj_bad" in text and "sinf(" in text
+    huge = x * 1e7
+    huge[3, 7] = float("inf")
+    torch.testing.assert_close(jf(huge), torch.softmax(torch.sin(huge * 3.0), -1), equal_nan=True)

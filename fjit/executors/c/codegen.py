@@ -123,6 +123,9 @@ static inline float fj_round_f16(float f) { return fj_from_f16(fj_to_f16(f)); }
 PARALLEL_MIN = 1 << 15
 BLOCK = 1 << 13
 LANES = 16
+# Bytes of a row's costly values (exp, tanh, libm calls) a reduction region keeps in per-thread
+# stack buffers for its later passes, instead of computing them again (softmax's exp).
+SCRATCH_BYTES = 1 << 16
 
 
 def _vector_form(b: BoundSymbol) -> bool:
@@ -225,6 +228,7 @@ class _Emitter:
         self.exact = False        # libm instead of the vector forms (the guarded chunk's rerun)
         self.guarded = False      # a guarded vector form was emitted
         self.flat: dict = {}      # elementwise regions: tensor name -> its offset expression
+        self.scratch: dict = {}   # reductions: value name -> its row buffer, for later passes
 
     # -- indexing -------------------------------------------------------------------------------
     def offset(self, v: TensorVar, rows_only: bool = False) -> str:
@@ -379,7 +383,13 @@ class _Emitter:
             out = b.outputs()[0]
             if prim_of(b) in _REDUCE or out.name in self.rows or self.level[out.name] > upto:
                 continue
+            buffer = self.scratch.get(out.name)
+            if buffer is not None and self.level[out.name] < upto:
+                self.declare(lines, local, out, f"{buffer}[c]", out.dtype)   # an earlier pass's
+                continue
             self.declare(lines, local, out, *self.expression(b, local, lines))
+            if buffer is not None:
+                lines.append(f"{buffer}[c] = {local[out.name]};")
         for k, v in enumerate(r.outputs):
             if v.name not in self.rows and (store_level is None or self.level[v.name] == store_level):
                 lines.append(f"out{k}[{self.offset(v)}] = {self.store(v, local)};")
@@ -422,14 +432,34 @@ class _Emitter:
     def reduction_body(self, passes: int, names: dict) -> tuple[list[str], int]:
         r = self.r
         rows = math.prod(r.outer)
+        self.choose_scratch(passes)
         row_lines = self.index_lines("o", r.outer, "r")
         row_lines += self.guarded_twice(lambda: self.row_code(passes, names))
         return [f"for (int64_t r = 0; r < {rows}; r++) {{"] + [_indent(x) for x in row_lines] + ["}"], rows
 
+    def choose_scratch(self, passes: int) -> None:
+        """Costly elementwise values (a vector-math or libm call) that a later pass over the row
+        reads again: each gets a row buffer, while they fit in SCRATCH_BYTES."""
+        r, width, budget = self.r, math.prod(self.r.inner), SCRATCH_BYTES
+        for b in r.bsyms:
+            o = b.outputs()[0]
+            if prim_of(b) in _REDUCE or o.name in self.rows or not (calls_libm(b) or _vector_form(b)):
+                continue
+            lvl = self.level[o.name]
+            later = any(o.name in {v.name for v in b2.inputs()} and self.level[b2.outputs()[0].name] > lvl
+                        and b2.outputs()[0].name not in self.rows and prim_of(b2) not in _REDUCE
+                        for b2 in r.bsyms)
+            size = width * torch.empty((), dtype=_held(o.dtype)).element_size()
+            if later and lvl < passes and size <= budget:
+                budget -= size
+                self.scratch[o.name] = f"fj_s{len(self.scratch)}"
+
     def row_code(self, passes: int, names: dict) -> list[str]:
         r = self.r
         width = math.prod(r.inner)
-        row_lines: list[str] = []
+        row_lines: list[str] = [f"{C_TYPE[_held(v.dtype)]} {buffer}[{width}];"
+                                for v in (b.outputs()[0] for b in r.bsyms)
+                                for buffer in [self.scratch.get(v.name)] if buffer]
         row_names = dict(names)
         for p in range(passes + 1):
             # row values of level p: reductions finished by pass p - 1, then elementwise on rows
