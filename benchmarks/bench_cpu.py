@@ -3,6 +3,7 @@
     python benchmarks/bench_cpu.py                # full run, a few minutes
     python benchmarks/bench_cpu.py --quick        # short run, under a minute
     python benchmarks/bench_cpu.py --c-crossover  # C kernels vs torch calls by size (sets MAX_NUMEL*)
+    python benchmarks/bench_cpu.py --workloads    # pointwise chains and row norms, 4 elements to 16M
 
 Writes benchmarks/results/cpu.json and prints the table and the PASS/MISS targets.
 See benchmarks/README.md for what each figure means.
@@ -298,6 +299,83 @@ def softmax_rows(x, y, s):
     return torch.softmax(x * s, -1) + y
 
 
+def gelu_tanh(x, y, s):
+    """GELU's tanh form written out (F.gelu itself stays one torch call)."""
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+
+
+def softmax(x, y, s):
+    return torch.softmax(x * s, -1)
+
+
+def rms_norm(x, y, s):
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), y[0], 1e-6)
+
+
+def layer_norm(x, y, s):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), y[0], y[0] - 3.0)
+
+
+# workload -> (function, tensors it reads and writes in units of x's size: the least memory traffic)
+WORKLOADS = {"chain10": (elementwise10, 3), "gelu_tanh": (gelu_tanh, 2), "arithmetic10": (arithmetic10, 3),
+             "softmax": (softmax, 2), "rms_norm": (rms_norm, 2), "layer_norm": (layer_norm, 2)}
+WORKLOAD_SHAPES = ((1, 4), (64, 1024), (1024, 1024), (4096, 4096))
+
+
+def copy_bandwidth(quick: bool) -> float:
+    """GB/s of a 64 MB clone (read + write): what a memory-bound fused kernel can approach."""
+    x = torch.randn(1 << 24)
+    timer = H.CpuTimer()
+    stats = H.measure({"copy": lambda: x.clone()}, timer, rounds=5 if quick else 11, iters=5)
+    return 2 * x.numel() * 4 / (stats["copy"].median_us * 1e3)
+
+
+def bench_workloads(quick: bool, names=None, shapes=WORKLOAD_SHAPES) -> dict:
+    """fjit, eager and torch.compile on each workload and shape, cached calls, all candidates
+    interleaved round by round in one process (paired ratios: the machine may be loaded)."""
+    timer, rows = H.CpuTimer(), []
+    copy_gbs = copy_bandwidth(quick)
+    for name in names or WORKLOADS:
+        fn, traffic = WORKLOADS[name]
+        for shape in shapes:
+            torch._dynamo.reset()
+            gen = torch.Generator().manual_seed(4)
+            x = torch.randn(shape, generator=gen)
+            y = torch.randn(shape, generator=gen) + 3.0
+            args = (x, y, SCALE)
+            prep = H.prepare(fn, args, fjit_options=FJIT_OPTIONS, rtol=1e-4, atol=1e-4)
+            c_executor.wait_for_builds()
+            iters = H.calibrate_iters(prep.candidates["eager"], timer, 20e6 if quick else 60e6)
+            stats = H.measure(prep.candidates, timer, rounds=5 if quick else 11, iters=iters)
+            fjit_us = stats["fjit"].median_us if "fjit" in stats else None
+            gbs = traffic * x.numel() * 4 / (fjit_us * 1e3) if fjit_us else None
+            rows.append({"workload": name, "shape": list(shape), "numel": x.numel(),
+                         "stats": {k: v.to_json() for k, v in stats.items()},
+                         "fjit_over_eager": H.paired_ratio(stats, "fjit", "eager"),
+                         "fjit_over_compile": H.paired_ratio(stats, "fjit", "compile"),
+                         "fjit_gbs": gbs, "fjit_copy_fraction": gbs / copy_gbs if gbs else None,
+                         "errors": prep.errors})
+            r = rows[-1]
+            print(f"{name:13} {'x'.join(map(str, shape)):>10}  eager {H.fmt(stats['eager'].median_us):>9} us"
+                  f"  fjit/eager {H.fmt(r['fjit_over_eager'], '.3f')}  fjit/compile "
+                  f"{H.fmt(r['fjit_over_compile'], '.3f')}  fjit {H.fmt(gbs, '.1f')} GB/s "
+                  f"({H.fmt(r['fjit_copy_fraction'], '.2f')} of copy)"
+                  + "".join(f"  ! {k}: {v}" for k, v in prep.errors.items()), flush=True)
+    print(f"copy bandwidth (64 MB clone, read + write): {copy_gbs:.1f} GB/s")
+    targets = []
+    for r in rows:
+        label = f"{r['workload']} {'x'.join(map(str, r['shape']))}"
+        targets.append(H.Target(f"{label} fjit/eager", r["fjit_over_eager"], "<=", 1.0))
+        if r["numel"] >= 1 << 20:
+            targets.append(H.Target(f"{label} fjit/compile", r["fjit_over_compile"], "<=", 0.8))
+            targets.append(H.Target(f"{label} fraction of copy GB/s", r["fjit_copy_fraction"], ">=", 0.6))
+        if r["numel"] <= 4:
+            targets.append(H.Target(f"{label} fjit/compile", r["fjit_over_compile"], "<=", 0.3))
+    print()
+    H.print_targets(targets)
+    return {"copy_gbs": copy_gbs, "rows": rows, "targets": [t.to_json() for t in targets]}
+
+
 def bench_c_crossover(quick: bool) -> list[dict]:
     """The C executor against fjit's torch calls and eager at growing sizes, every region claimed
     whatever its size: where C stops paying is what MAX_NUMEL and MAX_NUMEL_LIBM are set from."""
@@ -306,11 +384,13 @@ def bench_c_crossover(quick: bool) -> list[dict]:
     os.environ["FJIT_C_KERNELS"] = "sync"
     timer, rows = H.CpuTimer(), []
     try:
-        for fn in (elementwise10, arithmetic10, softmax_rows):
+        for fn, dtype in ((elementwise10, torch.float32), (elementwise10, torch.float64),
+                          (arithmetic10, torch.float32), (softmax_rows, torch.float32)):
             for numel in (64, 256, 1024, 4096, 16384, 65536):
                 gen = torch.Generator().manual_seed(3)
                 shape = (numel // 64, 64) if fn is softmax_rows else (numel,)
-                args = (torch.randn(shape, generator=gen), torch.randn(shape, generator=gen), SCALE)
+                args = (torch.randn(shape, generator=gen, dtype=dtype),
+                        torch.randn(shape, generator=gen, dtype=dtype), SCALE)
                 c = fjit.jit(fn)
                 torch_calls = fjit.jit(fn, executors=("torch",))
                 candidates = {"eager": lambda: fn(*args), "c": lambda: c(*args),
@@ -320,7 +400,7 @@ def bench_c_crossover(quick: bool) -> list[dict]:
                     assert not mismatch, f"{fn.__name__} {name}: {mismatch}"
                 iters = H.calibrate_iters(candidates["eager"], timer, 5e6 if quick else 20e6)
                 stats = H.measure(candidates, timer, rounds=5 if quick else 11, iters=iters)
-                rows.append({"function": fn.__name__, "numel": numel,
+                rows.append({"function": f"{fn.__name__} {str(dtype)[6:]}", "numel": numel,
                              "eager_us": stats["eager"].median_us,
                              "c_over_eager": H.paired_ratio(stats, "c", "eager"),
                              "torch_calls_over_eager": H.paired_ratio(stats, "torch_calls", "eager")})
@@ -339,7 +419,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short run (under a minute)")
     parser.add_argument("--c-crossover", action="store_true",
                         help="only the C-kernel size crossover table (results/cpu_c_crossover.json)")
+    parser.add_argument("--workloads", action="store_true",
+                        help="only the workload table (results/cpu_workloads.json)")
+    parser.add_argument("--only", default=None, help="with --workloads: comma-separated workloads")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads first")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.workloads:
+        out = bench_workloads(args.quick, args.only.split(",") if args.only else None)
+        path = H.write_json(f"cpu_workloads{'_t%d' % args.threads if args.threads else ''}.json", {
+            "suite": "cpu_workloads", "quick": args.quick, "threads": torch.get_num_threads(),
+                                                    "environment": H.environment(), **out})
+        print(f"\nwrote {path.relative_to(H.REPO_ROOT)}")
+        return 0
     if args.c_crossover:
         rows = bench_c_crossover(args.quick)
         path = H.write_json("cpu_c_crossover.json", {"suite": "cpu_c_crossover", "quick": args.quick,

@@ -15,6 +15,7 @@ test or a notebook may change them between compilations; FJIT_LOGS is read when 
 | FJIT_TRITON_DUMP_TARGET | a directory | every Triton kernel built is also written there as generated for a GPU, for `python -m fjit.executors.triton.target DIR` (compiles them for sm_90/sm_80, reports spills) |
 | FJIT_TRITON_LAUNCH | compiled (default), jit | on a GPU: call each kernel compiled once through a pre-bound launcher, or through `kernel[grid]` |
 | FJIT_CACHE_DIR | a directory | where generated kernels are kept (default ~/.cache/fjit/kernels) |
+| FJIT_SLOW_TESTS | 1 | the test suite only: also run the long sweeps marked `slow` (tests/conftest.py) |
 """
 from __future__ import annotations
 

@@ -14,3 +14,14 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("FJIT_TRITON_CPU", "0")
 os.environ.setdefault("FJIT_C_KERNELS", "sync")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `slow` (long sweeps) run only with FJIT_SLOW_TESTS=1."""
+    if os.environ.get("FJIT_SLOW_TESTS") == "1":
+        return
+    import pytest
+    skip = pytest.mark.skip(reason="long sweep: set FJIT_SLOW_TESTS=1 to run it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -141,9 +141,9 @@ def test_half_conversions_match_torch_bit_for_bit(dtype):
                          torch.tensor([6e4, 7e4, 65520.0, 3.4e38, -1e-8, 2.0 ** -25, NAN, INF])])
     to_float = fjit.jit(lambda h: h.float() * 1.0)
     to_half = fjit.jit(lambda f: (f * 1.0).to(dtype))
-    for chunk in every.split(c_executor.MAX_NUMEL):
+    for chunk in every.split(16384):
         torch.testing.assert_close(to_float(chunk), chunk.float(), rtol=0, atol=0, equal_nan=True)
-    for chunk in samples.split(c_executor.MAX_NUMEL):
+    for chunk in samples.split(16384):
         got, want = to_half(chunk), chunk.to(dtype)
         assert torch.equal(got.isnan(), want.isnan())
         assert torch.equal(got[~want.isnan()].view(torch.int16), want[~want.isnan()].view(torch.int16))
@@ -168,12 +168,12 @@ def test_runtime_float_is_an_argument_not_a_literal():
     assert len(_kernels(jf)) == 1
 
 
-def test_large_tensors_and_costly_math_stay_with_torch():
-    big = torch.randn(c_executor.MAX_NUMEL * 2)
-    jf = _check(lambda x: x * 2 + 1, big)
-    assert _kernels(jf) == []
-    # at a size where libm is slower than torch's vector code, sin stays a torch call between kernels
-    mid = torch.randn(c_executor.MAX_NUMEL_LIBM * 2)
+def test_large_tensors_fuse_and_scalar_libm_math_stays_with_torch():
+    big = torch.randn(1 << 17)
+    _check(lambda x: torch.sin(x * 2 + 1) * 3 - 1, big, kernels=1)
+    # float64's sin is a scalar libm call: at a size where that is slower than torch's vector code,
+    # sin stays a torch call between kernels
+    mid = torch.randn(c_executor.MAX_NUMEL_LIBM * 2).double()
     jf = _check(lambda x: torch.sin(x * 2 + 1) * 3 - 1, mid, kernels=2)
     assert "prims.sin" in str(fjit.last_traces(jf)[-1])
 
@@ -426,3 +426,114 @@ def test_executors_are_asked_in_the_users_order(monkeypatch):
         assert first in stages, (order, stages)
         other = "triton_fusion" if first == "c_fusion" else "c_fusion"
         assert other not in stages, (order, stages)    # the first took the only region
+
+
+# -- kernels at every size: vector math, threads, flags -------------------------------------------
+
+def _ordered(t: torch.Tensor) -> torch.Tensor:
+    """float32 bit patterns as integers in the order of the values (ulp distance = difference)."""
+    i = t.view(torch.int32).to(torch.int64)
+    return torch.where(i < 0, -(i & 0x7FFFFFFF), i)
+
+
+def _float32_sample(step: int) -> torch.Tensor:
+    """Every `step`-th float32 bit pattern, with every special value (+-0, +-inf, NaN, the
+    smallest denormals, the largest finite values)."""
+    bits = torch.cat([torch.arange(0, 2**32, step, dtype=torch.int64), torch.tensor(
+        [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 1, 0x80000001, 0x7F7FFFFF, 0xFF7FFFFF])])
+    return (bits - (bits >= 2**31).long() * 2**32).to(torch.int32).view(torch.float32)
+
+
+def _max_ulp_against_torch(step: int) -> dict:
+    from fjit.executors.c import vecmath
+    x = _float32_sample(step)
+    out = {}
+    for prim in vecmath.ULP_BOUND:
+        op = getattr(torch, prim.name.lower())
+        jf = fjit.jit(lambda x: op(x * 1.0))            # x * 1.0 keeps every value: one kernel
+        got, want = jf(x), op(x)
+        assert len(_kernels(jf)) == 1 and f"fj_{prim.name.lower()}f" in _kernel_text(jf)
+        assert torch.equal(got.isnan(), want.isnan()), prim
+        ok = ~want.isnan()
+        out[prim] = int((_ordered(got[ok]) - _ordered(want[ok])).abs().max())
+    return out
+
+
+def test_vector_math_ulp_error_against_torch():
+    """float32 exp, log, tanh, sigmoid, erf, sin, cos in C kernels: within vecmath.ULP_BOUND ulps of
+    torch over a dense sample of float32 (NaN where torch gives NaN); sin/cos of huge arguments
+    (past vecmath's range) are recomputed with the C library."""
+    from fjit.executors.c import vecmath
+    for prim, ulps in _max_ulp_against_torch(65537).items():
+        assert ulps <= vecmath.ULP_BOUND[prim], (prim, ulps)
+
+
+@pytest.mark.slow
+def test_vector_math_ulp_error_dense_sweep():
+    """The same over every 61st float32 (70 million values): the figures in docs/design.md."""
+    from fjit.executors.c import vecmath
+    for prim, ulps in _max_ulp_against_torch(61).items():
+        assert ulps <= vecmath.ULP_BOUND[prim], (prim, ulps)
+
+
+def test_denormals_survive_in_torch_after_kernels_load():
+    """Kernels are built without -ffast-math, which could switch on flush-to-zero process-wide."""
+    jf = _check(lambda x: torch.exp(x) * 2 + x, torch.randn(64), kernels=1)
+    assert c_executor._BINARIES[_kernels(jf)[0]].fn is not None
+    tiny = torch.tensor([1e-40, -3e-42, 2.0 ** -148])
+    assert bool((tiny * 0.5 != 0).all()) and bool((tiny + 0 == tiny).all())
+    assert (torch.tensor([2.0 ** -126]) / 4).item() == 2.0 ** -128
+    assert "-ffast-math" not in c_executor.CFLAGS and "-Ofast" not in c_executor.CFLAGS
+    # and the kernels themselves keep denormal inputs and results
+    torch.testing.assert_close(jf(tiny), torch.exp(tiny) * 2 + tiny, rtol=0, atol=0)
+
+
+def test_large_regions_are_threaded_and_bit_identical_whatever_the_thread_count():
+    """Above PARALLEL_MIN elements a kernel shares rows or blocks among torch.get_num_threads()
+    threads; reductions keep a fixed lane chunking, so results do not depend on the thread count."""
+    from fjit.executors.c import codegen
+    x = torch.randn(64, 2048) * 4
+    y = torch.randn(2048)
+    fn = lambda x, y: (torch.softmax(x * 0.5, -1) + y, (x * y).sum(-1), (x * 2).amax(-1),  # noqa: E731
+                       torch.tanh(x) * y - torch.exp(-x.abs()))
+    assert x.numel() >= codegen.PARALLEL_MIN
+    jf = fjit.jit(fn)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(jf(x, y))
+    finally:
+        torch.set_num_threads(threads)
+    assert "omp parallel for" in str(fjit.last_traces(jf)[-1])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a, b)
+    torch.testing.assert_close(results[0], fn(x, y), rtol=1e-5, atol=1e-5)
+    # sums accumulate in double: at least as close to the exact sum as torch's float32 sum
+    exact = (x.double() * y.double()).sum(-1)
+    assert (results[0][1].double() - exact).abs().max() <= (fn(x, y)[1].double() - exact).abs().max()
+
+
+def test_large_float32_arithmetic_is_bit_identical_and_broadcasts_read_by_stride():
+    """+ - * / stay exact at every size, through merged loops, broadcasts and transposed inputs;
+    x ** 3 is x * x * x as in torch's kernel."""
+    x, y = torch.randn(300, 257), torch.randn(257)
+    z = torch.randn(257, 300).t()
+    fn = lambda x, y, z, s: ((x * 0.1 + y) / 3.7 - s) * (z - x * s) + x ** 3  # noqa: E731
+    jf = _check(fn, x, y, z, 0.3, kernels=1, exact=True)
+    assert "pow" not in _kernel_text(jf)
+    _check(lambda x: (x + 1) * 2, torch.randn(1 << 16)[::2], kernels=1, exact=True)
+
+
+def test_costly_row_values_are_kept_for_later_passes_and_huge_trig_arguments_use_libm():
+    """softmax's exp is computed once per element (a row buffer holds it for the last pass); a row
+    holding a sin argument past vecmath's range is computed again with the C library."""
+    x = torch.randn(8, 300)
+    jf = _check(lambda x: torch.softmax(torch.sin(x * 3.0), -1), x, kernels=1)
+    text = _kernel_text(jf)
+    assert "fj_s0[c] = " in text and "fj_bad" in text and "sinf(" in text
+    huge = x * 1e7
+    huge[3, 7] = float("inf")
+    torch.testing.assert_close(jf(huge), torch.softmax(torch.sin(huge * 3.0), -1), equal_nan=True)

@@ -137,8 +137,7 @@ def wide_row(in0, out0, BLOCK: tl.constexpr):
 
 def test_the_tier_reports_a_kernel_that_spills(tmp_path):
     """The check can fail: a whole 4096-wide row held by one warp (128 values a thread, each kept
-    for two reductions) spills,
-    and problem() names the spill bytes (the generated kernels keep rows this wide looped)."""
+    for two reductions) spills, and problem() names the spill bytes."""
     job = target.Job("wide_row", _SPILLING, {"in0": "*fp32", "out0": "*fp32", "BLOCK": "constexpr"},
                      {"BLOCK": 4096}, num_warps=1)
     (report,) = target.check([job], str(tmp_path))

@@ -1,13 +1,22 @@
-"""Region -> C kernel source, for small CPU tensors.
+"""Region -> C kernel source, for CPU tensors of any size.
 
-A region becomes one C function: a loop over its elements (or, with reductions, a loop over rows and
-one loop over the row per reduction level, recomputing the cheap elementwise values rather than
-storing them).  Shapes and strides are literals (a trace is specialized to them), so the source is
-the cache key.  Values are computed in the dtype torch computes them in: a Python number is rounded
-to that dtype first (`x * 0.1` on float32 is `x * (float)0.1`, as torch's CPU kernels do), integers
-wrap (the kernel is built with -fwrapv), max/min propagate NaN.  Float sums and products accumulate
-in double.  Transcendental functions are the C library's, which can differ from torch's vectorized
-ones in the last bit; that is within the dtype tolerance DESIGN.md promises.
+A region becomes one C function.  An elementwise region is a loop nest over its domain with the
+dims every tensor walks alike merged (a contiguous region is one flat loop), the innermost loop over
+consecutive elements so that the compiler vectorizes it; the work is cut into items (rows, or
+blocks of BLOCK elements of a flat loop) that an OpenMP loop shares among `fj_nt` threads when the
+region has at least PARALLEL_MIN elements.  A region with reductions is a loop over rows (shared
+among threads the same way) and one loop over the row per reduction level, recomputing the cheap
+elementwise values rather than storing them; each reduction keeps LANES partial accumulators (lane
+= element index mod LANES) combined pairwise in a fixed order, so a result never depends on the
+thread count and the loop vectorizes without reassociating anything.
+
+Shapes and strides are literals (a trace is specialized to them), so the source is the cache key.
+Values are computed in the dtype torch computes them in: a Python number is rounded to that dtype
+first (`x * 0.1` on float32 is `x * (float)0.1`, as torch's CPU kernels do), integers wrap (the
+kernel is built with -fwrapv), max/min propagate NaN.  Float sums and products accumulate in double.
+float32 exp, log, tanh, sigmoid, erf, sin and cos use the vectorizable forms of vecmath.py (their
+measured error against torch is in vecmath.ULP_BOUND); the other transcendental functions, and all
+of float64's, are the C library's scalar ones.
 """
 from __future__ import annotations
 
@@ -19,6 +28,7 @@ import torch
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.core.prims import BOOL_RESULT, Prim, prim_of
 from fjit.executors import render
+from fjit.executors.c import vecmath
 from fjit.executors.render import contiguous_strides, index_decomposition, index_terms, is_square
 from fjit.passes.fusion import Region
 
@@ -63,6 +73,8 @@ _C_EXPRS = {
     Prim.LOGICAL_XOR: "(({0} != 0) != ({1} != 0))",
     Prim.WHERE: "({0} ? {1} : {2})",
 }
+# float32 prims computed by vecmath's inline vector forms rather than by a libm call
+_VEC_EXPRS = {**_C_EXPRS, **vecmath.VECTOR_FORMS}
 _CHEAP_LIBM = {Prim.SQRT, Prim.RSQRT, Prim.FLOOR, Prim.CEIL, Prim.TRUNC, Prim.ROUND}
 _REDUCE = frozenset({Prim.SUM, Prim.PROD, Prim.AMAX, Prim.AMIN})
 C = render.Language("c", _C_EXPRS, frozenset(DTYPES), _REDUCE, "INFINITY")
@@ -103,13 +115,39 @@ static inline uint16_t fj_to_f16(float f) {
 }
 static inline float fj_round_bf16(float f) { return fj_from_bf16(fj_to_bf16(f)); }
 static inline float fj_round_f16(float f) { return fj_from_f16(fj_to_f16(f)); }
-"""
+""" + vecmath.SOURCE
+
+# A region of at least this many elements shares its work among threads (fewer: no thread pool is
+# entered).  Elements of a flat loop are handed out in blocks of BLOCK; reductions keep LANES
+# partial accumulators per row.
+PARALLEL_MIN = 1 << 15
+BLOCK = 1 << 13
+LANES = 16
+# Bytes of a row's costly values (exp, tanh, libm calls) a reduction region keeps in per-thread
+# stack buffers for its later passes, instead of computing them again (softmax's exp).
+SCRATCH_BYTES = 1 << 16
+
+
+def _vector_form(b: BoundSymbol) -> bool:
+    """Whether `b` is computed by one of vecmath's vectorizable float32 functions."""
+    try:
+        return prim_of(b) in vecmath.VECTOR_FORMS and render.computes_in(b) == torch.float32
+    except (TypeError, RuntimeError):
+        return False
+
+
+def is_cube(b: BoundSymbol) -> bool:
+    """x ** 3, which torch's CPU kernel computes as x * x * x."""
+    return prim_of(b) is Prim.POW and type(b.args[1]) in (int, float) and b.args[1] == 3 \
+        and isinstance(b.args[0], TensorVar) and b.args[0].dtype.is_floating_point
 
 
 def calls_libm(b: BoundSymbol) -> bool:
-    """Whether the prim's C code calls a costly C library function (sin, exp, ...: not vectorized)."""
+    """Whether the prim's C code calls a costly scalar C library function (float64's sin, exp;
+    tan, asin, pow, ...): a loop calling one is not vectorized."""
     p = prim_of(b)
-    return "{f}(" in _C_EXPRS.get(p, "") and p not in _CHEAP_LIBM and not is_square(b)
+    return "{f}(" in _C_EXPRS.get(p, "") and p not in _CHEAP_LIBM and not is_square(b) \
+        and not is_cube(b) and not _vector_form(b)
 
 
 def supported(b: BoundSymbol) -> bool:
@@ -124,6 +162,7 @@ class Kernel:
     source: str
     params: list      # (kind, index): ("in", k) region input k (tensor or number), ("out", k)
     arg_types: list   # ctypes type names, in parameter order: "p" pointer, "d" double, "q" int64
+    threaded: bool = False   # its last parameter is the thread count (int64 fj_nt)
 
 
 def _literal(value, ct: torch.dtype) -> str:
@@ -142,6 +181,43 @@ def _literal(value, ct: torch.dtype) -> str:
     raise TypeError(f"no C literal for {type(value).__name__}")
 
 
+def _indent(line: str) -> str:
+    return line if line.startswith("#") else "    " + line
+
+
+def _walk_strides(v: TensorVar, domain: tuple) -> list:
+    """`v`'s stride along each dim of `domain` it is broadcast to (0 where it is broadcast)."""
+    out = []
+    for j in range(len(domain)):
+        t = j - (len(domain) - len(v.shape))
+        out.append(0 if t < 0 or v.shape[t] == 1 else v.strides[t])
+    return out
+
+
+def _coalesce(domain: tuple, tensors: list) -> tuple[list, dict]:
+    """The domain with size-1 dims dropped and neighbouring dims merged where every tensor walks
+    them as one (stride of the outer = stride of the inner * its size): sizes and, per tensor
+    name, the strides.  A contiguous region becomes one dim."""
+    walks = {v.name: _walk_strides(v, domain) for v in tensors}
+    sizes: list = []
+    strides: dict = {name: [] for name in walks}
+    for j, d in enumerate(domain):
+        if d == 1:
+            continue
+        if sizes and all(strides[n][-1] == walks[n][j] * d for n in walks):
+            sizes[-1] *= d
+            for n in walks:
+                strides[n][-1] = walks[n][j]
+        else:
+            sizes.append(d)
+            for n in walks:
+                strides[n].append(walks[n][j])
+    if not sizes:
+        sizes = [1]
+        strides = {n: [0] for n in walks}
+    return sizes, strides
+
+
 class _Emitter:
     def __init__(self, region: Region):
         self.r = region
@@ -149,13 +225,17 @@ class _Emitter:
         self.rows: set = set(region.row_vars)
         self.ctypes_of: dict[str, torch.dtype] = {}   # value name -> dtype its C variable holds
         self.counter = 0
+        self.exact = False        # libm instead of the vector forms (the guarded chunk's rerun)
+        self.guarded = False      # a guarded vector form was emitted
+        self.flat: dict = {}      # elementwise regions: tensor name -> its offset expression
+        self.scratch: dict = {}   # reductions: value name -> its row buffer, for later passes
 
     # -- indexing -------------------------------------------------------------------------------
     def offset(self, v: TensorVar, rows_only: bool = False) -> str:
         """The element offset of `v` (broadcast to the domain) at the current loop indices."""
+        if v.name in self.flat:
+            return self.flat[v.name]
         if not rows_only and v.shape == self.r.domain and v.strides == contiguous_strides(self.r.domain):
-            if not self.r.has_reduction:
-                return "c"
             width = math.prod(self.r.inner)
             return f"r * {width} + c" if self.r.outer else "c"
         return " + ".join(index_terms(self.r, v.shape, v.strides, rows_only)) or "0"
@@ -210,8 +290,9 @@ class _Emitter:
         value = self.operand(v, _held(v.dtype), names)
         return f"fj_to_{_HALF[v.dtype]}({value})" if v.dtype in _HALF else value
 
-    def expression(self, b: BoundSymbol, names: dict) -> tuple[str, torch.dtype]:
-        """C expression of an elementwise prim and the dtype of its value (before rounding)."""
+    def expression(self, b: BoundSymbol, names: dict, lines: list) -> tuple[str, torch.dtype]:
+        """C expression of an elementwise prim and the dtype of its value (before rounding); a
+        guarded vector form adds its range check to `lines`."""
         p = prim_of(b)
         out = b.outputs()[0]
         if p is Prim.CONVERT:
@@ -228,8 +309,15 @@ class _Emitter:
             return f"(!{ops[0]})", torch.bool
         if is_square(b):
             template = "({0} * {0})"
+        elif is_cube(b):
+            template = "({0} * {0} * {0})"
         elif p is Prim.ABS and ct.is_floating_point:
             template = "fabs{f}({0})"      # the ternary would keep -0.0 negative
+        elif ct == torch.float32 and p in vecmath.VECTOR_FORMS and not self.exact:
+            template = _VEC_EXPRS[p]
+            if p in vecmath.GUARDED:
+                self.guarded = True
+                lines.append(f"fj_bad |= fabsf({ops[0]}) > FJ_TRIG_LIMIT;")
         else:
             template = _C_EXPRS[p]
         expr = template.format(*ops, f="f" if ct == torch.float32 else "")
@@ -256,15 +344,34 @@ class _Emitter:
             params.append(("out", k))
             arg_types.append("p")
         passes = self.assign_levels()
-        body = self.body(passes, names)
+        body, items = self.reduction_body(passes, names) if r.has_reduction else self.flat_body(names)
+        threaded = math.prod(r.domain) >= PARALLEL_MIN and items > 1
+        if threaded:
+            signature.append("int64_t fj_nt")
+            body = ["#pragma omp parallel for num_threads(fj_nt) schedule(static) if(fj_nt > 1)"] + body
         source = _PRELUDE + f"\nvoid {name}({', '.join(signature)})\n{{\n" + \
-            "\n".join("    " + line for line in body) + "\n}\n"
-        return Kernel(name, source, params, arg_types)
+            "\n".join(_indent(line) for line in body) + "\n}\n"
+        return Kernel(name, source, params, arg_types + (["q"] if threaded else []), threaded)
 
-    def element_code(self, upto: int, names: dict, store_level: int | None) -> tuple[list, dict]:
+    def guarded_twice(self, emit) -> list[str]:
+        """`emit()`'s lines; if they use a guarded vector form, a flag set when an argument is out
+        of its range, and the same work done again with the C library when it is."""
+        self.guarded, self.exact = False, False
+        fast = emit()
+        if not self.guarded:
+            return fast
+        self.exact = True
+        exact = emit()
+        self.exact = False
+        return ["int fj_bad = 0;"] + fast + ["if (fj_bad) {"] + [_indent(x) for x in exact] + ["}"]
+
+    def element_code(self, upto: int, names: dict, store_level: int | None,
+                     lines: list | None = None) -> tuple[list, dict]:
         """One iteration over an element: loads, elementwise values of level <= upto, stores."""
         r = self.r
-        lines = self.index_lines("i", r.inner, "c")
+        lines = [] if lines is None else lines
+        if not self.flat:
+            lines += self.index_lines("i", r.inner, "c")
         local = dict(names)
         for k, v in enumerate(r.inputs):
             if isinstance(v, TensorVar):
@@ -276,52 +383,131 @@ class _Emitter:
             out = b.outputs()[0]
             if prim_of(b) in _REDUCE or out.name in self.rows or self.level[out.name] > upto:
                 continue
-            self.declare(lines, local, out, *self.expression(b, local))
+            buffer = self.scratch.get(out.name)
+            if buffer is not None and self.level[out.name] < upto:
+                self.declare(lines, local, out, f"{buffer}[c]", out.dtype)   # an earlier pass's
+                continue
+            self.declare(lines, local, out, *self.expression(b, local, lines))
+            if buffer is not None:
+                lines.append(f"{buffer}[c] = {local[out.name]};")
         for k, v in enumerate(r.outputs):
             if v.name not in self.rows and (store_level is None or self.level[v.name] == store_level):
                 lines.append(f"out{k}[{self.offset(v)}] = {self.store(v, local)};")
         return lines, local
 
-    def body(self, passes: int, names: dict) -> list[str]:
+    def flat_body(self, names: dict) -> tuple[list[str], int]:
+        """An elementwise region: items (rows of the merged domain, or blocks of a flat loop), each
+        a loop over consecutive elements."""
+        r = self.r
+        tensors = [v for v in r.inputs if isinstance(v, TensorVar)] + list(r.outputs)
+        sizes, strides = _coalesce(r.domain, tensors)
+        width, rows = sizes[-1], math.prod(sizes[:-1])
+        lines: list[str] = []
+        if rows == 1:
+            items = -(-width // BLOCK)
+            head = [f"int64_t lo = it * {BLOCK}, hi = lo + {BLOCK} < {width} ? lo + {BLOCK} : {width};"] \
+                if items > 1 else [f"int64_t lo = 0, hi = {width};"]
+            bases = {}
+        else:
+            items = rows
+            head = [f"int64_t lo = 0, hi = {width};"] + self.index_lines("o", tuple(sizes[:-1]), "it")
+            bases = {}
+            for k, v in enumerate(tensors):
+                terms = [f"o{j} * {s}" if s != 1 else f"o{j}" for j, s in enumerate(strides[v.name][:-1]) if s]
+                if terms:
+                    bases[v.name] = f"b{k}"
+                    head.append(f"int64_t b{k} = {' + '.join(terms)};")
+        for v in tensors:
+            step = strides[v.name][-1]
+            inner = "c" if step == 1 else f"c * {step}" if step else ""
+            self.flat[v.name] = " + ".join(t for t in (bases.get(v.name), inner) if t) or "0"
+
+        def emit():
+            inner, _ = self.element_code(0, names, None)
+            return ["for (int64_t c = lo; c < hi; c++) {"] + [_indent(x) for x in inner] + ["}"]
+        lines = [f"for (int64_t it = 0; it < {items}; it++) {{"] + \
+            [_indent(x) for x in head + self.guarded_twice(emit)] + ["}"]
+        return lines, items
+
+    def reduction_body(self, passes: int, names: dict) -> tuple[list[str], int]:
+        r = self.r
+        rows = math.prod(r.outer)
+        self.choose_scratch(passes)
+        row_lines = self.index_lines("o", r.outer, "r")
+        row_lines += self.guarded_twice(lambda: self.row_code(passes, names))
+        return [f"for (int64_t r = 0; r < {rows}; r++) {{"] + [_indent(x) for x in row_lines] + ["}"], rows
+
+    def choose_scratch(self, passes: int) -> None:
+        """Costly elementwise values (a vector-math or libm call) that a later pass over the row
+        reads again: each gets a row buffer, while they fit in SCRATCH_BYTES."""
+        r, width, budget = self.r, math.prod(self.r.inner), SCRATCH_BYTES
+        for b in r.bsyms:
+            o = b.outputs()[0]
+            if prim_of(b) in _REDUCE or o.name in self.rows or not (calls_libm(b) or _vector_form(b)):
+                continue
+            lvl = self.level[o.name]
+            later = any(o.name in {v.name for v in b2.inputs()} and self.level[b2.outputs()[0].name] > lvl
+                        and b2.outputs()[0].name not in self.rows and prim_of(b2) not in _REDUCE
+                        for b2 in r.bsyms)
+            size = width * torch.empty((), dtype=_held(o.dtype)).element_size()
+            if later and lvl < passes and size <= budget:
+                budget -= size
+                self.scratch[o.name] = f"fj_s{len(self.scratch)}"
+
+    def row_code(self, passes: int, names: dict) -> list[str]:
         r = self.r
         width = math.prod(r.inner)
-        if not r.has_reduction:
-            inner, _ = self.element_code(0, names, None)
-            return [f"for (int64_t c = 0; c < {width}; c++) {{"] + ["    " + x for x in inner] + ["}"]
-        rows = math.prod(r.outer)
-        out: list[str] = [f"for (int64_t r = 0; r < {rows}; r++) {{"]
-        row_lines = self.index_lines("o", r.outer, "r")
+        row_lines: list[str] = [f"{C_TYPE[_held(v.dtype)]} {buffer}[{width}];"
+                                for v in (b.outputs()[0] for b in r.bsyms)
+                                for buffer in [self.scratch.get(v.name)] if buffer]
         row_names = dict(names)
         for p in range(passes + 1):
             # row values of level p: reductions finished by pass p - 1, then elementwise on rows
             for b in r.bsyms:
                 o = b.outputs()[0]
                 if o.name in self.rows and self.level[o.name] == p and prim_of(b) not in _REDUCE:
-                    self.declare(row_lines, row_names, o, *self.expression(b, row_names))
+                    self.declare(row_lines, row_names, o, *self.expression(b, row_names, row_lines))
             if p == passes:
                 break
             reductions = [b for b in r.bsyms if prim_of(b) in _REDUCE and self.level[b.outputs()[0].name] == p + 1]
+            if not reductions:
+                loop, _ = self.element_code(p, row_names, p)
+                row_lines.append(f"for (int64_t c = 0; c < {width}; c++) {{")
+                row_lines += ["    " + x for x in loop]
+                row_lines.append("}")
+                continue
             accs = []
             for b in reductions:
                 acc, init = self.accumulator(b)
-                row_lines.append(init)
+                row_lines += [f"{init.split()[0]} {acc}[{LANES}];",
+                              f"for (int l = 0; l < {LANES}; l++) {acc}[l] = {init.split('= ')[1]}"]
                 accs.append((b, acc))
-            loop, local = self.element_code(p, row_names, p)
-            for b, acc in accs:
-                loop.append(self.accumulate(b, acc, local))
-            row_lines.append(f"for (int64_t c = 0; c < {width}; c++) {{")
-            row_lines += ["    " + x for x in loop]
+            # LANES partial accumulators, lane = c % LANES: blocks of LANES, then the tail
+            row_lines += ["{", "    int64_t c0 = 0;"]
+            # (the lane loop must not be unrolled before the vectorizer sees it: unrolled, its
+            # NaN-propagating max/min stay scalar)
+            for head, tail in (([f"for (; c0 + {LANES} <= {width}; c0 += {LANES}) {{",
+                                 "#pragma GCC unroll 1",
+                                 f"for (int64_t l = 0; l < {LANES}; l++) {{"], ["}", "}"]),
+                               ([f"for (int64_t l = 0; c0 + l < {width}; l++) {{"], ["}"])):
+                loop, local = self.element_code(p, row_names, p, ["int64_t c = c0 + l;"])
+                for b, acc in accs:
+                    loop.append(self.accumulate(b, f"{acc}[l]", local))
+                row_lines += [_indent(x) for x in head]
+                row_lines += ["        " + x for x in loop]
+                row_lines += ["    " + x for x in tail]
             row_lines.append("}")
             for b, acc in accs:
                 o = b.outputs()[0]
-                self.declare(row_lines, row_names, o, f"({C_TYPE[_held(o.dtype)]}){acc}", o.dtype)
+                combine = self.accumulate(b, f"{acc}[l]", {b.args[0].name: f"{acc}[l + w]"})
+                row_lines.append(f"for (int w = {LANES // 2}; w > 0; w >>= 1) "
+                                 f"for (int l = 0; l < w; l++) {combine}")
+                self.declare(row_lines, row_names, o, f"({C_TYPE[_held(o.dtype)]}){acc}[0]", o.dtype)
         for k, v in enumerate(r.outputs):
             if v.name in self.rows:
                 row_lines.append(f"out{k}[{self.offset(v, rows_only=True)}] = "
                                  f"{self.store(v, row_names)};")
-        out += ["    " + x for x in row_lines]
-        out.append("}")
-        return out
+        return row_lines
 
     def accumulator(self, b: BoundSymbol) -> tuple[str, str]:
         p, o = prim_of(b), b.outputs()[0]
@@ -347,7 +533,6 @@ class _Emitter:
         if p is Prim.PROD:
             return f"{acc} *= {value};"
         return f"{acc} = {'FJ_MAX' if p is Prim.AMAX else 'FJ_MIN'}({acc}, {value});"
-
 
 
 def generate(region: Region, name: str) -> Kernel:

@@ -1,9 +1,11 @@
-"""The C executor: fusion regions over small CPU tensors become C functions called through ctypes.
+"""The C executor: fusion regions over CPU tensors become C functions called through ctypes.
 
 Why it exists: on a tensor of a few elements a torch call is all dispatch (about 2-4 us each), so a
-10-op function costs ten dispatches where one fused loop costs well under one.  It claims only
-regions of at most MAX_NUMEL elements; on bigger tensors torch's vectorized, multithreaded kernels
-win, and those regions stay torch calls.
+10-op function costs ten dispatches where one fused loop costs well under one; on a big tensor each
+torch call is one pass over memory, where one fused, vectorized, multi-threaded loop makes one pass
+for the whole region.  It claims regions of any size, except that a prim calling a scalar C library
+function (float64's exp, any tan or pow, ...) is taken only up to MAX_NUMEL_LIBM elements: past
+that torch's vectorized kernel is faster than the saved passes.
 
 The system C compiler (`$CC`, else `cc`, else `gcc`) builds each kernel in about 80 ms, more than a
 whole cold compile is allowed to take, so by default kernels are built on one background thread:
@@ -24,6 +26,7 @@ import ctypes
 import hashlib
 import math
 import os
+import platform
 import queue
 import shutil
 import subprocess
@@ -43,13 +46,40 @@ from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
 from fjit.logs import kernels as log
 from fjit.passes.fusion import Partitioner, Region
 
-# The largest tensors a prim may touch to be claimed.  A libm call (sin, exp, ...) costs ~10 ns per
-# element in a scalar C loop against ~1 ns in torch's vectorized kernel, so past a few hundred
-# elements the saved dispatch (~2.5 us) is lost; plain arithmetic vectorizes and wins far longer.
-# Both measured with benchmarks/bench_cpu.py --c-crossover.
-MAX_NUMEL = 16384
+# The largest tensors a prim may touch to be claimed.  Vectorized loops (arithmetic, and float32
+# exp/log/tanh/sigmoid/erf/sin/cos through vecmath) win at every size; a scalar libm call costs
+# ~10 ns per element against ~1 ns in torch's vectorized kernel, so past a few hundred elements
+# the saved dispatch (~2.5 us) is lost.  Measured with benchmarks/bench_cpu.py --c-crossover.
+MAX_NUMEL = 1 << 62
 MAX_NUMEL_LIBM = 256
-CFLAGS = ("-O2", "-shared", "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-errno")
+# Never -ffast-math (a library built with it can switch on flush-to-zero for the whole process, and
+# it drops NaN/inf/signed-zero semantics).  -fno-math-errno / -fno-trapping-math change no result.
+# -fopenmp: the kernels share torch's libgomp (same soname, already loaded); a compiler without
+# OpenMP builds the same source without it (the pragmas are then ignored: one thread).
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+CFLAGS = ("-O3", "-march=native", *(("-mprefer-vector-width=512",) if _X86 else ()), "-shared",
+          "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
+          "-fopenmp")
+_NO_OPENMP: list = []     # [True] once the compiler refused -fopenmp
+
+
+def _isa() -> str:
+    """What -march=native compiles for: the machine and its CPU feature flags (part of the key)."""
+    if not _ISA:
+        flags = ""
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith(("flags", "Features", "isa")):
+                        flags = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            flags = platform.processor()
+        _ISA.append(f"{platform.machine()} {flags}")
+    return _ISA[0]
+
+
+_ISA: list = []
 _ARG_TYPES = {"p": ctypes.c_void_p, "d": ctypes.c_double, "q": ctypes.c_int64}
 
 
@@ -94,8 +124,10 @@ def claim(trace: Trace, leaves: list) -> Trace | None:
 
 def _region_bsym(region: Region) -> BoundSymbol:
     kernel = generate(region, "fused")
-    # the flags are part of what a binary is: a change of them must not load an old one
-    digest = hashlib.sha1(" ".join(CFLAGS).encode() + kernel.source.encode()).hexdigest()[:16]
+    # the flags and the CPU they target are part of what a binary is: a change of either must not
+    # load an old one
+    key = " ".join(CFLAGS) + "\n" + _isa() + "\n"
+    digest = hashlib.sha1(key.encode() + kernel.source.encode()).hexdigest()[:16]
     kernel.name = f"fjit_c_{digest}"
     kernel.source = kernel.source.replace("void fused(", f"void {kernel.name}(")
     binary = _binary(kernel)
@@ -136,7 +168,8 @@ def _launcher(region: Region, kernel: Kernel, binary: "_Binary", fallback: _Fall
     Its source holds only names this module makes and integer literals; dtypes come in through
     its namespace."""
     params = [f"a{k}" for k in range(len(region.inputs))]
-    ns = {"binary": binary, "fallback": fallback, "empty_strided": torch.empty_strided}
+    ns = {"binary": binary, "fallback": fallback, "empty_strided": torch.empty_strided,
+          "get_num_threads": torch.get_num_threads}
     lines = [f"def launch({', '.join(params)}):",
              "    fn = binary.fn",
              "    if fn is None:",
@@ -155,6 +188,8 @@ def _launcher(region: Region, kernel: Kernel, binary: "_Binary", fallback: _Fall
             args.append(f"a{k}.data_ptr()")
         else:
             args.append(f"a{k}")
+    if kernel.threaded:       # torch's thread count, read per call (torch.set_num_threads)
+        args.append("get_num_threads()")
     lines.append(f"    fn({', '.join(args)})")
     lines.append(f"    return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ')'}")
     exec(compile("\n".join(lines) + "\n", f"<fjit C launcher {kernel.name}>", "exec"), ns)
@@ -256,8 +291,7 @@ def _build(binary: _Binary) -> None:
             with open(f"{tmp}.c", "w") as f:
                 f.write(kernel.source)
             try:
-                result = subprocess.run([compiler(), *CFLAGS, "-o", tmp, f"{tmp}.c", "-lm"],
-                                        capture_output=True, text=True, timeout=300)
+                result = _compile(tmp)
             finally:
                 os.remove(f"{tmp}.c")
             if result.returncode != 0:
@@ -275,6 +309,20 @@ def _build(binary: _Binary) -> None:
                           f"(set FJIT_C_KERNELS=0 to stop trying): {e}", RuntimeWarning)
     finally:
         binary.done.set()
+
+
+def _compile(tmp: str) -> subprocess.CompletedProcess:
+    flags = [f for f in CFLAGS if not (_NO_OPENMP and f == "-fopenmp")]
+    result = subprocess.run([compiler(), *flags, "-o", tmp, f"{tmp}.c", "-lm"],
+                            capture_output=True, text=True, timeout=300)
+    if result.returncode != 0 and "-fopenmp" in flags:
+        retry = subprocess.run([compiler(), *[f for f in flags if f != "-fopenmp"], "-o", tmp,
+                                f"{tmp}.c", "-lm"], capture_output=True, text=True, timeout=300)
+        if retry.returncode == 0:
+            _NO_OPENMP.append(True)
+            log.debug("C kernels: %s refused -fopenmp, building single-threaded", compiler())
+            return retry
+    return result
 
 
 def _load(binary: _Binary, path: str) -> None:
