@@ -42,6 +42,16 @@ def differentiable(v) -> bool:
     return isinstance(v, TensorVar) and v.requires_grad and v.dtype.is_floating_point
 
 
+def _connected_inputs(trace: Trace) -> set:
+    """Names of the values eager's autograd graph links to a differentiable output: every
+    differentiable operand of an op one of whose differentiable outputs is (or feeds) one."""
+    linked = {v.name for v in flatten_values(trace.output) if differentiable(v)}
+    for b in reversed(trace.bsyms):
+        if any(differentiable(v) and v.name in linked for v in b.outputs()):
+            linked.update(v.name for v in b.inputs() if differentiable(v))
+    return linked
+
+
 def _recomputable(b: BoundSymbol | None) -> bool:
     """Cheap to run again in the backward: pointwise and view prims (random ones are draws)."""
     p = prim_of(b) if b is not None else None
@@ -247,8 +257,13 @@ class _Backward:
                 elif kind == "record":
                     self._record_pullback(i, op)
             grads = []
+            connected = _connected_inputs(b.trace)
             for v in b.trace.inputs:
                 g = self.ct.get(v.name) if differentiable(v) else None
+                if g is None and v.name in connected:
+                    # eager's autograd graph reaches it (through sign, floor, ...: zero
+                    # derivatives): its .grad is zeros, not None (an optimizer skips None)
+                    g = prim(Prim.FULL, v.shape, 0, dtype=v.dtype, device=v.device)
                 grads.append(full(g, v).ir if g is not None else None)
             ctx.inputs.extend(cotangents)      # saved values first, then the cotangents
             trace = Trace(b.trace.name, list(ctx.inputs), list(ctx.scopes[0]), tuple(grads),
