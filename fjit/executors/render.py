@@ -49,6 +49,11 @@ class Language:
     def literal_inf(self, negative: bool) -> str:
         return f"-{self.inf}" if negative else self.inf
 
+    def identity_literal(self, p: Prim, dt: torch.dtype) -> str:
+        """`identity(p, dt)` as this language writes it (infinities spelled its way)."""
+        start = identity(p, dt)
+        return self.literal_inf(start < 0) if isinstance(start, float) else str(start)
+
 
 def computes_in(b: BoundSymbol) -> torch.dtype:
     """The dtype a kernel computes the elementwise prim `b` in: torch's, half types in float32."""

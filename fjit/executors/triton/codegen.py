@@ -20,7 +20,6 @@ import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.core.prims import BOOL_RESULT, Prim, prim_of
-from fjit.executors import render
 from fjit.executors.render import HALF as _HALF, computes_in, index_decomposition
 from fjit.executors.triton import plan as P
 from fjit.executors.triton.lowering import (ACCUMULATE, COMPILED, COMPILED_F32, HELPERS,
@@ -201,8 +200,7 @@ class _Emitter:
         ct = torch.float32 if out.dtype in _HALF else out.dtype
         if dt != ct:
             expr = f"{expr}.to({TL_DTYPE[ct]})"
-        start = render.identity(p, ct)
-        neutral = TRITON.literal_inf(start < 0) if isinstance(start, float) else str(start)
+        neutral = TRITON.identity_literal(p, ct)
         return expr, ct, neutral
 
     def reduce(self, p: Prim, tile: str, ct: torch.dtype, nan: str | None) -> str:
@@ -359,8 +357,7 @@ class _Emitter:
         for b in reds:
             p, out = prim_of(b), b.outputs()[0]
             ct = torch.float32 if out.dtype in _HALF else out.dtype
-            start_value = render.identity(p, ct)
-            neutral = TRITON.literal_inf(start_value < 0) if isinstance(start_value, float) else str(start_value)
+            neutral = TRITON.identity_literal(p, ct)
             acc, nan = self.fresh(), None
             self.emit(f"{acc} = tl.full([ROWS, BLOCK], {neutral}, {TL_DTYPE[ct]})")
             if p is not Prim.SUM and ct.is_floating_point:
@@ -475,8 +472,7 @@ class _Emitter:
         self.emit(f"mask = rmask & (s < {pl.segments})")
         for j, (b, ct) in enumerate(partials):
             p = prim_of(b)
-            start = render.identity(p, ct)
-            neutral = TRITON.literal_inf(start < 0) if isinstance(start, float) else str(start)
+            neutral = TRITON.identity_literal(p, ct)
             part, nan = self.fresh(), None
             self.emit(f"{part} = tl.load(ws{j} + r * {pl.segments} + s, mask=mask, other={neutral})")
             if p is not Prim.SUM and ct.is_floating_point:
