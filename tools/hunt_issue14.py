@@ -38,6 +38,18 @@ def key_of(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg[:220]}"
 
 
+def _capture_program(data, store: dict) -> None:
+    """Make `data.draw` also keep the drawn program in store["program"] (for the report)."""
+    real_draw = data.draw
+
+    def draw(strategy, label=None):
+        value = real_draw(strategy, label=label)
+        if label == "program":
+            store["program"] = value
+        return value
+    data.draw = draw
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--executors", default="torch", choices=sorted(EXECUTORS))
@@ -71,15 +83,7 @@ def main():
     @given(data=st.data())
     def one(data):
         captured = {}
-        real_draw = data.draw
-
-        def draw(strategy, label=None):
-            value = real_draw(strategy, label=label)
-            if label == "program":
-                captured["program"] = value
-            return value
-
-        data.draw = draw
+        _capture_program(data, captured)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -108,15 +112,7 @@ def main():
                   suppress_health_check=list(HealthCheck))
         @given(data=st.data())
         def again(data, k=k, last=last):
-            real_draw = data.draw
-
-            def draw(strategy, label=None):
-                value = real_draw(strategy, label=label)
-                if label == "program":
-                    last["program"] = value
-                return value
-
-            data.draw = draw
+            _capture_program(data, last)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
