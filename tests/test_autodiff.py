@@ -69,6 +69,7 @@ SAMPLES = {
     Prim.ATAN2: _binary(torch.atan2, 0.5, 2.0),
     Prim.MAXIMUM: _ties_apart(torch.maximum), Prim.MINIMUM: _ties_apart(torch.minimum),
     Prim.CLAMP_MIN: _ties_apart(lambda a, b: torch.clamp(a, min=b)),
+    Prim.RELU: lambda: (torch.relu, (_distinct(3, 4, shift=0.1),)),
     Prim.CLAMP_MAX: _ties_apart(lambda a, b: torch.clamp(a, max=b)),
     Prim.REMAINDER: lambda: (lambda a, b: torch.remainder(a, b),
                              (_rand(3, 4, low=0.1, high=0.9), _rand(4, low=1.5, high=2.0))),
@@ -374,3 +375,21 @@ def test_an_input_linked_only_through_zero_derivatives_gets_zeros_not_none():
     assert ex is not None and ey is None
     assert gy is None
     torch.testing.assert_close(gx, ex)
+
+
+@pytest.mark.parametrize("executors", [("c", "torch"), ("torch",)])
+def test_relu_gradient_passes_nan_and_blocks_zero_on_every_call(executors):
+    """relu's gradient is threshold_backward's (blocked where x <= 0, so a NaN passes it), not
+    clamp_min's (which blocks a NaN and passes 0).  The compiling call ran torch ops, so only
+    cached calls showed the difference; found by the property hunt."""
+    def f(x, w, s):
+        return torch.relu(torch.einsum("ij,jk->ik", x, w) * 2 + 1) * s
+    jf = fjit.jit(f, executors=executors)
+    for s in (0.1, 2.0, -1.5):          # the compiling call, then cached calls
+        grads = []
+        for fn in (jf, f):
+            x = torch.tensor([[float("nan")], [-0.5], [0.0], [-0.25]], dtype=torch.float64,
+                             requires_grad=True)
+            fn(x, torch.tensor([[2.0]], dtype=torch.float64), s).sum().backward()
+            grads.append(x.grad)
+        torch.testing.assert_close(grads[0], grads[1], atol=0, rtol=0, equal_nan=True)

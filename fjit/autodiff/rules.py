@@ -234,6 +234,14 @@ def _max_min(b, g, value):
     return out
 
 
+@vjp(Prim.RELU)
+def _relu(b, g, value):
+    """torch's threshold_backward: g where not x <= 0 (so a NaN passes it, 0 does not)."""
+    (x,) = b.args[:1]
+    blocked = prim(Prim.LE, value(x), 0)
+    return [(x, prim(Prim.WHERE, blocked, _zeros_like(g), g))]
+
+
 @vjp(Prim.CLAMP_MIN, Prim.CLAMP_MAX)
 def _clamp(b, g, value):
     """torch (clamp_backward_min_max): x gets g where it is not clamped (x >= min), a tensor

@@ -28,7 +28,7 @@ class Prim(enum.Enum):
     LOG2 = "log2"; LOG10 = "log10"; LOG1P = "log1p"; SQRT = "sqrt"; RSQRT = "rsqrt"  # noqa: E702
     SIN = "sin"; COS = "cos"; TAN = "tan"; ASIN = "asin"; ACOS = "acos"; ATAN = "atan"  # noqa: E702
     SINH = "sinh"; COSH = "cosh"; TANH = "tanh"; SIGMOID = "sigmoid"; ERF = "erf"  # noqa: E702
-    ERFC = "erfc"
+    ERFC = "erfc"; RELU = "relu"  # noqa: E702
     FLOOR = "floor"; CEIL = "ceil"; ROUND = "round"; TRUNC = "trunc"; SIGN = "sign"  # noqa: E702
     RECIPROCAL = "reciprocal"; LOGICAL_NOT = "logical_not"; BITWISE_NOT = "bitwise_not"  # noqa: E702
     ISNAN = "isnan"; ISINF = "isinf"; ISFINITE = "isfinite"; CLONE = "clone"  # noqa: E702
@@ -141,6 +141,7 @@ ROWS: dict[Prim, PrimRow] = {r.prim: r for r in (
     _unary(Prim.ASIN, _F, names=("asin", "arcsin")), _unary(Prim.ACOS, _F, names=("acos", "arccos")),
     _unary(Prim.ATAN, _F, names=("atan", "arctan")), _unary(Prim.SINH, _F), _unary(Prim.COSH, _F),
     _unary(Prim.TANH, _F), _unary(Prim.SIGMOID, _F), _unary(Prim.ERF, _F), _unary(Prim.ERFC, _F),
+    _unary(Prim.RELU, names=()),   # registered with F.relu's inplace= in ops/math_ops.py
     _unary(Prim.FLOOR, _F), _unary(Prim.CEIL, _F), _unary(Prim.ROUND, _F, names=()),
     _unary(Prim.TRUNC, _F, names=("trunc", "fix")), _unary(Prim.SIGN),
     _unary(Prim.RECIPROCAL, _F), _unary(Prim.LOGICAL_NOT, bool_result=True),

@@ -144,7 +144,9 @@ def _clamp(x, min=None, max=None):
 
 @register(torch.relu, torch.Tensor.relu, F.relu)
 def _relu(x, inplace=False):
-    return prim(Prim.CLAMP_MIN, x, 0)
+    # its own prim, not clamp_min(x, 0): the values agree, the gradients do not (relu's passes
+    # a NaN's and blocks 0's; clamp's blocks a NaN's and passes 0's)
+    return prim(Prim.RELU, x)
 
 
 @register(F.gelu)

@@ -67,6 +67,7 @@ _C_EXPRS = {
     Prim.ISINF: "isinf({0})", Prim.ISFINITE: "isfinite({0})",
     Prim.ABS: "({0} < 0 ? -{0} : {0})",
     Prim.MAXIMUM: "FJ_MAX({0}, {1})", Prim.MINIMUM: "FJ_MIN({0}, {1})",
+    Prim.RELU: "({0} < 0 ? 0 : {0})",      # -0.0 and NaN stay, as torch.relu
     Prim.CLAMP_MIN: "FJ_MAX({0}, {1})", Prim.CLAMP_MAX: "FJ_MIN({0}, {1})",
     Prim.SIGN: "(({0} > 0) - ({0} < 0))",
     Prim.LOGICAL_AND: "(({0} != 0) && ({1} != 0))", Prim.LOGICAL_OR: "(({0} != 0) || ({1} != 0))",

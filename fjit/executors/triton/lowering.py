@@ -44,6 +44,7 @@ _COMMON = {
     Prim.ABS: "tl.abs({0})",
     Prim.MAXIMUM: "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
     Prim.MINIMUM: "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
+    Prim.RELU: "tl.where({0} < 0, 0, {0})",      # -0.0 and NaN stay, as torch.relu
     Prim.CLAMP_MIN: "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
     Prim.CLAMP_MAX: "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
     Prim.SIGN: "(({0} > 0).to({t}) - ({0} < 0).to({t}))",
