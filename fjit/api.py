@@ -112,11 +112,13 @@ class JittedFunction(Generic[P, R]):
             joint = autodiff.compile_with_backward(
                 traces[len(CLEANUP)], leaves, executors,
                 lambda t, cleanup: optimize(t, executors, leaves, cleanup))
-            if joint is not None:
+            if isinstance(joint, autodiff.Compiled):
                 traces, program = joint.forward_traces, joint.program
+                self._last_backward_traces = joint.backward_traces
             else:
                 program = torch_executor.compile_trace(traces[-1])
-            self._last_backward_traces = joint.backward_traces if joint is not None else []
+                self._last_backward_traces = [] if joint is None else \
+                    [autodiff.autograd_stage(traces[-1], joint)]
             if any(b.sym.has(Tag.MODE) for b in traces[-1].bsyms):
                 program = _restoring_modes_on_error(program)
             if config.check_mode():

@@ -3,7 +3,7 @@
 The wrapper is built on a `JittedFunction` of one traced function,
 
     forward(*parameters, *buffers, training_flags, *args, **kwargs)
-        -> torch.func.functional_call(module, {name: tensor}, args, kwargs), {buffer: new value}
+        -> module(*args, **kwargs) run with {name: tensor} swapped in, {buffer: new value}
 
 so parameters and buffers are ordinary tensor inputs of a jitted function: read at every call,
 keyed by metadata (shape, strides, dtype, device, requires_grad) and never by identity, and whatever
@@ -22,18 +22,20 @@ module attribute change).
 """
 from __future__ import annotations
 
+import dis
+import inspect
 import weakref
 
 import torch
-from torch.func import functional_call
 
 from fjit.errors import FjitError, UnsupportedOpError, located
 from fjit.frontend.context import current, user_location
-from fjit.frontend.outside import _user_class
+from fjit.frontend.outside import _user_class, holds_proxy, proxies_in, snapshot, undo_proxy_writes
 from fjit.frontend.proxies import TensorProxy
 from fjit.frontend.tracer import module_tensor_origins
 from fjit.module_layout import (Layout, backward_hook_owner, changed_config, config_bindings,
-                                forward_hooks, forward_signature, structure_key)
+                                forward_hooks, forward_signature, state_swapped,
+                                structure_key)
 
 # (structure key, jit options) -> the ProgramCache that wrappers of equal modules share.  Weak:
 # a cache lives as long as a wrapper uses it.
@@ -65,7 +67,8 @@ def traced_forward(self: torch.nn.Module, layout: Layout):
         if ctx is None or not all(isinstance(t, TensorProxy) for t in state):
             # Called inside another function's trace (JittedFunction inlines): the state is real
             # tensors, which that trace reports as FJ101 (they are not its inputs).
-            return functional_call(self, dict(zip(names, state)), args, kwargs), {}
+            with state_swapped(self, names, state):
+                return self(*args, **kwargs), {}
         if structure_key(self) != layout.key:
             raise _LayoutChanged
         # A tensor of the module that is not passed in (a plain attribute) is FJ101 named as the
@@ -77,8 +80,24 @@ def traced_forward(self: torch.nn.Module, layout: Layout):
             b._fj_is_input = False      # writes functionalize, as on a local; written back below
         before = [b.ir for b in buffers]
         _ = hooks     # a closure variable, so the observer's snapshot reaches the hooks
-        out = functional_call(self, dict(zip(names, state)), args, kwargs)
-        change = changed_config(layout.key, structure_key(self), user_classes)
+        snapshots = [(o, m, a, snapshot(o)) for o, m, a in _module_state(self)]
+        try:
+            with state_swapped(self, names, state):
+                out = self(*args, **kwargs)
+            change = changed_config(layout.key, structure_key(self), user_classes)
+        finally:
+            # A value stored on a module (a cache filled in forward) must not outlive the trace
+            # holding a proxy: the module goes back to the caller as it came in.
+            state_ids = {id(t) for t in state}
+            leaked = [(m, a or k) for o, m, a, was in snapshots for k in _undo_leaks(o, was, state_ids)]
+        if leaked:
+            holder, attr = leaked[0]
+            ctx.sharp_edge("FJ104_mutate_global_object",
+                           f"the forward of '{type(holder).__qualname__}' stores a traced tensor in "
+                           f"'self.{attr}' (a cache filled in forward), which outlives the call and "
+                           f"would be filled once, while tracing (compute it in __init__ as a buffer "
+                           f"with persistent=False, or run the model with torch.compile(model, "
+                           f"backend=\"fjit\"))", _store_line(type(holder), attr))
         if change is not None:
             ctx.sharp_edge("FJ104_mutate_global_object",
                            f"the forward of '{type(self).__qualname__}' changed the module "
@@ -90,6 +109,60 @@ def traced_forward(self: torch.nn.Module, layout: Layout):
     forward.__name__ = forward.__qualname__ = f"{type(self).__qualname__}.forward"
     forward.__module__ = type(self).__module__
     return forward
+
+
+def _module_state(root: torch.nn.Module) -> list:
+    """(object, owning module, attribute) for what a forward could leave a proxy in: every
+    submodule (its attributes) and the lists, dicts and sets among those attributes."""
+    out = []
+    for m in root.modules():
+        out.append((m, m, None))
+        out += [(v, m, k) for k, v in vars(m).items()
+                if isinstance(v, (list, dict, set)) and k not in _TORCH_TABLES]
+    return out
+
+
+_TORCH_TABLES = frozenset({"_parameters", "_buffers", "_modules"})
+
+
+def _undo_leaks(obj, before, state_ids: set) -> list[str]:
+    """Names of the attributes of `obj` (or ["items"] for a container) put back because they held
+    a proxy computed in the forward.  A value holding only the module's own parameters and
+    buffers is a view of its state that the module keeps current itself (LSTM's
+    `_flat_weights`, refreshed in forward when the parameters change): put back, not reported."""
+    now = snapshot(obj)
+    changed = [now[k] for k in now if now[k] is not before.get(k)] if isinstance(before, dict) \
+        else [now]
+    computed = any(id(p) not in state_ids for v in changed for p in proxies_in(v))
+    names = [k for k in now if now[k] is not before.get(k) and holds_proxy(now[k])] \
+        if isinstance(obj, torch.nn.Module) else ["items"]
+    return names if undo_proxy_writes(obj, before) and computed else []
+
+
+_MUTATING_CALLS = frozenset({"append", "extend", "insert", "update", "setdefault", "add"})
+
+
+def _store_line(cls, attr: str) -> tuple[str, int] | None:
+    """The line of `cls`'s methods (forward first, __init__ never) that stores `self.<attr>`, an
+    item of it, or calls a mutating method on it."""
+    methods = [fn for klass in cls.__mro__ for name, fn in vars(klass).items()
+               if name != "__init__" and callable(fn)]
+    methods.sort(key=lambda fn: getattr(fn, "__name__", "") != "forward")
+    for fn in methods:
+        code = getattr(inspect.unwrap(fn), "__code__", None)
+        if code is None:
+            continue
+        lines: dict[int, list] = {}
+        for ins in dis.get_instructions(code):
+            if ins.positions.lineno is not None:
+                lines.setdefault(ins.positions.lineno, []).append(ins)
+        for line, instructions in lines.items():
+            ops = [(i.opname, i.argval) for i in instructions]
+            if ("STORE_ATTR", attr) in ops or ("LOAD_ATTR", attr) in ops and (
+                    any(o == "STORE_SUBSCR" for o, _ in ops) or
+                    any(v in _MUTATING_CALLS for o, v in ops if o in ("LOAD_ATTR", "LOAD_METHOD"))):
+                return code.co_filename, line
+    return None
 
 
 class FjitModule(torch.nn.Module):

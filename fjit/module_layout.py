@@ -22,10 +22,12 @@ hook is never skipped.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import inspect
 import keyword
 import types
+import typing
 import weakref
 
 import torch
@@ -107,6 +109,38 @@ def structure_key(root: torch.nn.Module) -> tuple:
     parts.append(tuple(n for n, _ in root.named_parameters()))
     parts.append(tuple(n for n, _ in root.named_buffers()))
     return tuple(parts)
+
+
+@contextlib.contextmanager
+def state_swapped(root: torch.nn.Module, names: list[str], tensors) -> typing.Iterator[None]:
+    """Run `root` with `tensors` in place of its parameters and buffers named `names`, and give
+    the module back exactly as it was, whatever its module graph.
+
+    Every slot (a module's `_parameters` or `_buffers` entry) holding one of the named tensors is
+    swapped, found by the tensor's identity: a submodule shared between blocks, or registered under
+    two names, is one module with one slot, swapped once; a weight tied into two modules is two
+    slots, both swapped.  The slots are put back in reverse order.  (`torch.func.functional_call`
+    swaps by name: a shared submodule's second name saves the first name's replacement as the
+    "original" and restores it, leaving a tracing proxy in the user's model.)"""
+    replacement = {id(_named_tensor(root, n)): t for n, t in zip(names, tensors)}
+    swapped = []
+    try:
+        for m in root.modules():                  # each module once, however often it is shared
+            for table in (m._parameters, m._buffers):
+                for k, old in table.items():
+                    if old is not None and id(old) in replacement:
+                        swapped.append((table, k, old))
+                        table[k] = replacement[id(old)]
+        yield
+    finally:
+        for table, k, old in reversed(swapped):
+            table[k] = old
+
+
+def _named_tensor(root: torch.nn.Module, name: str) -> torch.Tensor:
+    prefix, _, leaf = name.rpartition(".")
+    m = root.get_submodule(prefix) if prefix else root
+    return m._parameters[leaf] if leaf in m._parameters else m._buffers[leaf]
 
 
 def forward_hooks(root: torch.nn.Module) -> list:

@@ -537,3 +537,22 @@ def test_costly_row_values_are_kept_for_later_passes_and_huge_trig_arguments_use
     huge = x * 1e7
     huge[3, 7] = float("inf")
     torch.testing.assert_close(jf(huge), torch.softmax(torch.sin(huge * 3.0), -1), equal_nan=True)
+
+
+def test_regions_sharing_one_kernel_source_keep_their_own_output_layouts():
+    """Two regions can generate one C source (a flat elementwise loop over 1536 values is the same
+    for [16, 6, 4, 4] and [4, 24, 4, 4]) and share its binary, but each launcher allocates its own
+    region's outputs.  Registered under the source's name alone, one launcher served both, and one
+    region got the other's output shape back: a silently wrong result (how torchvision's swin_t
+    computed wrong gradients from its second call on)."""
+    def f(a, b):
+        return (a * 2 + 1).sum(0), (b * 2 + 1).sum(0)
+
+    a, b = torch.randn(16, 6, 4, 4), torch.randn(4, 24, 4, 4)
+    jf = fjit.jit(f)
+    for _ in range(2):
+        torch.testing.assert_close(jf(a, b), f(a, b))
+    final = str(fjit.last_traces(jf)[-1])
+    assert len(set(_kernels(jf))) == 1, final                 # one binary...
+    launchers = re.findall(r"= (fjit_c_\w+)\(", final)
+    assert len(launchers) == 2 and len(set(launchers)) == 2, final   # ...two launchers

@@ -374,3 +374,126 @@ def test_last_backward_traces_of_a_module():
     model.weight.grad = None
     model(x).square().sum().backward()
     torch.testing.assert_close(got, model.weight.grad)
+
+
+# ----------------------------------------------------------------------------- library patterns
+# What third-party model code does (timm, transformers, torchvision): submodules shared between
+# blocks, tied weights, caches filled on `self`, asking whether a compiler is tracing.
+
+class _SharedPosEnc(nn.Module):
+    """timm's CoaT: one positional-encoding conv shared by several serial blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.cpe = nn.Linear(6, 6)
+        self.blocks = nn.ModuleList([nn.Linear(6, 6) for _ in range(2)])
+        for b in self.blocks:
+            b.shared = self.cpe            # the same module registered under a second name
+        self.head = nn.Linear(6, 3)
+        self.head2 = nn.Linear(6, 3)
+        self.head2.weight = self.head.weight   # a tied weight: two modules, one Parameter
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x) + b.shared(x)
+        return self.head(x) + self.head2(x)
+
+
+def test_shared_submodules_and_tied_weights_come_back_as_they_went_in():
+    torch.manual_seed(0)
+    model = _SharedPosEnc()
+    before = {n: p for n, p in model.named_parameters(remove_duplicate=False)}
+    jm = fjit.jit(model)
+    x = torch.randn(4, 6)
+    for _ in range(2):
+        out = jm(x)
+        out.sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad()
+        model(x).sum().backward()
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(grads[n], p.grad, msg=n)
+        model.zero_grad()
+    after = {n: p for n, p in model.named_parameters(remove_duplicate=False)}
+    assert after.keys() == before.keys()
+    assert all(after[n] is before[n] and type(after[n]) is nn.Parameter for n in after)
+    assert model.blocks[0].shared is model.cpe and model.head2.weight is model.head.weight
+
+
+class _CachesOnSelf(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind, self.lin = kind, nn.Linear(4, 4)
+        self._pos, self.table = None, {}
+
+    def forward(self, x):
+        if self.kind == "attribute":
+            if self._pos is None:
+                self._pos = torch.arange(x.shape[0]).float()[:, None]   # CACHE-ATTRIBUTE
+            return self.lin(x) + self._pos
+        if x.shape[0] not in self.table:
+            self.table[x.shape[0]] = torch.ones(x.shape[0], 4)           # CACHE-DICT
+        return self.lin(x) + self.table[x.shape[0]]
+
+
+@pytest.mark.parametrize("kind, marker", [("attribute", "CACHE-ATTRIBUTE"), ("dict", "CACHE-DICT")])
+def test_a_cache_filled_in_forward_is_fj104_at_its_line_and_leaves_no_proxy(kind, marker):
+    model = _CachesOnSelf(kind)
+    with pytest.raises(fjit.SideEffectError, match="FJ104") as info:
+        fjit.jit(model)(torch.randn(3, 4))
+    line = next(i for i, text in enumerate(open(__file__).read().splitlines(), 1) if f"# {marker}" in text)
+    assert info.value.lineno == line and 'backend="fjit"' in str(info.value)
+    assert model._pos is None and model.table == {}      # the module as it was: no proxy kept
+    model(torch.randn(3, 4))                             # and eager still runs it
+
+
+def test_a_cache_filled_in_forward_leaves_no_proxy_in_warn_mode_either():
+    model = _CachesOnSelf("attribute")
+    x = torch.randn(3, 4)
+    with pytest.warns(fjit.SharpEdgeWarning, match="FJ104"):
+        jm = fjit.jit(model, sharp_edges="warn")
+        out = jm(x)
+    assert model._pos is None
+    torch.testing.assert_close(out, model(x))
+
+
+def test_torch_compiler_is_compiling_is_true_while_tracing_and_restored_after():
+    """transformers' mask builders and torch.optim ask it to leave out data-dependent Python."""
+    def f(x):
+        if not torch.compiler.is_compiling() and bool((x > 0).all()):   # eager-only shortcut
+            return x
+        return x.relu() * 2
+    x = torch.randn(5)
+    torch.testing.assert_close(fjit.jit(f)(x), f(x))
+    probes = fjit.jit(lambda x: (x + 1, torch.compiler.is_compiling(), torch._dynamo.is_compiling(),
+                                 torch.compiler.is_dynamo_compiling()))(x)
+    assert probes[1:] == (True, True, False)
+    assert torch.compiler.is_compiling() is False
+
+    def bad(x):
+        raise ValueError("boom")
+    with pytest.raises(ValueError):
+        fjit.jit(bad)(x)
+    assert torch.compiler.is_compiling() is False
+
+
+def test_an_error_deep_in_library_code_names_the_chain_from_the_traced_function():
+    class Deep(nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:          # DEEP-BRANCH
+                return x
+            return -x
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = nn.Sequential(Deep())
+
+        def forward(self, x):
+            return self.inner(x) * 2
+    with pytest.raises(fjit.DataDependentError) as info:
+        fjit.jit(Outer())(torch.randn(3))
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    line = next(i for i, text in enumerate(open(__file__).read().splitlines(), 1) if "# DEEP-BRANCH" in text)
+    assert info.value.lineno == line
+    assert "Outer.forward" in notes and f"test_modules.py:{line} in " in notes, notes

@@ -326,3 +326,15 @@ def test_compiled_launcher_falls_back_to_kernel_grid_where_it_cannot_compile():
     from fjit.executors.triton.launch import compile_for_device
     kernel = Kernel("k", "", (1,), 8, 4, [], ["in0", "out0"], {"in0": "*fp32", "out0": "*fp32"}, {"BLOCK": 8})
     assert compile_for_device(lambda: None, kernel, torch.device("cuda")) is None
+
+
+def test_regions_sharing_one_kernel_source_keep_their_own_output_layouts():
+    """As for C kernels (tests/test_c_executor.py): one Triton source for two regions of equal
+    size and different shapes; each region's launcher allocates its own output shape."""
+    def f(a, b):
+        return (a * 2 + 1).sum(0), (b * 2 + 1).sum(0)
+
+    a, b = torch.randn(16, 6, 4, 4), torch.randn(4, 24, 4, 4)
+    jf = fjit.jit(f, executors=("triton", "torch"))
+    for _ in range(2):
+        torch.testing.assert_close(jf(a, b), f(a, b))

@@ -2,8 +2,9 @@
 into two traces (joint.py), and the autograd.Function that runs them (function.py).
 
 `compile_with_backward` is what fjit.jit calls when an input requires grad under grad mode.  It
-returns None when torch autograd over the forward program is the better program (no op would be
-fused, a grad-mode region inside the function, ...); the caller then compiles as before.
+returns the reason, a string, when torch autograd over the forward program is the better program
+(no op would be fused, a grad-mode region inside the function, ...); the caller then compiles as
+before and `autograd_stage` is what `fjit.last_backward_traces` shows.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from fjit.core.ir import BoundSymbol, Tag, TensorVar, Trace
 from fjit.executors import Executor, kernel_executor, torch_executor
 from fjit.executors.c.codegen import calls_libm, supported
 
-__all__ = ["compile_with_backward", "Compiled", "VJP", "NONDIFF", "has_rule"]
+__all__ = ["compile_with_backward", "autograd_stage", "Compiled", "VJP", "NONDIFF", "has_rule"]
 
 
 @dataclasses.dataclass
@@ -35,23 +36,32 @@ def wants_backward(trace: Trace) -> bool:
 
 
 def compile_with_backward(trace: Trace, leaves: list, executors: tuple,
-                          lower: Callable[[Trace, bool], list]) -> Compiled | None:
+                          lower: Callable[[Trace, bool], list]) -> Compiled | str | None:
     """`trace` is the cleaned forward; `lower(trace, cleanup)` runs the passes (when cleanup) and
-    the executors on a trace and returns its stages."""
+    the executors on a trace and returns its stages.  None: there is no backward to build (no
+    input requires grad under grad mode); a string: why torch autograd runs the backward."""
     if not wants_backward(trace):
         return None
     policy = _fusion_policy(trace, executors)
     if policy is None:
-        return None
+        return "no kernel executor in this function's executors fuses on its device"
     joint = build(trace, leaves, policy)
-    if joint is None:
-        return None
+    if isinstance(joint, str):
+        return joint
     with torch.no_grad():     # as inside autograd.Function: the kernel executors may claim
         forward = lower(joint.forward, False)
         backward = lower(joint.backward, True)
     plan = Plan(joint, torch_executor.compile_trace(forward[-1]), list_callable(backward[-1]),
                 trace.output, trace.rebuild)
     return Compiled(plan, forward, backward)
+
+
+def autograd_stage(forward: Trace, reason: str) -> Trace:
+    """What `fjit.last_backward_traces` shows when torch autograd runs the backward: the forward
+    program whose torch calls autograd differentiates (each op's own backward, as in eager), with
+    the reason in its stage line."""
+    return forward.with_stage(f"torch_autograd: torch autograd runs the backward of these torch "
+                              f"calls, because {reason}")
 
 
 # -- which ops are differentiated through their prims -------------------------------------------

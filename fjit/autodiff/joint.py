@@ -74,14 +74,15 @@ class Unsupported(Exception):
     """Something the joint program does not handle: the whole function keeps torch autograd."""
 
 
-def build(trace: Trace, leaves: list, decompose: Callable[..., bool]) -> Joint | None:
-    """The joint program of `trace`, or None when torch autograd should run it as before (nothing
+def build(trace: Trace, leaves: list, decompose: Callable[..., bool]) -> Joint | str:
+    """The joint program of `trace`, or why torch autograd should run it as before (nothing
     would be fused, or something is unsupported).  `decompose(b)` says whether to differentiate
     an op through its prims, `decompose(b, fused=True)` how many of its prims kernels would take."""
     if any(b.sym.has(Tag.MODE) for b in trace.bsyms):
-        return None       # grad-mode regions inside the function: eager's semantics need autograd
+        # grad-mode regions inside the function: eager's semantics need autograd
+        return "the function enters a grad-mode region (no_grad/enable_grad) itself"
     if not any(differentiable(v) for v in trace.inputs):
-        return None
+        return "no input is differentiable"
     kinds = []
     for b in trace.bsyms:
         if not any(differentiable(v) for v in b.outputs()):
@@ -95,11 +96,12 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool]) -> Joint |
     # not pay back; otherwise torch autograd over the forward's torch calls is as fast.
     fused = sum(decompose(b, fused=True) for b, kind in zip(trace.bsyms, kinds) if kind == "prims")
     if fused < max(2, 4 * kinds.count("record")):
-        return None
+        return (f"kernels would take {fused} prims of the backward against "
+                f"{kinds.count('record')} ops kept by torch autograd: not worth a joint program")
     try:
         return _Builder(trace, leaves, kinds).build()
-    except Unsupported:
-        return None
+    except Unsupported as e:
+        return f"the joint program cannot be built ({e})"
 
 
 def _contiguous(shape) -> tuple:
@@ -206,7 +208,7 @@ class _Backward:
             try:
                 position = self.b.trace.inputs.index(var)
             except ValueError:
-                raise Unsupported from None    # a float computed in the function: not kept
+                raise Unsupported("a number computed in the function is used by the backward") from None
             v = NumberVar(name, var.pytype)
             self.ctx.inputs.append(v)
             return NumberProxy(self.b.leaves[position], v, frozenset())

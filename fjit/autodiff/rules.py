@@ -343,7 +343,8 @@ def _cat(b, g, value):
     dim = dim % g.ndim
     out, start = [], 0
     for t in tensors:
-        size = t.shape[dim] if t.ndim else 0
+        # torch.cat skips 1-D empty tensors whatever the others' rank (a KV cache's empty start)
+        size = t.shape[dim] if t.ndim == g.ndim else 0
         if _t(t) and size:
             index = (slice(None),) * dim + (slice(start, start + size),)
             out.append((t, prim(Prim.SLICE, g, index)))

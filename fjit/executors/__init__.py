@@ -11,6 +11,7 @@ inputs can be read by a kernel at all, and the bound symbol that stands for a re
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import tempfile
@@ -19,7 +20,7 @@ from typing import Callable, Protocol
 import torch
 
 from fjit.config import Executor, kernel_cache_root
-from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Trace
+from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Trace, Var, map_values
 from fjit.runtime import register_kernel
 
 __all__ = ["Executor", "KernelExecutor", "kernel_executor", "kernel_inputs_usable", "kernel_bsym",
@@ -66,12 +67,40 @@ def kernel_inputs_usable(trace: Trace, leaves: list, device_ok: Callable[[torch.
 
 
 def kernel_bsym(region, name: str, launch: Callable, comment: str) -> BoundSymbol:
-    """The bound symbol that runs `region` as one kernel call, `name(inputs) -> outputs` (one
-    value, or a tuple of several); printed traces import the kernel by `name` from fjit.runtime."""
+    """The bound symbol that runs `region` as one kernel call, `name_<layout>(inputs) -> outputs`
+    (one value, or a tuple of several); printed traces import the launcher by that name from
+    fjit.runtime.
+
+    One kernel binary (`name`, keyed by its source) serves every region that generates the same
+    source, but a launcher is the region's own: it allocates the region's output shapes and
+    strides and falls back to the region's prims.  Two regions with one source can differ there
+    (an elementwise kernel over 57624 values is one loop for [16, 6, 49, 49] and [4, 24, 49, 49]),
+    so the launcher's name carries a digest of the region's layouts and prims: a program never
+    binds another region's launcher, which would hand it tensors of another shape."""
+    name = f"{name}_{_region_digest(region)}"
     register_kernel(name, launch)
     outs = tuple(region.outputs)
     return BoundSymbol(Symbol(name, launch, frozenset({Tag.KERNEL})), tuple(region.inputs), {},
                        outs if len(outs) > 1 else outs[0], comment=comment)
+
+
+def _region_digest(region) -> str:
+    """A digest of what a region's launcher depends on besides its kernel's source: the layouts
+    of its inputs and outputs and its prims with their arguments (variables by position)."""
+    numbering: dict[str, int] = {}
+
+    def term(x):
+        if isinstance(x, Var):
+            number = numbering.setdefault(x.name, len(numbering))
+            return (number, getattr(x, "shape", None), getattr(x, "strides", None),
+                    str(getattr(x, "dtype", type(x).__name__)))
+        return repr(x)
+
+    parts = [tuple(term(v) for v in region.inputs)]
+    parts += [(b.sym.name, repr(map_values(term, (b.args, b.kwargs))), term(b.outputs()[0]))
+              for b in region.bsyms]
+    parts.append(tuple(term(v) for v in region.outputs))
+    return hashlib.sha1(repr(parts).encode()).hexdigest()[:8]
 
 
 _FALLBACK_DIRS: dict[str, str] = {}   # an unwritable cache directory -> this process's temp dir

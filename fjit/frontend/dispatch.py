@@ -290,10 +290,13 @@ def _functionalize_foreach(ctx: TraceContext, func, args, kwargs):
 
 
 def _check_inplace_allowed(func, args, kwargs):
-    """Eager raises for some in-place ops (an int tensor += a float): so does tracing."""
+    """Eager raises for some in-place ops (an int tensor += a float): so does tracing.  The
+    stand-ins do not require grad: a meta tensor is a leaf, and eager's leaf check ("a leaf
+    Variable that requires grad is being used in an in-place operation") is about inputs, which
+    `_write` reports as FJ102; on a value the function computed, eager's in-place op is legal."""
     def to_meta(x):
         if isinstance(x, TensorProxy):
-            return meta_tensor(x.ir)
+            return meta_tensor(x.ir).detach()
         return x._fj_value if isinstance(x, NumberProxy) else x
     with torch._C.DisableTorchFunction():
         margs, mkwargs = map_values(to_meta, (args, kwargs))

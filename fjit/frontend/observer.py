@@ -254,6 +254,8 @@ def observe(ctx: TraceContext, fn):
         except TypeError:   # cProfile's C-level profiler is reinstalled by its own enable()
             sys.setprofile(None)
             getattr(previous, "enable", lambda: None)()
+        changes = reach.changes()
+        reach.undo_proxy_writes()       # reported below; a proxy never outlives its trace
     default = (fn.__code__.co_filename, fn.__code__.co_firstlineno)
     if numpy_state is not None and _numpy_rng_state() != numpy_state:
         # numpy.random's Cython functions raise no profile events: its global RNG moving tells.
@@ -267,7 +269,7 @@ def observe(ctx: TraceContext, fn):
         ctx.sharp_edge("FJ105_global_generator", _message(
             ("FJ105_global_generator", f"drawing from '{name}', a {type(rng).__name__} that existed "
                                        f"before the call,"), ctx), where)
-    for entry, name, what, attr, value in reach.changes():
+    for entry, name, what, attr, value in changes:
         if (entry, name) in reported:
             continue
         where = line_of(entry, name, ran, ran_lines, attr, value) or default

@@ -101,11 +101,11 @@ def _restore(cls, attributes: dict):
     """An instance of `cls` with exactly these attributes, as the traced run made it: no __init__
     or __post_init__ runs again (they ran while tracing), and a frozen dataclass is filled too."""
     obj = cls.__new__(cls)
-    if hasattr(obj, "__dict__"):
-        obj.__dict__.update(attributes)
-    else:                                   # __slots__
-        for name, value in attributes.items():
+    for name, value in attributes.items():
+        if isinstance(getattr(cls, name, None), types.MemberDescriptorType):    # a __slots__ slot
             object.__setattr__(obj, name, value)
+        else:
+            obj.__dict__[name] = value
     return obj
 
 
@@ -118,6 +118,7 @@ class _Builder:
         self.leaves: list = []
         self.ns: dict = {"_restore": _restore}
         self.types: list[str] = []
+        self.open: set[int] = set()      # objects being rebuilt: a cycle cannot be
 
     def name(self, value, prefix: str) -> str:
         n = f"{prefix}{len(self.ns)}"
@@ -157,6 +158,17 @@ class _Builder:
                 {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
             inner = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in attributes.items())
             return f"_restore({self.name(t, '_t')}, {{{inner}}})"
+        if _plain_object(x) and _reaches_tensor(x):
+            # An object of an ordinary class holding traced values (transformers' DynamicCache):
+            # rebuilt as the dataclasses are, attribute by attribute, a new object per call.
+            if id(x) in self.open:
+                raise self.error(x, "an object that refers back to itself, which fjit cannot "
+                                    "rebuild", "return the tensors in a dict or dataclass")
+            self.open.add(id(x))
+            self.types.append(t.__qualname__)
+            inner = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in _attributes(x).items())
+            self.open.discard(id(x))
+            return f"_restore({self.name(t, '_t')}, {{{inner}}})"
         self.check_constant(x)
         return self.constant(x)
 
@@ -191,6 +203,30 @@ class _Builder:
         fn = self.ns.pop("rebuild")
         fn.__doc__ = ", ".join(dict.fromkeys(self.types)) or "the returned structure"
         return fn
+
+
+def _plain_object(x) -> bool:
+    """An instance of an ordinary Python class whose whole state is its attributes: what
+    `_restore` can rebuild.  Not functions, modules, types, iterators, nn.Modules (their tensors
+    are parameters, not results) or builtin/C types."""
+    t = type(x)
+    if t.__module__ == "builtins" or isinstance(x, (type, types.ModuleType, types.FunctionType,
+                                                     types.MethodType, torch.nn.Module)):
+        return False
+    if hasattr(t, "__next__") or not hasattr(x, "__dict__"):
+        return False
+    # Every base between the class and object must be a Python class (no C state to lose).
+    return all(hasattr(b, "__dict__") and b.__flags__ & (1 << 9) for b in t.__mro__[:-1])
+
+
+def _attributes(x) -> dict:
+    """An object's attributes: its __dict__, then any __slots__ that are set."""
+    attributes = dict(vars(x))
+    for b in type(x).__mro__:
+        for slot in getattr(b, "__slots__", ()):
+            if slot not in ("__dict__", "__weakref__") and hasattr(x, slot):
+                attributes[slot] = getattr(x, slot)
+    return attributes
 
 
 _OPAQUE = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType,

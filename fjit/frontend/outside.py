@@ -21,6 +21,7 @@ import types
 import torch
 
 from fjit.frontend.context import is_user_file
+from fjit.frontend.proxies import NumberProxy, TensorProxy
 
 _CONTAINERS = (list, dict, set, bytearray)
 _MAX_DEPTH = 4          # how far into nested user objects/containers a snapshot goes
@@ -185,6 +186,90 @@ class Reach:
         return [(name, rng) for name, rng, before in self.rngs if rng_state(rng) != before]
 
 
+    def undo_proxy_writes(self) -> None:
+        """Put back every piece of reached state that the run left holding a tracing proxy: a
+        proxy must never outlive its trace (the reports of these writes are `changes()`'s)."""
+        for g, before in self.globals_dicts.values():
+            undo_proxy_writes(g, before)
+        for name, cell, before in self.cells:
+            if holds_proxy(getattr(cell, "cell_contents", None) if _full(cell) else None):
+                if before is EMPTY:
+                    del cell.cell_contents
+                else:
+                    cell.cell_contents = before
+        for _, _, obj, before, _ in self.objects:
+            undo_proxy_writes(obj, before)
+
+
+def snapshot(obj):
+    """What `undo_proxy_writes(obj, snapshot)` restores: a container's items, an object's
+    attributes (one level: nested objects have snapshots of their own)."""
+    return _snapshot_again(obj)
+
+
+def undo_proxy_writes(obj, before) -> bool:
+    """Restore the entries of `obj` (a container, a class, an object's attributes, a globals
+    dict) that now hold a tracing proxy to their values in `before`; whether anything was."""
+    now = _snapshot_again(obj)
+    if isinstance(before, dict):
+        bad = [k for k in now if now[k] is not before.get(k, EMPTY) and holds_proxy(now[k])]
+        target = obj if isinstance(obj, dict) else None
+        for k in bad:
+            old = before.get(k, EMPTY)
+            if target is not None:
+                if old is EMPTY:
+                    del target[k]
+                else:
+                    target[k] = old
+            elif old is EMPTY:
+                delattr(obj, k) if isinstance(obj, type) else vars(obj).pop(k, None)
+            elif isinstance(obj, type):
+                setattr(obj, k, old)
+            else:
+                vars(obj)[k] = old
+        return bool(bad)
+    if any(holds_proxy(x) for x in now):
+        if isinstance(obj, (set, bytearray)):
+            obj.clear()
+            obj.update(before) if isinstance(obj, set) else obj.extend(before)
+        else:
+            obj[:] = before
+        return True
+    return False
+
+
+def holds_proxy(value) -> bool:
+    """Whether a tracing proxy is reachable from `value` through containers and the attributes
+    of plain objects (bounded: a trace-time check)."""
+    return bool(proxies_in(value, first_only=True))
+
+
+def proxies_in(value, first_only: bool = False, budget: int = 4096) -> list:
+    """The tracing proxies reachable from `value` (see holds_proxy)."""
+    found, stack, seen = [], [value], set()
+    while stack and budget > 0:
+        v = stack.pop()
+        budget -= 1
+        if isinstance(v, (TensorProxy, NumberProxy)):
+            found.append(v)
+            if first_only:
+                break
+            continue
+        if id(v) in seen or isinstance(v, (str, bytes, int, float, type(None), torch.Tensor, type,
+                                           types.ModuleType, types.FunctionType)):
+            continue
+        seen.add(id(v))
+        if isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        else:
+            d = getattr(v, "__dict__", None)
+            if isinstance(d, dict):
+                stack.extend(d.values())
+    return found
+
+
 _SCALARS = (torch.Tensor, str, bytes, int, float, complex, type(None), torch.dtype, torch.device)
 
 
@@ -327,3 +412,11 @@ def _stores_other_constant(instructions, value) -> bool:
         return type(const) is not type(value) or bool(const != value)
     except Exception:  # noqa: BLE001  (a value whose comparison raises tells nothing)
         return False
+
+
+def _full(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True

@@ -6,6 +6,7 @@ proxy itself.  Globals and closure variables are read once, here, and recorded a
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import dis
 import inspect
@@ -18,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from fjit.core.ir import Binding, Trace
 from fjit.errors import error_for
-from fjit.frontend.context import Mode, TraceContext, user_location
+from fjit.frontend.context import Mode, TraceContext, is_user_file, user_location
 from fjit.frontend.dispatch import dispatch, opaque_calls_traced
 from fjit.frontend.modes import record_mode_changes
 from fjit.frontend.inputs import make_proxies
@@ -55,8 +56,13 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
                                [(k, v) for k, v in kwargs.items()], leaves,
                                concrete_floats=scan.asks_type)
         pargs, pkwargs = proxied[:len(args)], dict(zip(kwargs, proxied[len(args):]))
-        with observe(ctx, fn), _Intercept(), generators_traced, opaque_calls_traced:
-            result = fn(*pargs, **pkwargs)
+        with observe(ctx, fn), _Intercept(), generators_traced, opaque_calls_traced, \
+                compiling_answered_true():
+            try:
+                result = fn(*pargs, **pkwargs)
+            except Exception as e:
+                _note_call_chain(e, ctx.fn_name)
+                raise
             if ctx.raised is not None:   # a try/except in the user's code caught a sharp edge
                 raise error_for(ctx.raised)
             record_mode_changes(ctx)     # a mode the function set and left set stays set
@@ -65,6 +71,46 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
         trace = Trace(ctx.fn_name, list(ctx.inputs), list(ctx.scopes[0]), output, dict(ctx.consts),
                       stage="traced", bindings=bindings, namespace=namespace, rebuild=rebuild)
     return TraceResult(trace, frozenset(ctx.specialized), list(ctx.edges))
+
+
+_CHAIN_HEAD, _CHAIN_TAIL = 2, 5     # frames shown from the traced function's end and the error's
+
+
+def _note_call_chain(error: BaseException, fn_name: str) -> None:
+    """Add to an error raised while tracing the chain of calls, in user and library code, from the
+    traced function down to the line that raised (fjit and torch frames left out): an error deep
+    in a model's library code names that line, and how the traced function reached it."""
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if is_user_file(code.co_filename):
+            frames.append(f"  {code.co_filename}:{tb.tb_lineno} in {code.co_qualname}")
+        tb = tb.tb_next
+    if len(frames) < 2 or any("fjit: raised while tracing" in n for n in getattr(error, "__notes__", ())):
+        return
+    if len(frames) > _CHAIN_HEAD + _CHAIN_TAIL:
+        skipped = len(frames) - _CHAIN_HEAD - _CHAIN_TAIL
+        frames = frames[:_CHAIN_HEAD] + [f"  ... {skipped} more calls ..."] + frames[-_CHAIN_TAIL:]
+    error.add_note(f"fjit: raised while tracing '{fn_name}', in this chain of calls "
+                   f"(innermost last):\n" + "\n".join(frames))
+
+
+@contextlib.contextmanager
+def compiling_answered_true():
+    """`torch.compiler.is_compiling()` (and what is built on it: `torch._dynamo.is_compiling()`,
+    transformers' `is_torchdynamo_compiling()`) answers True while fjit traces, as it does while
+    Dynamo traces.  Libraries ask it to leave out what a tracing compiler cannot follow (reading a
+    mask's values to skip it, data-dependent asserts, eager-only fast paths); answering False sends
+    them down the data-dependent route, FJ106.  `is_dynamo_compiling()` and `is_exporting()` stay
+    False: fjit is neither Dynamo nor export, and code behind those uses their APIs.  The flag is
+    torch's process-wide one, restored when the trace ends (raised or not)."""
+    old = torch.compiler._is_compiling_flag
+    torch.compiler._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        torch.compiler._is_compiling_flag = old
 
 
 def _definition(fn) -> tuple[str, int]:
