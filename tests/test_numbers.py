@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import fjit
 
@@ -90,3 +91,28 @@ def test_specialized_floats_are_keyed_by_their_bits(first, second):
     for s in (first, second, first, second):
         torch.testing.assert_close(jf(x, s), f(x, s))
     assert jf.cache_info().misses == (1 if str(first) == str(second) else 2)
+
+
+# A float input that reaches an output's shape: specialized (a new value recompiles), never a
+# stale shape; one that is only a value (full's fill, linspace's bounds) stays a runtime value.
+SHAPE_FROM_NUMBER = {
+    "interpolate_scale": (lambda x, s: F.interpolate(x, scale_factor=s, mode="nearest").sin() * 2 + 1, True),
+    "upsample_module": (lambda x, s: torch.nn.Upsample(scale_factor=s)(x).sin() * 2 + 1, True),
+    "arange_end": (lambda x, s: torch.arange(0, s).sin() * 2 + x.sum(), True),
+    "arange_step": (lambda x, s: torch.arange(0.0, 3.0, s).sin() * 2 + x.sum(), True),
+    "int_of_product": (lambda x, s: x.flatten()[: int(s * 2)].sin() * 2 + 1, True),
+    "pad_amount": (lambda x, s: F.pad(x, (int(s), int(s))).sin() * 2 + 1, True),
+    "floor_slice": (lambda x, s: x.reshape(-1)[: math.floor(s)].sin() * 2 + 1, True),
+    "full_value": (lambda x, s: torch.full((2,), s).sin() * 2 + x.sum(), False),
+    "linspace_bounds": (lambda x, s: torch.linspace(0, s, 5).sin() * 2 + x.sum(), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPE_FROM_NUMBER))
+def test_a_float_reaching_a_shape_is_guarded_and_a_value_is_not(name):
+    fn, reaches_shape = SHAPE_FROM_NUMBER[name]
+    jf = fjit.jit(fn)
+    x = torch.randn(1, 1, 2, 2)
+    for s in (2.0, 3.0, 1.5, 3.0):
+        torch.testing.assert_close(jf(x, s), fn(x, s))
+    assert fjit.cache_info(jf).misses == (3 if reaches_shape else 1)

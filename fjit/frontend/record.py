@@ -86,6 +86,42 @@ def _op_name(func) -> str:
     return name.replace("torch.Tensor.", "Tensor.").replace(".__get__", "")
 
 
+def _meta_arguments(func, sym: Symbol, args, kwargs, to_meta) -> tuple[tuple, dict]:
+    margs, mkwargs = map_values(to_meta, (args, kwargs))
+    if func is torch.Tensor.__getitem__:
+        margs = (margs[0], _scalar_indices_as_ints(margs[1]))
+    if "device" in mkwargs or sym.has(Tag.RANDOM) and not any(
+            isinstance(m, torch.Tensor) for m in flatten_values(margs)):
+        mkwargs["device"] = "meta"     # a factory: torch.randn(4, 5) must not draw here
+    return margs, mkwargs
+
+
+def _metadata(m) -> tuple:
+    return tuple((tuple(t.shape), t.stride(), t.dtype) if isinstance(t, torch.Tensor) else t
+                 for t in flatten_values(m))
+
+
+def _guard_numbers_reaching_metadata(func, sym, args, kwargs, to_meta, numbers, mout) -> None:
+    """A float input is a runtime value, but where it decides an output's shape (interpolate's
+    `scale_factor`, `arange(0, s)`, `linspace`'s bounds reaching a size through a decomposition)
+    the trace depends on its value: that value must join the cache key, so a new one recompiles.
+    The op's metadata is computed again with other values for the numbers; if it changes (or the
+    op refuses them), the numbers are specialized.  Elementwise prims never ask: their output
+    shape comes from their tensor operands."""
+    for probe in (lambda v: v * 2.0 + 1.25, lambda v: v * 0.5 - 0.75):
+        def probe_meta(x):
+            return probe(x._fj_value) if isinstance(x, NumberProxy) else to_meta(x)
+        try:
+            with torch._C.DisableTorchFunction():
+                other = run_meta(func, *_meta_arguments(func, sym, args, kwargs, probe_meta))
+        except Exception:   # noqa: BLE001 - a value the op refuses: its result depends on values
+            other = None
+        if other is None or _metadata(other) != _metadata(mout):
+            for n in numbers:
+                n.concrete()
+            return
+
+
 def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, decomposition=None):
     """Record `func(*args, **kwargs)` as `sym`; returns proxies shaped like func's result."""
     leaves = flatten_values((args, kwargs))
@@ -121,12 +157,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
 
     try:
         with torch._C.DisableTorchFunction():   # meta tensors are real tensors, not traced ones
-            margs, mkwargs = map_values(to_meta, (args, kwargs))
-            if func is torch.Tensor.__getitem__:
-                margs = (margs[0], _scalar_indices_as_ints(margs[1]))
-            if "device" in mkwargs or sym.has(Tag.RANDOM) and not any(
-                    isinstance(m, torch.Tensor) for m in flatten_values(margs)):
-                mkwargs["device"] = "meta"     # a factory: torch.randn(4, 5) must not draw here
+            margs, mkwargs = _meta_arguments(func, sym, args, kwargs, to_meta)
             if func in (torch.Tensor.cpu, torch.Tensor.cuda):
                 # meta tensors cannot be copied to a device: x.cpu() of a CPU x is x itself, a
                 # move to another device is a new tensor of the same layout
@@ -152,6 +183,9 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
             *user_location(), catalog_fix("FJ202_data_dependent_shape") + "; or call it outside "
                                                                            "the compiled function")) from None
 
+    numbers = [x for x in leaves if isinstance(x, NumberProxy)]
+    if numbers and mout is not None and not sym.has(Tag.ELEMENTWISE):
+        _guard_numbers_reaching_metadata(func, sym, args, kwargs, to_meta, numbers, mout)
     if autocast_applies(args, kwargs):
         # Under autocast every op stays one torch call, run under the same autocast state
         # (its prims' torch lowerings would be autocast too, and fused kernels would not).
