@@ -272,11 +272,28 @@ def test_no_grad_call_and_grad_call_get_separate_programs():
     torch.testing.assert_close(x.grad, 2 * torch.cos(2 * x.detach()))
 
 
-def test_double_backward_is_a_clear_error():
-    x = _f32(4, 8)
-    jf = fjit.jit(lambda x: (x.sin() * x).sum())
-    with pytest.raises(fjit.FjitError, match="double backward"):
-        torch.autograd.grad(jf(x), x, create_graph=True)
+@pytest.mark.parametrize("executors", [("c", "torch"), ("torch",)])
+def test_double_backward_gives_eagers_second_derivatives_on_every_call(executors, caplog):
+    """create_graph=True through a compiled backward (gradient penalties, MAML, Hessian-vector
+    products): that call recomputes the forward with torch autograd and differentiates it."""
+    def f(x, w):
+        return ((x @ w).sin() * 2 + x.sum()).tanh()
+    jf = fjit.jit(f, executors=executors)
+    x, w = _f32(4, 3), _f32(3, 5, seed=1)
+    with caplog.at_level("DEBUG", logger="fjit.recompiles"):
+        for _ in range(3):
+            got, want = [], []
+            for fn, out in ((jf, got), (f, want)):
+                (g,) = torch.autograd.grad(fn(x, w).sum(), x, create_graph=True)
+                out += [g.detach(), *torch.autograd.grad(g.pow(2).sum(), (x, w))]
+            torch.testing.assert_close(got, want)
+    if executors == ("c", "torch"):
+        assert fjit.last_backward_traces(jf)[0].stage == "autodiff_backward"
+        assert "differentiable recompute" in caplog.text
+    v = torch.randn(4, 3)
+    hvp = torch.autograd.functional.hvp
+    torch.testing.assert_close(hvp(lambda x: jf(x, w).sum(), x.detach(), v)[1],
+                               hvp(lambda x: f(x, w).sum(), x.detach(), v)[1])
 
 
 

@@ -52,8 +52,22 @@ def compile_with_backward(trace: Trace, leaves: list, executors: tuple,
         forward = lower(joint.forward, False)
         backward = lower(joint.backward, True)
     plan = Plan(joint, torch_executor.compile_trace(forward[-1]), list_callable(backward[-1]),
-                trace.output, trace.rebuild)
+                trace.output, trace.rebuild, _differentiable(trace, joint.outputs))
+    plan.name = trace.name
     return Compiled(plan, forward, backward)
+
+
+def _differentiable(trace: Trace, outputs: list) -> Callable:
+    """(*leaves) -> the joint's outputs, as torch calls autograd differentiates: what a backward
+    under create_graph=True runs (compiled the first time one does)."""
+    program: list = []
+
+    def run(*leaves):
+        if not program:
+            program.append(torch_executor.compile_trace(
+                trace.with_stage("differentiable", output=tuple(outputs), rebuild=None)))
+        return program[0](*leaves)
+    return run
 
 
 def autograd_stage(forward: Trace, reason: str) -> Trace:

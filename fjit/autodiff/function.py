@@ -16,7 +16,7 @@ import itertools
 import torch
 
 from fjit.core.ir import Trace, flatten_values, map_values
-from fjit.errors import FjitError
+from fjit.logs import recompiles
 
 
 # -- ops torch autograd keeps ------------------------------------------------------------------------
@@ -66,9 +66,12 @@ class Plan:
     """One compiled joint program: the forward and backward functions and how their flat values
     map to the caller's outputs and to autograd's tensors."""
 
-    def __init__(self, joint, forward, backward, output_template, rebuild):
+    def __init__(self, joint, forward, backward, output_template, rebuild, differentiable):
         self.forward = forward                  # (*leaves) -> (*outputs, *saved)
         self.backward = backward                # ([*saved, *cotangents]) -> grads per leaf
+        # (*leaves) -> (*outputs): torch calls autograd can differentiate, for a backward that
+        # must itself be differentiable (create_graph=True)
+        self.differentiable = differentiable
         names = [v.name for v in joint.outputs]
         self.n_outputs = len(names)
         self.tensor_outputs = [k for k, v in enumerate(joint.outputs) if hasattr(v, "shape")]
@@ -101,7 +104,12 @@ class JointFunction(torch.autograd.Function):
         saved = flat[plan.n_outputs:]
         # Tensors go through save_for_backward: autograd frees them after a backward without
         # retain_graph, keeps them for one with it, and applies saved-tensor hooks to them.
-        ctx.save_for_backward(*(x for x in saved if isinstance(x, torch.Tensor)))
+        tensors = [x for x in saved if isinstance(x, torch.Tensor)]
+        ctx.n_saved = len(tensors)
+        # The inputs too, for a differentiable backward: references the caller holds anyway.
+        ctx.save_for_backward(*tensors, *(x for x in leaves if isinstance(x, torch.Tensor)))
+        ctx.leaf_slots = [isinstance(x, torch.Tensor) for x in leaves]
+        ctx.leaf_values = [None if isinstance(x, torch.Tensor) else x for x in leaves]
         ctx.numbers = [(j, x) for j, x in enumerate(saved) if not isinstance(x, torch.Tensor)]
         if plan.nondiff:
             ctx.mark_non_differentiable(*(outs[i] for i in plan.nondiff))
@@ -110,13 +118,9 @@ class JointFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         if torch.is_grad_enabled():
-            raise FjitError(
-                "fjit: double backward (create_graph=True, or a gradient of a gradient) of a "
-                "function compiled with fjit.jit is not supported: its backward is a compiled "
-                "program, not a graph autograd can differentiate. Fix: call the function outside "
-                "fjit.jit for higher-order gradients, or compute them with torch.func")
+            return (None, None, *_differentiable_backward(ctx, grads))
         plan = ctx.plan
-        inputs = list(ctx.saved_tensors)
+        inputs = list(ctx.saved_tensors[:ctx.n_saved])
         for j, x in ctx.numbers:
             inputs.insert(j, x)
         for i in plan.cotangents:
@@ -124,3 +128,31 @@ class JointFunction(torch.autograd.Function):
             inputs.append(g if g.is_contiguous() and not g.is_neg() else g.resolve_neg().contiguous())
         del grads
         return (None, None, *plan.backward(inputs))
+
+
+def _differentiable_backward(ctx, grads) -> tuple:
+    """The backward under create_graph=True (a gradient of a gradient: gradient penalties, MAML,
+    Hessian-vector products): the compiled backward is a program autograd cannot differentiate,
+    so this call recomputes the forward from the saved inputs with torch calls under autograd and
+    differentiates that, building the graph the second derivative needs.  Logged on
+    fjit.recompiles."""
+    plan = ctx.plan
+    recompiles.debug("%s: create_graph=True backward runs a differentiable recompute of the "
+                     "forward (torch autograd) instead of the compiled backward", plan.name)
+    tensors = iter(ctx.saved_tensors[ctx.n_saved:])
+    leaves = [next(tensors) if is_tensor else value
+              for is_tensor, value in zip(ctx.leaf_slots, ctx.leaf_values)]
+    with torch.enable_grad():
+        flat = plan.differentiable(*leaves)
+    outs = [flat[k] for k in plan.tensor_outputs]
+    pairs = [(outs[i], grads[i]) for i in plan.cotangents
+             if grads[i] is not None and outs[i].requires_grad]
+    wrt = [(k, x) for k, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]
+    result = [None] * len(leaves)
+    if pairs and wrt:
+        found = torch.autograd.grad([o for o, _ in pairs], [x for _, x in wrt],
+                                    [g for _, g in pairs], create_graph=True, allow_unused=True,
+                                    materialize_grads=True)
+        for (k, _), g in zip(wrt, found):
+            result[k] = g
+    return tuple(result)
