@@ -40,6 +40,8 @@ def _library_dirs() -> tuple[str, ...]:
 
 
 _LIBRARY_DIRS: tuple[str, ...] | None = None
+# Where a wheel installs the sharp-edges catalog (fjit.sharp_edges_catalog); in a checkout, and
+# an editable install, it is the top-level sharp_edges_catalog/, outside fjit/ and so user code.
 _CATALOG_DIR = os.path.join(os.path.realpath(os.path.dirname(os.path.dirname(__file__))),
                             "sharp_edges_catalog") + os.sep
 _USER_FILE: dict[str, bool] = {}
@@ -56,7 +58,7 @@ def is_user_file(filename: str) -> bool:
             ok = False  # frozen modules, fjit's generated code
         else:
             path = os.path.realpath(filename)
-            # the sharp-edges catalog ships inside fjit but is user code: example programs
+            # the installed catalog is inside fjit but is user code: example programs
             ok = not path.startswith(_LIBRARY_DIRS) or path.startswith(_CATALOG_DIR)
         _USER_FILE[filename] = ok
     return ok
