@@ -11,6 +11,7 @@ import functools
 import inspect
 import sys
 import threading
+import types
 import weakref
 from typing import Any, Callable, Generic, Iterable, Literal, ParamSpec, TypeVar, Union, overload
 
@@ -25,6 +26,7 @@ from fjit.config import DEFAULT_EXECUTORS, CacheMode, Executor, SharpEdges, Trac
 from fjit.core.ir import Binding, Tag, Trace
 from fjit.errors import SharpEdge
 from fjit.executors import kernel_executor, torch_executor
+from fjit.frontend.callables import names
 from fjit.frontend.context import AMP_DEVICES, autocast_state, current
 from fjit.frontend.inputs import MISS, call_key, key_labels
 from fjit.frontend.light_imports import light_imports
@@ -51,7 +53,11 @@ class JittedFunction(Generic[P, R]):
                  cache: CacheOption = "metadata"):
         if not callable(fn):
             raise TypeError(f"fjit.jit expects a function, got {type(fn).__qualname__}")
-        functools.update_wrapper(self, fn)
+        # functools.wraps' metadata, with the names a callable lacks made up (a partial, an object
+        # with __call__); an object's own attributes are its state, not a function's metadata.
+        functools.update_wrapper(self, fn, updated=functools.WRAPPER_UPDATES
+                                 if isinstance(fn, types.FunctionType) else ())
+        self.__module__, self.__name__, self.__qualname__ = names(fn)
         self._fn = fn
         self._options = {"sharp_edges": sharp_edges, "executors": executors, "cache": cache}
         self._mode = TraceMode.of(config.parse(SharpEdges, sharp_edges, "fjit.jit: sharp_edges"))
@@ -378,4 +384,4 @@ def diagnose(fn, *args, **kwargs) -> Report:
         result = trace_function(fn, args, kwargs, leaves, TraceMode.DIAGNOSE, TRACE_NAMESPACE)
     if bindings is None:
         bindings = scan_bindings(fn)[1]
-    return Report(getattr(fn, "__name__", "fn"), result.edges, bindings)
+    return Report(names(fn)[1], result.edges, bindings)

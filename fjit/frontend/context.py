@@ -16,6 +16,7 @@ import torch
 from fjit.config import TraceMode
 from fjit.core.ir import BoundSymbol
 from fjit.errors import SharpEdge, SharpEdgeWarning, error_for
+from fjit.frontend.callables import names
 
 
 # What to do with a sharp edge: the internal mode (the `sharp_edges=` option plus diagnose's own),
@@ -113,7 +114,7 @@ def autocast_key():
 class TraceContext:
     def __init__(self, fn, mode: Mode, dispatch, namespace: dict):
         self.fn = fn
-        self.fn_name = getattr(fn, "__name__", "fn")
+        self.fn_name = names(fn)[1]
         self.mode = mode
         self.dispatch = dispatch          # dispatch(func, args, kwargs) -> proxies
         self.namespace = namespace        # names traces refer to (prims, fjit_ops)
