@@ -305,38 +305,37 @@ def jit(fn: Callable[P, R] | None = None, *, sharp_edges: SharpEdgesOption = "er
     return JittedFunction(fn, sharp_edges=sharp_edges, executors=executors, cache=cache)
 
 
-def last_traces(jf: JittedFunction) -> list[Trace]:
-    """Every stage of `jf`'s last compilation, first to last."""
+def _jitted(jf, name: str) -> JittedFunction:
+    """The JittedFunction behind what fjit.jit returned: itself, or a module wrapper's forward."""
     jf = jitted_of(jf) if isinstance(jf, FjitModule) else jf
     if not isinstance(jf, JittedFunction):
-        raise TypeError("fjit.last_traces expects a function made by fjit.jit")
-    return list(jf._last_traces)
+        raise TypeError(f"fjit.{name} expects a function or module made by fjit.jit, "
+                        f"got {type(jf).__qualname__}")
+    return jf
+
+
+def last_traces(jf: JittedFunction) -> list[Trace]:
+    """Every stage of `jf`'s last compilation, first to last."""
+    return list(_jitted(jf, "last_traces")._last_traces)
 
 
 def last_backward_traces(jf: JittedFunction) -> list[Trace]:
     """Every stage of the compiled backward of `jf`'s last compilation, first to last; empty when
     that compilation has none (no input required grad under grad mode, or torch autograd runs the
     forward program's ops because nothing in them would be fused)."""
-    jf = jitted_of(jf) if isinstance(jf, FjitModule) else jf
-    if not isinstance(jf, JittedFunction):
-        raise TypeError("fjit.last_backward_traces expects a function made by fjit.jit")
-    return list(jf._last_backward_traces)
+    return list(_jitted(jf, "last_backward_traces")._last_backward_traces)
 
 
 def cache_info(jf: JittedFunction) -> CacheInfo:
     """The same as jf.cache_info()."""
-    jf = jitted_of(jf) if isinstance(jf, FjitModule) else jf
-    if not isinstance(jf, JittedFunction):
-        raise TypeError("fjit.cache_info expects a function made by fjit.jit")
-    return jf.cache_info()
+    return _jitted(jf, "cache_info").cache_info()
 
 
 def explain(jf: JittedFunction) -> logs.Explanation:
     """Why `jf` compiled each time it did (its last logs.HISTORY_SIZE compilations): the first
     call, or each key field that changed from the nearest cached entry, with the old and new
     values.  Prints as text: `print(fjit.explain(jf))`."""
-    if not isinstance(jf, JittedFunction):
-        raise TypeError("fjit.explain expects a function made by fjit.jit")
+    jf = _jitted(jf, "explain")
     return logs.Explanation(jf.__qualname__, list(jf._history.compilations), jf.cache_info())
 
 
