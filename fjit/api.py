@@ -11,6 +11,7 @@ import functools
 import inspect
 import sys
 import threading
+import types
 import weakref
 from typing import Any, Callable, Generic, Iterable, Literal, ParamSpec, TypeVar, Union, overload
 
@@ -25,6 +26,7 @@ from fjit.config import DEFAULT_EXECUTORS, CacheMode, Executor, SharpEdges, Trac
 from fjit.core.ir import Binding, Tag, Trace
 from fjit.errors import SharpEdge
 from fjit.executors import kernel_executor, torch_executor
+from fjit.frontend.callables import names
 from fjit.frontend.context import AMP_DEVICES, autocast_state, current
 from fjit.frontend.inputs import MISS, call_key, key_labels
 from fjit.frontend.light_imports import light_imports
@@ -51,7 +53,11 @@ class JittedFunction(Generic[P, R]):
                  cache: CacheOption = "metadata"):
         if not callable(fn):
             raise TypeError(f"fjit.jit expects a function, got {type(fn).__qualname__}")
-        functools.update_wrapper(self, fn)
+        # functools.wraps' metadata, with the names a callable lacks made up (a partial, an object
+        # with __call__); an object's own attributes are its state, not a function's metadata.
+        functools.update_wrapper(self, fn, updated=functools.WRAPPER_UPDATES
+                                 if isinstance(fn, types.FunctionType) else ())
+        self.__module__, self.__name__, self.__qualname__ = names(fn)
         self._fn = fn
         self._options = {"sharp_edges": sharp_edges, "executors": executors, "cache": cache}
         self._mode = TraceMode.of(config.parse(SharpEdges, sharp_edges, "fjit.jit: sharp_edges"))
@@ -301,38 +307,37 @@ def jit(fn: Callable[P, R] | None = None, *, sharp_edges: SharpEdgesOption = "er
     return JittedFunction(fn, sharp_edges=sharp_edges, executors=executors, cache=cache)
 
 
-def last_traces(jf: JittedFunction) -> list[Trace]:
-    """Every stage of `jf`'s last compilation, first to last."""
+def _jitted(jf, name: str) -> JittedFunction:
+    """The JittedFunction behind what fjit.jit returned: itself, or a module wrapper's forward."""
     jf = jitted_of(jf) if isinstance(jf, FjitModule) else jf
     if not isinstance(jf, JittedFunction):
-        raise TypeError("fjit.last_traces expects a function made by fjit.jit")
-    return list(jf._last_traces)
+        raise TypeError(f"fjit.{name} expects a function or module made by fjit.jit, "
+                        f"got {type(jf).__qualname__}")
+    return jf
+
+
+def last_traces(jf: JittedFunction) -> list[Trace]:
+    """Every stage of `jf`'s last compilation, first to last."""
+    return list(_jitted(jf, "last_traces")._last_traces)
 
 
 def last_backward_traces(jf: JittedFunction) -> list[Trace]:
     """Every stage of the compiled backward of `jf`'s last compilation, first to last; empty when
     that compilation has none (no input required grad under grad mode, or torch autograd runs the
     forward program's ops because nothing in them would be fused)."""
-    jf = jitted_of(jf) if isinstance(jf, FjitModule) else jf
-    if not isinstance(jf, JittedFunction):
-        raise TypeError("fjit.last_backward_traces expects a function made by fjit.jit")
-    return list(jf._last_backward_traces)
+    return list(_jitted(jf, "last_backward_traces")._last_backward_traces)
 
 
 def cache_info(jf: JittedFunction) -> CacheInfo:
     """The same as jf.cache_info()."""
-    jf = jitted_of(jf) if isinstance(jf, FjitModule) else jf
-    if not isinstance(jf, JittedFunction):
-        raise TypeError("fjit.cache_info expects a function made by fjit.jit")
-    return jf.cache_info()
+    return _jitted(jf, "cache_info").cache_info()
 
 
 def explain(jf: JittedFunction) -> logs.Explanation:
     """Why `jf` compiled each time it did (its last logs.HISTORY_SIZE compilations): the first
     call, or each key field that changed from the nearest cached entry, with the old and new
     values.  Prints as text: `print(fjit.explain(jf))`."""
-    if not isinstance(jf, JittedFunction):
-        raise TypeError("fjit.explain expects a function made by fjit.jit")
+    jf = _jitted(jf, "explain")
     return logs.Explanation(jf.__qualname__, list(jf._history.compilations), jf.cache_info())
 
 
@@ -380,4 +385,4 @@ def diagnose(fn, *args, **kwargs) -> Report:
         result = trace_function(fn, args, kwargs, leaves, TraceMode.DIAGNOSE, TRACE_NAMESPACE)
     if bindings is None:
         bindings = scan_bindings(fn)[1]
-    return Report(getattr(fn, "__name__", "fn"), result.edges, bindings)
+    return Report(names(fn)[1], result.edges, bindings)

@@ -24,8 +24,9 @@ CATEGORIES = {
     "FJ202": "unsupported operation",
 }
 
-# The catalog ships inside the package; errors name its files by their path in it.
-CATALOG_DIR = "fjit/sharp_edges_catalog"
+# The catalog lives at the repository's top level and ships in the wheel as the package
+# fjit.sharp_edges_catalog (pyproject.toml's package-dir); errors name an entry by its file there.
+CATALOG_DIR = "sharp_edges_catalog"
 
 
 class FjitError(Exception):
@@ -63,7 +64,7 @@ def hint_for(entry: str) -> str:
 
 
 def catalog_ref(entry: str) -> str:
-    """Where an error sends the reader: the entry's file in the installed package."""
+    """Where an error sends the reader: the entry's file in the catalog."""
     return f"see {CATALOG_DIR}/{entry}.py"
 
 

@@ -230,6 +230,17 @@ class FjitModule(torch.nn.Module):
                           layout.buffer_names.index(name)].copy_(value)
         return out
 
+    # -- what a jitted function answers ------------------------------------------------------------
+    def cache_info(self):
+        """(hits, misses, entries) of the forward's program cache, which wrappers of modules laid
+        out alike share (their programs are the same)."""
+        return self._fj_jitted.cache_info()
+
+    def cache_clear(self) -> None:
+        """Forget the forward's compiled programs (those of the wrappers sharing them too) and
+        reset the statistics; the next call compiles."""
+        self._fj_jitted.cache_clear()
+
     # -- the wrapped module's state, under its own names ------------------------------------------
     def state_dict(self, *args, **kwargs):
         return self._modules["_fj_module"].state_dict(*args, **kwargs)
@@ -278,5 +289,5 @@ def diagnosis_call(module: torch.nn.Module, args: tuple):
 
 
 def jitted_of(module: FjitModule):
-    """The JittedFunction that runs `module`'s forward (for last_traces, cache_info)."""
+    """The JittedFunction that runs `module`'s forward (for last_traces, cache_info, explain)."""
     return module._fj_jitted

@@ -1,6 +1,6 @@
 """The sharp-edges catalog run as tests.
 
-Every module of fjit/sharp_edges_catalog/ is a test case: each bad program gets exactly its error (the
+Every module of sharp_edges_catalog/ is a test case: each bad program gets exactly its error (the
 right class, code, entry, file, line and message), `fjit.diagnose` lists it without raising,
 `sharp_edges="warn"` turns it into a warning, each rewrite matches eager PyTorch, and each OK_
 program compiles to what Python computes.  The generated docs and hints must be up to date.
@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 
 import fjit  # noqa: E402
 
-CATALOG_PREFIX = "fjit/sharp_edges_catalog/"     # how errors name an entry
+CATALOG_PREFIX = "sharp_edges_catalog/"     # how errors name an entry
 CATALOG_DIR = ROOT / CATALOG_PREFIX
 ENTRY_RE = re.compile(r"^(FJ\d{3}|OK)_[A-Za-z0-9_]+$")
 MARK_RE = re.compile(r"#\s*sharp edge\s*$")
@@ -54,7 +54,8 @@ OK_nested_function_captured_arg OK_closure_reads_global
 
 
 def load(name):
-    return importlib.import_module(f"fjit.sharp_edges_catalog.{name}")
+    # The checkout's top-level package (a wheel installs the same files as fjit.sharp_edges_catalog).
+    return importlib.import_module(f"sharp_edges_catalog.{name}")
 
 
 def marked_lines(mod):

@@ -9,6 +9,7 @@ import os
 import pickle
 import subprocess
 import sys
+import tomllib
 import typing
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import torch
 import fjit
 from fjit import config
 from fjit.frontend import light_imports
+from fjit.frontend.context import is_user_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,12 +149,26 @@ def test_jit_is_typed_and_the_package_says_so():
 
 
 def test_errors_name_a_catalog_file_that_ships_in_the_package():
+    """The fix line names a file of the top-level catalog; pyproject.toml ships that directory as
+    fjit.sharp_edges_catalog, beside every package of fjit/ (a new subpackage must be listed)."""
     with pytest.raises(fjit.UnsupportedInputError) as info:
         fjit.jit(plain)(object())
     entry = str(info.value).rsplit("see ", 1)[1].rstrip(")")
-    assert entry.startswith("fjit/sharp_edges_catalog/")
-    installed = Path(fjit.__file__).parent.parent / entry
-    assert installed.is_file(), installed
+    assert entry.startswith("sharp_edges_catalog/")
+    assert (ROOT / entry).is_file(), entry
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"fjit.sharp_edges_catalog": "sharp_edges_catalog"}
+    packages = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "fjit").rglob("__init__.py")}
+    assert sorted(setuptools["packages"]) == sorted(packages | {"fjit.sharp_edges_catalog"})
+
+
+def test_catalog_files_are_user_code_where_they_are_installed():
+    """A wheel puts the catalog inside fjit/, whose other files are library code: its example
+    programs must still be located as the user's (a checkout's copy is outside fjit/ anyway)."""
+    installed = Path(fjit.__file__).parent / "sharp_edges_catalog" / "FJ101_global_tensor.py"
+    assert is_user_file(str(installed))
+    assert is_user_file(str(ROOT / "sharp_edges_catalog" / "FJ101_global_tensor.py"))
+    assert not is_user_file(fjit.api.__file__)
 
 
 # -- the first call ------------------------------------------------------------------------------

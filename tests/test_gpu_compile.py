@@ -62,6 +62,10 @@ PROGRAMS = {
         torch.randn(m, n).to(dt), torch.randint(0, 5, (n,)))),
     "int_chain": (lambda a, b: (a * 3 + b) // 2 - (a & b), lambda m, n, dt: (
         torch.randint(-9, 9, (m, n)), torch.randint(1, 9, (m, n)).int())),
+    # Python literals out of the operand's range: torch wraps them to its dtype (int8 & 0xFF is
+    # int8 & -1), and Triton refuses an out-of-range literal when it compiles for a GPU
+    "int_literals": (lambda x: ((x & 0xFF) + 3 | 0x7FFF) ^ 0x1FFFF, lambda m, n, dt: (
+        torch.randint(0, 100, (m, n)).to(dt),)),
 }
 WIDTHS = (3, 100, 1000, 4096, 8192, 32768, 50000, 65536)
 DTYPES = (F32, F16, BF16)
@@ -75,10 +79,12 @@ SWEEP = sorted(
     | {(p, 8, 1000, dt) for p in ("gelu_tanh", "swiglu", "transposed", "math_chain") for dt in DTYPES}
     | {("gelu_tanh", 4096, 4096, BF16), ("swiglu", 1, 3, F32), ("where_int", 5, 7, F32),
        ("int_chain", 33, 65, torch.int64), ("sum_of_squares", 37, 19, F32),
+       *(("int_literals", 3, 5, dt) for dt in (torch.int8, torch.uint8, torch.int16, torch.int32,
+                                               torch.int64)),
        ("sum_of_squares", 4096, 4096, F32), ("sum_of_squares", 1, 65536, BF16)},
     key=str)
 FULL = sorted({(p, rows, n, dt) for p in PROGRAMS for n in WIDTHS for dt in DTYPES
-               for rows in (4, 512) if p not in ("where_int", "int_chain")}, key=str)
+               for rows in (4, 512) if p not in ("where_int", "int_chain", "int_literals")}, key=str)
 
 
 def kernels_of(program: str, rows: int, width: int, dtype) -> list:

@@ -40,6 +40,30 @@ def test_jit_of_a_module_is_a_module_that_computes_what_it_computes():
     assert not trace.consts
 
 
+def test_the_wrapper_answers_what_a_jitted_function_answers():
+    """fjit.explain, fjit.cache_info, fjit.last_traces and the lru_cache-style methods take the
+    wrapper as they take a jitted function (explain was a TypeError, and jm.cache_info() an
+    AttributeError naming the wrapped Linear)."""
+    jm = fjit.jit(nn.Linear(3, 4))
+    jm.cache_clear()            # wrappers of equal modules share programs: start from none
+    x = torch.randn(2, 3)
+    jm(x)
+    jm(x)
+    jm(torch.randn(5, 3))
+    assert jm.cache_info() == fjit.cache_info(jm) == (1, 2, 2)
+    text = str(fjit.explain(jm))
+    assert text.startswith("fjit: 'Linear.forward' compiled 2 times (1 cache hits, 2 programs cached)")
+    assert "argument 'input'" in text and "shape (2, 3) -> (5, 3)" in text
+    assert "linear" in str(fjit.last_traces(jm)[-1])
+    assert isinstance(fjit.last_backward_traces(jm), list)
+    jm.cache_clear()
+    assert jm.cache_info() == (0, 0, 0) and fjit.last_traces(jm) == []
+    torch.testing.assert_close(jm(x), jm._fj_module(x))
+    assert jm.cache_info() == (0, 1, 1)
+    with pytest.raises(TypeError, match="fjit.explain expects a function or module made by fjit.jit, got Linear"):
+        fjit.explain(nn.Linear(3, 4))
+
+
 def test_wrapper_state_is_the_modules_own():
     model = mlp()
     jm = fjit.jit(model)

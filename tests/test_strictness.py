@@ -432,3 +432,40 @@ def _restore_state():
     default_list.__defaults__[0].clear()
     default_dict.__defaults__[0].clear()
     default_kwonly.__kwdefaults__["seen"].clear()
+
+
+# -- mutations that go around the containers' own methods, and bound methods' objects ----------
+
+class _Stepper:
+    def __init__(self):
+        self.steps = 0
+
+    def step(self, x):
+        self.steps += 1          # STEPPER-MUTATES
+        return x * 2
+
+
+def _line(marker: str) -> int:
+    return next(i for i, text in enumerate(open(__file__).read().splitlines(), 1)
+                if text.rstrip().endswith(f"# {marker}"))
+
+
+def test_a_bound_method_that_changes_its_object_is_fj104_at_the_line():
+    stepper = _Stepper()
+    with pytest.raises(fjit.SideEffectError, match="FJ104") as info:
+        fjit.jit(stepper.step)(torch.randn(3))
+    assert info.value.lineno == _line("STEPPER-MUTATES")
+    assert stepper.steps == 1      # it ran once, while tracing: what the error is about
+
+
+@pytest.mark.parametrize("code, kind", [
+    ("list.append(xs, 1.0)", "list"), ("list.extend(xs, [1.0])", "list"),
+    ("list.insert(xs, 0, 1.0)", "list"), ("dict.__setitem__(d, 'k', 1)", "dict"),
+    ("dict.update(d, k=1)", "dict"), ("dict.setdefault(d, 'k', 1)", "dict"),
+])
+def test_unbound_container_methods_on_inputs_are_fj103(code, kind):
+    namespace: dict = {}
+    exec(f"def f(xs, d):\n    {code}\n    return xs[0] * 2 + d['a']\n", namespace)
+    with pytest.raises(fjit.InputMutationError, match="FJ103") as info:
+        fjit.jit(namespace["f"])([torch.randn(3)], {"a": torch.randn(3)})
+    assert kind in str(info.value)

@@ -1,6 +1,6 @@
 """Generate docs/sharp_edges.md and fjit/hints.py from the sharp-edges catalog.
 
-Every module of fjit/sharp_edges_catalog/ named <CODE>_<topic>.py or OK_<topic>.py is imported; its
+Every module of sharp_edges_catalog/ named <CODE>_<topic>.py or OK_<topic>.py is imported; its
 CODE, ERROR, TITLE, FIX, EXPECTED, docstring, bad() and good() become one entry of the docs, and
 the FIX of every entry with a CODE becomes the hint that fjit's errors print for it.
 
@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-CATALOG = "fjit/sharp_edges_catalog"     # shipped in the package: the path errors print
-CATALOG_MODULE = "fjit.sharp_edges_catalog"
+CATALOG = "sharp_edges_catalog"     # the path errors print (installed as fjit.sharp_edges_catalog)
+CATALOG_MODULE = "sharp_edges_catalog"     # imported from the checkout, which ROOT puts on sys.path
 CATALOG_DIR = ROOT / CATALOG
 DOCS_OUT = ROOT / "docs" / "sharp_edges.md"
 HINTS_OUT = ROOT / "fjit" / "hints.py"
@@ -36,7 +36,6 @@ SCRIPT = "tools/gen_sharp_edges.py"
 ENTRY_RE = re.compile(r"^(FJ\d{3}|OK)_[A-Za-z0-9_]+$")
 MARK_RE = re.compile(r"#\s*sharp edge\s*$")
 # Module attributes that describe the entry rather than the program: never shown as program text.
-INPUT_CODES = {"FJ201"}  # entries whose docs show inputs() too
 METADATA = {"CODE", "ERROR", "TITLE", "FIX", "EXPECTED", "RANDOM", "BINDINGS",
             "inputs", "good_inputs", "fjit"}
 
@@ -117,8 +116,10 @@ def _defined_names(stmt: ast.stmt) -> list[str]:
 
 
 def _scope_globals(table: symtable.SymbolTable) -> set[str]:
-    """Names a function or class scope (and the scopes nested in it) reads from module level."""
-    names = {s.get_name() for s in table.get_symbols() if s.is_global() and s.is_referenced()}
+    """Names a function or class scope (and the scopes nested in it) reads or assigns at module
+    level (`global calls; calls += 1` needs `calls = 0` shown)."""
+    names = {s.get_name() for s in table.get_symbols()
+             if s.is_global() and (s.is_referenced() or s.is_assigned())}
     for child in table.get_children():
         names |= _scope_globals(child)
     return names
@@ -139,10 +140,11 @@ def _statement_refs(stmt: ast.stmt, scopes: dict[str, symtable.SymbolTable]) -> 
             isinstance(n.ctx, ast.Load)}
 
 
-def program_source(mod, attrs: str | tuple[str, ...], shown: set[int] | None = None) -> str:
+def program_source(mod, attrs: str | tuple[str, ...], shown: set[int] | None = None,
+                   names: tuple[str, ...] = ()) -> str:
     """The source of mod.<attr> (of each of attrs) with the module-level code it needs (imports,
-    globals, classes, the factory that made it), in file order, so the snippet reads as a
-    complete program.
+    globals, classes, the factory that made it), and that the module-level `names` need, in file
+    order, so the snippet reads as a complete program.
     Statements whose first line is in `shown` (already printed) are left out; the first lines of
     the statements printed are added to it."""
     shown = set() if shown is None else shown
@@ -156,12 +158,12 @@ def program_source(mod, attrs: str | tuple[str, ...], shown: set[int] | None = N
             defs.setdefault(n, []).append(stmt)
 
     attrs = (attrs,) if isinstance(attrs, str) else attrs
-    queue, chosen = [], {}
+    queue, chosen = list(names), {}
     for attr in attrs:
         queue += [getattr(mod, attr).__qualname__.split(".")[0], attr]
     while queue:
         n = queue.pop()
-        if (n in METADATA and n not in attrs) or n not in defs:
+        if (n in METADATA and n not in attrs and n not in names) or n not in defs:
             continue
         for stmt in defs[n]:
             if id(stmt) not in chosen:
@@ -190,6 +192,21 @@ def program_source(mod, attrs: str | tuple[str, ...], shown: set[int] | None = N
     return "".join(out).rstrip() + "\n"
 
 
+def call_arguments(mod, attr: str) -> tuple[str, str, set[str]]:
+    """What mod.<attr>() returns, from its one `return (a, b)` statement: the elements' source
+    joined (a call's arguments), the tuple's source, and the module-level names they read."""
+    path = Path(mod.__file__)
+    text = path.read_text()
+    fn = next(s for s in ast.parse(text).body if isinstance(s, ast.FunctionDef) and s.name == attr)
+    ret = fn.body[0]
+    if len(fn.body) != 1 or not isinstance(ret, ast.Return) or not isinstance(ret.value, ast.Tuple):
+        raise SystemExit(f"{CATALOG}/{path.name}: {attr}() must be one `return (a, b, ...)`, which "
+                         f"the docs show inline")
+    args = ", ".join(ast.get_source_segment(text, e) for e in ret.value.elts)
+    names = {n.id for n in ast.walk(ret.value) if isinstance(n, ast.Name)}
+    return args, ast.get_source_segment(text, ret.value), names
+
+
 # ----------------------------------------------------------------------------- rendering
 
 def documented_error(name: str, mod) -> str:
@@ -204,6 +221,34 @@ def documented_error(name: str, mod) -> str:
     return f"{mod.ERROR.__name__}: {mod.CODE} {category}: ... {mod.EXPECTED} ..."
 
 
+def bad_program(mod, shown: set[int]) -> str:
+    """The bad program as the docs show it: marked with its error code, and called on its inputs
+    as the test calls it, so that it raises that error as pasted."""
+    args, _, names = call_arguments(mod, "inputs")
+    src = program_source(mod, "bad", shown, tuple(sorted(names | {"fjit"})))
+    return f"# raises {mod.CODE}\n{_then(src, f'fjit.jit(bad)({args})')}"
+
+
+def checked_program(mod, fn: str, shown: set[int]) -> str:
+    """A program fjit compiles faithfully (`good`, or an OK_ entry's `bad`), as the docs show it:
+    called on its inputs and compared with eager (shapes only where it draws random numbers)."""
+    inputs = "good_inputs" if fn == "good" and hasattr(mod, "good_inputs") else "inputs"
+    _, args, names = call_arguments(mod, inputs)
+    src = program_source(mod, fn, shown, tuple(sorted(names | {"fjit", "torch"})))
+    if getattr(mod, "RANDOM", None):
+        check = f"assert fjit.jit({fn})(*args).shape == {fn}(*args).shape  # random values"
+    else:
+        check = f"torch.testing.assert_close(fjit.jit({fn})(*args), {fn}(*args))"
+    return _then(src, f"args = {args}\n{check}")
+
+
+def _then(src: str, code: str) -> str:
+    """Module-level `code` after `src`: two blank lines after a definition, one otherwise."""
+    after_definition = src.rstrip().splitlines()[-1].startswith((" ", "\t", ")"))
+    gap = "\n\n" if after_definition else "\n"
+    return f"{src}{gap}{code}\n"
+
+
 def _doc(mod) -> str:
     return textwrap.dedent(inspect.cleandoc(mod.__doc__)).strip()
 
@@ -215,7 +260,7 @@ def _fence(src: str, lang: str = "python") -> str:
 INTRO = """\
 # Sharp edges
 
-<!-- Generated by tools/gen_sharp_edges.py from fjit/sharp_edges_catalog/: do not edit by hand. -->
+<!-- Generated by tools/gen_sharp_edges.py from sharp_edges_catalog/: do not edit by hand. -->
 
 fjit compiles a function by running it once on proxies for its inputs and recording the tensor
 operations it performs.  Anything the function does that is *not* such an operation (print a
@@ -237,11 +282,14 @@ edge it finds, plus the globals and closure variables it bound as constants, wit
 What the permissive modes compile for each category is in
 [design.md](design.md#the-sharp-edge-modes).
 
-Every entry below is a runnable module of `fjit/sharp_edges_catalog/`, shipped with the package
-(run one with `python -m fjit.sharp_edges_catalog.FJ101_global_tensor`), checked by `tests/test_catalog.py`: each
-bad program raises exactly the error shown, and each rewrite gives the same result as eager
-PyTorch.  The last section lists constructs that tracing JITs are often expected to break but
-that fjit compiles faithfully.
+Every entry below is a runnable module of `sharp_edges_catalog/`, shipped with the package as
+`fjit.sharp_edges_catalog` (run one with `python -m fjit.sharp_edges_catalog.FJ101_global_tensor`),
+checked by `tests/test_catalog.py`: each bad program raises exactly the error shown, and each
+rewrite gives the same result as eager PyTorch.  The examples run as pasted, one after the other:
+each bad program ends with the call that raises its error (its first line says which), each
+rewrite with the call that compares it with eager, and `tests/test_docs.py` runs them so.  The
+last section lists constructs that tracing JITs are often expected to break but that fjit
+compiles faithfully.
 """
 
 SECTION_TEXT = {
@@ -279,20 +327,17 @@ def render_entry(name: str, mod) -> str:
     shown: set[int] = set()  # the good program does not repeat the setup the bad one showed
     if mod.CODE is None:
         parts.append("**Works in fjit:**\n")
-        parts.append(_fence(program_source(mod, "bad", shown)))
+        parts.append(_fence(checked_program(mod, "bad", shown)))
         parts.append("**Alternative (also works in fjit):**\n")
-        parts.append(_fence(program_source(mod, "good", shown)))
+        parts.append(_fence(checked_program(mod, "good", shown)))
     else:
         parts.append("**Bad:**\n")
-        # For FJ201 the input is the problem: show how bad is called too.
-        show = ("bad", "inputs") if mod.CODE in INPUT_CODES else "bad"
-        parts.append(_fence(program_source(mod, show, shown)))
+        parts.append(_fence(bad_program(mod, shown)))
         parts.append("**Error:**\n")
         parts.append(_fence(documented_error(name, mod), "text"))
         parts.append(f"**Fix:** {mod.FIX}.\n")
         parts.append("**Good:**\n")
-        show = ("good", "good_inputs") if mod.CODE in INPUT_CODES else "good"
-        parts.append(_fence(program_source(mod, show, shown)))
+        parts.append(_fence(checked_program(mod, "good", shown)))
     if getattr(mod, "RANDOM", None):
         parts.append(f"*The test compares shapes only: {mod.RANDOM}.*\n")
     return "\n".join(parts)
@@ -328,7 +373,7 @@ def render_docs(entries) -> str:
 def render_hints(entries) -> str:
     lines = [
         f"# Generated by {SCRIPT} from {CATALOG}/: do not edit by hand.",
-        "# Maps each catalog entry (the module fjit/sharp_edges_catalog/<entry>.py) to the one-line fix",
+        "# Maps each catalog entry (the module sharp_edges_catalog/<entry>.py) to the one-line fix",
         "# that fjit's errors print for it.  Edit the entry's FIX and rerun the script.",
         "HINTS = {",
     ]

@@ -104,12 +104,11 @@ class JointFunction(torch.autograd.Function):
         saved = flat[plan.n_outputs:]
         # Tensors go through save_for_backward: autograd frees them after a backward without
         # retain_graph, keeps them for one with it, and applies saved-tensor hooks to them.
-        tensors = [x for x in saved if isinstance(x, torch.Tensor)]
-        ctx.n_saved = len(tensors)
-        # The inputs too, for a differentiable backward: references the caller holds anyway.
-        ctx.save_for_backward(*tensors, *(x for x in leaves if isinstance(x, torch.Tensor)))
-        ctx.leaf_slots = [isinstance(x, torch.Tensor) for x in leaves]
-        ctx.leaf_values = [None if isinstance(x, torch.Tensor) else x for x in leaves]
+        ctx.save_for_backward(*(x for x in saved if isinstance(x, torch.Tensor)))
+        # The inputs, for a differentiable backward (create_graph=True): plain references the
+        # caller holds anyway, not saved tensors, since a module's buffers are written in place
+        # after the call (BatchNorm's running statistics) and a saved tensor's version is checked.
+        ctx.leaves = leaves
         ctx.numbers = [(j, x) for j, x in enumerate(saved) if not isinstance(x, torch.Tensor)]
         if plan.nondiff:
             ctx.mark_non_differentiable(*(outs[i] for i in plan.nondiff))
@@ -120,7 +119,7 @@ class JointFunction(torch.autograd.Function):
         if torch.is_grad_enabled():
             return (None, None, *_differentiable_backward(ctx, grads))
         plan = ctx.plan
-        inputs = list(ctx.saved_tensors[:ctx.n_saved])
+        inputs = list(ctx.saved_tensors)
         for j, x in ctx.numbers:
             inputs.insert(j, x)
         for i in plan.cotangents:
@@ -139,9 +138,7 @@ def _differentiable_backward(ctx, grads) -> tuple:
     plan = ctx.plan
     recompiles.debug("%s: create_graph=True backward runs a differentiable recompute of the "
                      "forward (torch autograd) instead of the compiled backward", plan.name)
-    tensors = iter(ctx.saved_tensors[ctx.n_saved:])
-    leaves = [next(tensors) if is_tensor else value
-              for is_tensor, value in zip(ctx.leaf_slots, ctx.leaf_values)]
+    leaves = ctx.leaves
     with torch.enable_grad():
         flat = plan.differentiable(*leaves)
     outs = [flat[k] for k in plan.tensor_outputs]

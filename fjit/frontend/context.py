@@ -16,6 +16,7 @@ import torch
 from fjit.config import TraceMode
 from fjit.core.ir import BoundSymbol
 from fjit.errors import SharpEdge, SharpEdgeWarning, error_for
+from fjit.frontend.callables import names
 
 
 # What to do with a sharp edge: the internal mode (the `sharp_edges=` option plus diagnose's own),
@@ -40,6 +41,8 @@ def _library_dirs() -> tuple[str, ...]:
 
 
 _LIBRARY_DIRS: tuple[str, ...] | None = None
+# Where a wheel installs the sharp-edges catalog (fjit.sharp_edges_catalog); in a checkout, and
+# an editable install, it is the top-level sharp_edges_catalog/, outside fjit/ and so user code.
 _CATALOG_DIR = os.path.join(os.path.realpath(os.path.dirname(os.path.dirname(__file__))),
                             "sharp_edges_catalog") + os.sep
 _USER_FILE: dict[str, bool] = {}
@@ -56,7 +59,7 @@ def is_user_file(filename: str) -> bool:
             ok = False  # frozen modules, fjit's generated code
         else:
             path = os.path.realpath(filename)
-            # the sharp-edges catalog ships inside fjit but is user code: example programs
+            # the installed catalog is inside fjit but is user code: example programs
             ok = not path.startswith(_LIBRARY_DIRS) or path.startswith(_CATALOG_DIR)
         _USER_FILE[filename] = ok
     return ok
@@ -111,7 +114,7 @@ def autocast_key():
 class TraceContext:
     def __init__(self, fn, mode: Mode, dispatch, namespace: dict):
         self.fn = fn
-        self.fn_name = getattr(fn, "__name__", "fn")
+        self.fn_name = names(fn)[1]
         self.mode = mode
         self.dispatch = dispatch          # dispatch(func, args, kwargs) -> proxies
         self.namespace = namespace        # names traces refer to (prims, fjit_ops)

@@ -289,9 +289,13 @@ def make_proxies(ctx, params: list[tuple[str, object]], leaves: list, concrete_f
                 return x
             return NumberProxy(x, var, frozenset({i}))
         if t is list:
-            return InputList(build(y, f"{label}_{j}") for j, y in enumerate(x))
+            built = InputList(build(y, f"{label}_{j}") for j, y in enumerate(x))
+            rebuilt_nodes.append((built, None, list(built), label))
+            return built
         if t is dict:
-            return InputDict((k, build(v, f"{label}_{j}")) for j, (k, v) in enumerate(x.items()))
+            built = InputDict((k, build(v, f"{label}_{j}")) for j, (k, v) in enumerate(x.items()))
+            rebuilt_nodes.append((built, None, [y for item in built.items() for y in item], label))
+            return built
         if t is tuple:
             return tuple(build(y, f"{label}_{j}") for j, y in enumerate(x))
         if _is_namedtuple(x):

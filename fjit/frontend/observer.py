@@ -25,7 +25,9 @@ import types
 
 import torch
 
+from fjit.frontend.callables import code_location
 from fjit.frontend.context import TraceContext, is_user_file, user_location
+from fjit.frontend.proxies import InputDict, InputList
 from fjit.frontend.outside import Reach, code_lines, line_of
 
 _MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update",
@@ -181,6 +183,20 @@ def _called_name(frame) -> str | None:
     return last
 
 
+def call_as_user_code(fn, args: tuple, kwargs: dict):
+    """Call the jitted callable as the user's code would: a builtin or library function jitted
+    directly (fjit.jit(random.random), fjit.jit(print)) is classified as if the user's code had
+    called it, and reported at the line that called the jitted function."""
+    return fn(*args, **kwargs)
+
+
+def _calls_as_user(code) -> bool:
+    return code is _CALL_AS_USER or is_user_file(code.co_filename)
+
+
+_CALL_AS_USER = call_as_user_code.__code__
+
+
 @contextlib.contextmanager
 def observe(ctx: TraceContext, fn):
     reach = Reach(fn)
@@ -204,12 +220,11 @@ def observe(ctx: TraceContext, fn):
                     ctx.sharp_edge("FJ104_manual_seed", _message(("FJ104_manual_seed", f"torch.{code.co_name}()"), ctx), where)
                 return
             caller = frame.f_back
-            if caller is not None and is_user_file(caller.f_code.co_filename):
+            if caller is not None and _calls_as_user(caller.f_code):
                 ran_lines.add((id(caller.f_code), caller.f_lineno))
                 found = _classify_python(code, frame, rng_ids)
                 if found:
-                    ctx.sharp_edge(found[0], _message(found, ctx),
-                                   (caller.f_code.co_filename, caller.f_lineno))
+                    ctx.sharp_edge(found[0], _message(found, ctx), user_location(caller))
         elif event == "return":
             # the traced function's own return (user code returning into fjit): where an output
             # fjit cannot rebuild is reported
@@ -217,7 +232,7 @@ def observe(ctx: TraceContext, fn):
             if is_user_file(frame.f_code.co_filename) and (
                     caller is None or not is_user_file(caller.f_code.co_filename)):
                 ctx.return_location = (frame.f_code.co_filename, frame.f_lineno)
-        elif event == "c_call" and is_user_file(frame.f_code.co_filename):
+        elif event == "c_call" and _calls_as_user(frame.f_code):
             ran_lines.add((id(frame.f_code), frame.f_lineno))
             found = _classify_builtin(arg)
             owner = getattr(arg, "__self__", None)
@@ -229,6 +244,14 @@ def observe(ctx: TraceContext, fn):
                 ctx.sharp_edge(entry, f"{arg.__name__}() on {what}, a {type(owner).__name__} that "
                                       f"{'persists between calls' if entry == 'FJ104_mutable_default' else 'existed before the call'}"
                                       f" in '{ctx.fn_name}'; a compiled call would not repeat it",
+                               user_location(frame))
+            elif found is None and isinstance(owner, (InputList, InputDict)) and \
+                    getattr(arg, "__name__", "") in _MUTATORS:
+                # list.append(xs, v) called unbound on an input list: its own methods are bypassed
+                kind = "list" if isinstance(owner, list) else "dict"
+                ctx.sharp_edge("FJ103_list_append" if kind == "list" else "FJ103_dict_setitem",
+                               f"{arg.__name__}() on an input {kind} of '{ctx.fn_name}'; compiled "
+                               f"code would not see the change on later calls",
                                (frame.f_code.co_filename, frame.f_lineno))
             elif found is None and id(owner) in rng_ids:
                 name = next(n for n, r, _ in reach.rngs if r is owner)
@@ -236,10 +259,10 @@ def observe(ctx: TraceContext, fn):
                 ctx.sharp_edge("FJ105_global_generator", _message(
                     ("FJ105_global_generator", f"{arg.__name__}() on '{name}', a "
                                                f"{type(owner).__name__} that existed before the call"), ctx),
-                    (frame.f_code.co_filename, frame.f_lineno))
+                    user_location(frame))
             elif found:
                 ctx.sharp_edge(found[0], _message(found, ctx),
-                               (frame.f_code.co_filename, frame.f_lineno))
+                               user_location(frame))
         elif event == "return" and is_user_file(frame.f_code.co_filename):
             ran_lines.add((id(frame.f_code), frame.f_lineno))
 
@@ -256,7 +279,7 @@ def observe(ctx: TraceContext, fn):
             getattr(previous, "enable", lambda: None)()
         changes = reach.changes()
         reach.undo_proxy_writes()       # reported below; a proxy never outlives its trace
-    default = (fn.__code__.co_filename, fn.__code__.co_firstlineno)
+    default = code_location(fn) or user_location()
     if numpy_state is not None and _numpy_rng_state() != numpy_state:
         # numpy.random's Cython functions raise no profile events: its global RNG moving tells.
         where = _numpy_line(ran, ran_lines) or default

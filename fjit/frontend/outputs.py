@@ -58,15 +58,20 @@ def output_structure(ctx, result, where):
 
 def check_rebuilt_inputs(ctx, where) -> None:
     """FJ103 for an input container that the function changed, among those make_proxies rebuilt
-    with their pytree unflatten (an OrderedDict, a registered dataclass, ...): eager changes the
-    caller's object, a compiled call would not.  (Input lists and dicts report their mutations
-    where they happen.)  Seen at the end of the run, so reported at the `return`."""
+    with their pytree unflatten (an OrderedDict, a registered dataclass, ...) and the input lists
+    and dicts: eager changes the caller's object, a compiled call would not.  (Input lists and
+    dicts report their mutations where they happen, through their methods or the observer; a
+    write that bypasses both is seen here.)  Seen at the end of the run, so reported at the
+    `return`."""
     for obj, node, children, label in getattr(ctx, "rebuilt_inputs", ()):
-        now, _ = node.flatten_fn(obj)
+        # node None: an input list or dict, whose methods report their own mutations; what
+        # reaches here was written around them (dict.__setitem__(d, k, v), unbound)
+        now = node.flatten_fn(obj)[0] if node is not None else \
+            [y for item in obj.items() for y in item] if isinstance(obj, dict) else list(obj)
         if len(now) != len(children) or any(a is not b for a, b in zip(now, children)):
             kind = "dict" if isinstance(obj, dict) else "list"
             ctx.sharp_edge(f"FJ103_{'dict_setitem' if kind == 'dict' else 'list_append'}",
-                           f"input '{label}', a {type(obj).__qualname__}, was changed by "
+                           f"input '{label}', a {kind if node is None else type(obj).__qualname__}, was changed by "
                            f"'{ctx.fn_name}'; compiled code would not see the change on later calls",
                            where)
 

@@ -20,6 +20,7 @@ import types
 
 import torch
 
+from fjit.frontend.callables import names, partial_arguments, python_function
 from fjit.frontend.context import is_user_file
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 
@@ -65,7 +66,17 @@ class Reach:
         self.rngs: list[tuple[str, object, object]] = []     # (name, generator, state)
         self._seen: set[int] = set()
         self._rng_types = (random.Random,) + _numpy_rng_types()
-        self._add_function(fn, fn.__name__ if hasattr(fn, "__name__") else "fn", top=True)
+        self._add_function(python_function(fn), names(fn)[1], top=True)
+        # A functools.partial's bound values are the function's as a closure's are: mutating one
+        # is FJ104, reported under the parameter's name.
+        for name, value in partial_arguments(fn):
+            self._add(name, name, value, 0, "FJ104_mutate_global_object")
+        # A bound method's object (fjit.jit(obj.step), an object's __call__) existed before the
+        # call: a method that changes it (self.steps += 1) does so once, while tracing.
+        target = python_function(fn)
+        owner = getattr(target, "__self__", None) if isinstance(target, types.MethodType) else None
+        if owner is not None and not isinstance(owner, (type, types.ModuleType)):
+            self._add("self", "self", owner, 0, "FJ104_mutate_global_object")
         self.owner_of = {id(obj): (root, path, entry) for root, path, obj, _, entry in self.objects}
         self.rng_ids = {id(r) for _, r, _ in self.rngs}
 

@@ -19,11 +19,12 @@ from torch.overrides import TorchFunctionMode
 
 from fjit.core.ir import Binding, Trace
 from fjit.errors import error_for
+from fjit.frontend.callables import code_location, names, partial_arguments, python_function
 from fjit.frontend.context import Mode, TraceContext, is_user_file, user_location
 from fjit.frontend.dispatch import dispatch, opaque_calls_traced
 from fjit.frontend.modes import record_mode_changes
 from fjit.frontend.inputs import make_proxies
-from fjit.frontend.observer import observe
+from fjit.frontend.observer import call_as_user_code, observe
 from fjit.frontend.outputs import output_structure
 from fjit.frontend.rng import generators_traced
 
@@ -59,14 +60,14 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
         with observe(ctx, fn), _Intercept(), generators_traced, opaque_calls_traced, \
                 compiling_answered_true():
             try:
-                result = fn(*pargs, **pkwargs)
+                result = call_as_user_code(fn, pargs, pkwargs)
             except Exception as e:
                 _note_call_chain(e, ctx.fn_name)
                 raise
             if ctx.raised is not None:   # a try/except in the user's code caught a sharp edge
                 raise error_for(ctx.raised)
             record_mode_changes(ctx)     # a mode the function set and left set stays set
-            where = ctx.return_location or _definition(fn)
+            where = ctx.return_location or code_location(fn) or user_location()
             output, rebuild = output_structure(ctx, result, where)
         trace = Trace(ctx.fn_name, list(ctx.inputs), list(ctx.scopes[0]), output, dict(ctx.consts),
                       stage="traced", bindings=bindings, namespace=namespace, rebuild=rebuild)
@@ -111,11 +112,6 @@ def compiling_answered_true():
         yield
     finally:
         torch.compiler._is_compiling_flag = old
-
-
-def _definition(fn) -> tuple[str, int]:
-    code = getattr(inspect.unwrap(fn), "__code__", None)
-    return (code.co_filename, code.co_firstlineno) if code is not None else user_location()
 
 
 def _positional_names(fn, n: int) -> list[str]:
@@ -254,9 +250,20 @@ def scan_bindings(fn) -> Scan:
             if isinstance(p.default, torch.Tensor):
                 origins.setdefault(id(p.default), ("FJ101_default_arg_tensor", f"default argument '{p.name}'"))
 
-    owner = getattr(fn, "__self__", None)    # fjit.jit(model.forward): the module's tensors
+    # A bound method (an object's __call__ is one): the tensors it reaches through `self`, the
+    # module's of fjit.jit(model.forward), the tensor's of fjit.jit(x.add).
+    method = python_function(fn)
+    owner = getattr(method, "__self__", None)
+    describe = f"'self' of '{names(method)[2]}'"
     if isinstance(owner, torch.nn.Module):
-        origins.update(module_tensor_origins(owner, f"'self' of '{fn.__qualname__}'"))
-    visit(fn, True)
+        origins.update(module_tensor_origins(owner, describe))
+    elif isinstance(owner, torch.Tensor):
+        note_tensors(owner, describe, "FJ101_closure_tensor")
+    elif not isinstance(owner, (types.ModuleType, type, type(None))):
+        for name, value in itertools.islice(getattr(owner, "__dict__", {}).items(), _SCAN_WIDTH):
+            note_tensors(value, f"attribute '{name}' of {describe}", "FJ101_attribute_tensor", 1)
+    for name, value in partial_arguments(fn):
+        note_tensors(value, f"argument '{name}' bound by functools.partial", "FJ101_closure_tensor")
+    visit(method, True)
     return Scan(origins, bindings, asks_type)
 

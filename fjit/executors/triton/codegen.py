@@ -191,6 +191,13 @@ class _Emitter:
             return "1" if a else "0"
         if isinstance(a, float) and not math.isfinite(a):
             return self.literals[repr(a)]
+        if isinstance(a, int) and ct is not None and not ct.is_floating_point and ct is not torch.bool:
+            # torch wraps a Python int to the operand's dtype (int8 & 0xFF is int8 & -1); Triton
+            # refuses a literal out of the dtype's range when it compiles for a GPU
+            bits = torch.iinfo(ct).bits
+            a &= (1 << bits) - 1
+            if torch.iinfo(ct).min < 0 and a >= 1 << (bits - 1):
+                a -= 1 << bits
         return repr(a)
 
     def reduce_input(self, b: BoundSymbol) -> tuple[str, torch.dtype, str]:

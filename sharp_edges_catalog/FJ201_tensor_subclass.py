@@ -13,10 +13,8 @@ CODE = "FJ201"
 ERROR = fjit.UnsupportedInputError
 TITLE = "A tensor subclass with __torch_function__ as input"
 FIX = "pass a plain torch.Tensor (for example t.as_subclass(torch.Tensor))"
-EXPECTED = (
-    "argument of type fjit.sharp_edges_catalog.FJ201_tensor_subclass.CountingTensor cannot be "
-    "proxied"
-)
+# The type is named with its module, which depends on how the entry is run: the class name is stable.
+EXPECTED = "CountingTensor cannot be proxied"
 
 
 class CountingTensor(torch.Tensor):
