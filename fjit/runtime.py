@@ -61,8 +61,19 @@ def generator(device, seed=None, state=None):
     return g
 
 
+def register_hook(t, hook):
+    """A gradient hook the function registers on a value it computes: registered on that value
+    on every call, as eager registers it, to run in the backward with eager's gradient."""
+    t.register_hook(hook)
+
+
+def retain_grad(t):
+    t.retain_grad()
+
+
 fjit_ops = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem,
-                                 functional_inplace=functional_inplace, generator=generator)
+                                 functional_inplace=functional_inplace, generator=generator,
+                                 register_hook=register_hook, retain_grad=retain_grad)
 
 
 # -- kernels and constants, by name --------------------------------------------------------------

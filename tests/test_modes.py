@@ -173,10 +173,32 @@ def test_custom_autograd_function_runs_its_own_backward():
     _check_grads(f, torch.randn(3, requires_grad=True))
 
 
-def test_register_hook_on_an_intermediate_is_a_located_error():
+def test_gradient_hooks_on_intermediates_run_with_eagers_gradient_on_every_call():
+    """register_hook / retain_grad on a value the function computes: an op of the program, which
+    registers the hook on each call's value; torch autograd runs that backward."""
     def f(x):
         y = x * 2
         y.register_hook(lambda g: g * 3)
+        z = y.sin() * x
+        z.retain_grad()
+        return z.sum(), z
+    jf = fjit.jit(f)
+    x = torch.randn(3, requires_grad=True)
+    for _ in range(3):
+        (got, z), (want, ez) = jf(x), f(x)
+        got.backward()
+        gx = x.grad.clone()
+        x.grad = None
+        want.backward()
+        torch.testing.assert_close((gx, z.grad), (x.grad, ez.grad))
+        x.grad = None
+    assert "gradient hook" in fjit.last_backward_traces(jf)[0].stage
+
+
+def test_removing_a_hook_registered_while_tracing_is_a_located_error():
+    def f(x):
+        y = x * 2
+        y.register_hook(lambda g: g * 3).remove()
         return y * x
     with pytest.raises(fjit.UnsupportedOpError) as info:
         fjit.jit(f)(torch.randn(3, requires_grad=True))

@@ -81,6 +81,8 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool]) -> Joint |
     if any(b.sym.has(Tag.MODE) for b in trace.bsyms):
         # grad-mode regions inside the function: eager's semantics need autograd
         return "the function enters a grad-mode region (no_grad/enable_grad) itself"
+    if any(b.sym.has(Tag.HOOK) for b in trace.bsyms):
+        return "the function registers a gradient hook, which torch autograd runs"
     if not any(differentiable(v) for v in trace.inputs):
         return "no input is differentiable"
     kinds = []

@@ -30,6 +30,8 @@ class Tag(enum.Enum):
     IMPURE = "impure"            # must stay even when its outputs are unused
     MODE = "mode"                # sets grad mode or autocast for what follows: a barrier for
                                  # CSE and fusion, never moved or removed
+    HOOK = "hook"                # registers an autograd hook on a value at run time: the
+                                 # backward is torch autograd's, which runs it
     KERNEL = "kernel"            # a generated kernel, printed by name and importable by that name
                                  # from fjit.runtime while a program runs it
 

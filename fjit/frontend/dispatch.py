@@ -14,14 +14,15 @@ import types
 
 import torch
 
-from fjit.core.ir import NumberVar, Symbol, Tag, TensorVar, Trace, flatten_values, map_values
+from fjit.core.ir import (BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Trace, flatten_values,
+                          map_values)
 from fjit.core.prims import OUT_OF_PLACE
 from fjit.errors import UnsupportedOpError, located
 from fjit.frontend.context import ProcessPatch, TraceContext, current, user_location
 from fjit.frontend.meta import meta_tensor
 from fjit.frontend.proxies import NumberProxy, TensorProxy, _set_data
 from fjit.frontend.rng import bind_generators, rng_preserved
-from fjit.runtime import functional_inplace, setitem, view_scatter
+from fjit.runtime import functional_inplace, register_hook, retain_grad, setitem, view_scatter
 from fjit.frontend.modes import record_mode_changes
 from fjit.frontend.stateful_ops import WRITES_INTO_ARGUMENTS
 from fjit.frontend.record import DECOMPOSITIONS, RANDOM_OPS, _op_name, torch_symbol, trace_call
@@ -63,6 +64,12 @@ _INPLACE_DUNDERS = {getattr(torch.Tensor, f"__i{n}__") for n in (
     "rshift") if hasattr(torch.Tensor, f"__i{n}__")}
 
 
+# Gradient hooks on traced values are ops of the program (runtime.register_hook): kept by every
+# pass, and run by torch autograd, which the compiled backward gives way to (autodiff/joint.py).
+_HOOK_TAGS = frozenset({Tag.IMPURE, Tag.HOOK})
+HOOK_OPS = {torch.Tensor.register_hook: Symbol("fjit_ops.register_hook", register_hook, _HOOK_TAGS),
+            torch.Tensor.retain_grad: Symbol("fjit_ops.retain_grad", retain_grad, _HOOK_TAGS)}
+GRADIENT_HOOKS = set(HOOK_OPS)
 _VIEW_SCATTER = Symbol("fjit_ops.view_scatter", view_scatter)
 _SETITEM = Symbol("fjit_ops.setitem", setitem)
 _FUNCTIONAL_INPLACE = Symbol("fjit_ops.functional_inplace", functional_inplace)
@@ -159,6 +166,8 @@ def _dispatch(ctx, func, args, kwargs):
             "FJ202", f"{_op_name(func)} asks about a tensor's memory, which a traced program "
                      f"cannot know at trace time", *user_location(),
             "compute it outside the compiled function and pass the result in"))
+    if func in GRADIENT_HOOKS and isinstance(args[0], TensorProxy):
+        return _gradient_hook(ctx, func, args, kwargs)
     if func in AUTOGRAD_HOOKS:
         raise UnsupportedOpError(located(
             "FJ202", f"{_op_name(func)} on a value computed inside a compiled function: the hook "
@@ -178,6 +187,25 @@ def _dispatch(ctx, func, args, kwargs):
     if _is_mutation(func, kwargs):
         return _functionalize(ctx, func, args, kwargs)
     return trace_call(ctx, torch_symbol(func), func, args, kwargs, DECOMPOSITIONS.get(func))
+
+
+class _TracedHookHandle:
+    """What `register_hook` returns while tracing: the hook is registered by the program on every
+    call, so there is no one registration to remove."""
+
+    def remove(self):
+        raise UnsupportedOpError(located(
+            "FJ202", "removing a gradient hook registered inside a compiled function: the program "
+                     "registers it on every call's value", *user_location(),
+            "register the hook on the compiled function's output and remove it there"))
+
+
+def _gradient_hook(ctx, func, args, kwargs):
+    t = args[0]
+    if not t.ir.requires_grad:       # eager's own refusal, at the line
+        raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+    ctx.record(BoundSymbol(HOOK_OPS[func], (t.ir, *args[1:]), dict(kwargs), None))
+    return _TracedHookHandle() if func is torch.Tensor.register_hook else None
 
 
 def _is_mutation(func, kwargs) -> bool:
