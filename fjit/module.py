@@ -28,6 +28,7 @@ import weakref
 
 import torch
 
+from fjit.core.ir import NumberVar, TensorVar, flatten_values
 from fjit.errors import FjitError, UnsupportedOpError, located
 from fjit.frontend.context import current, user_location
 from fjit.frontend.outside import _user_class, holds_proxy, proxies_in, snapshot, undo_proxy_writes
@@ -84,12 +85,12 @@ def traced_forward(self: torch.nn.Module, layout: Layout):
         try:
             with state_swapped(self, names, state):
                 out = self(*args, **kwargs)
-            change = changed_config(layout.key, structure_key(self), user_classes)
         finally:
             # A value stored on a module (a cache filled in forward) must not outlive the trace
             # holding a proxy: the module goes back to the caller as it came in.
-            state_ids = {id(t) for t in state}
-            leaked = [(m, a or k) for o, m, a, was in snapshots for k in _undo_leaks(o, was, state_ids)]
+            from_state = _state_derived(ctx, {id(t.ir) for t in state} | {id(v) for v in before})
+            leaked = [(m, a or k) for o, m, a, was in snapshots for k in _undo_leaks(o, was, from_state)]
+        change = changed_config(layout.key, structure_key(self), user_classes)
         if leaked:
             holder, attr = leaked[0]
             ctx.sharp_edge("FJ104_mutate_global_object",
@@ -125,18 +126,49 @@ def _module_state(root: torch.nn.Module) -> list:
 _TORCH_TABLES = frozenset({"_parameters", "_buffers", "_modules"})
 
 
-def _undo_leaks(obj, before, state_ids: set) -> list[str]:
+def _undo_leaks(obj, before, from_state) -> list[str]:
     """Names of the attributes of `obj` (or ["items"] for a container) put back because they held
-    a proxy computed in the forward.  A value holding only the module's own parameters and
-    buffers is a view of its state that the module keeps current itself (LSTM's
-    `_flat_weights`, refreshed in forward when the parameters change): put back, not reported."""
+    a proxy computed from the call's inputs.
+
+    A value computed from the module's parameters and buffers alone is a cache eager fills once
+    and reuses (timm's `attention_bias_cache` in eval mode, LSTM's `_flat_weights`): the compiled
+    program computes it on every call instead, which gives the same values, so it is put back
+    without a report (functionalized).  One that depends on an input (an activation cached on
+    `self`) is a side effect no compiled call can repeat: reported."""
     now = snapshot(obj)
     changed = [now[k] for k in now if now[k] is not before.get(k)] if isinstance(before, dict) \
         else [now]
-    computed = any(id(p) not in state_ids for v in changed for p in proxies_in(v))
+    computed = not from_state([p for v in changed for p in proxies_in(v)])
     names = [k for k in now if now[k] is not before.get(k) and holds_proxy(now[k])] \
         if isinstance(obj, torch.nn.Module) else ["items"]
     return names if undo_proxy_writes(obj, before) and computed else []
+
+
+def _state_derived(ctx, state_vars: set):
+    """A test of proxies: whether they were computed from the module's state (`state_vars`: ids of
+    the parameters' and buffers' variables), never from a call input."""
+    producers = {id(o): b for b in ctx.scopes[0] for o in b.outputs()}
+    inputs = {id(v) for v in ctx.inputs}
+
+    def test(proxies) -> bool:
+        stack, seen, reached_state = [p.ir for p in proxies], set(), False
+        while stack:
+            v = stack.pop()
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            if id(v) in state_vars:
+                reached_state = True
+                continue
+            if id(v) in inputs:
+                return False
+            b = producers.get(id(v))
+            if b is not None:
+                stack += [a for a in flatten_values((b.args, b.kwargs)) if isinstance(a, (TensorVar, NumberVar))]
+        # Constants alone (torch.arange(x.shape[0])) may encode the call's shapes, which eager's
+        # cache would keep stale on the next call: not functionalized.
+        return reached_state
+    return test
 
 
 _MUTATING_CALLS = frozenset({"append", "extend", "insert", "update", "setdefault", "add"})

@@ -17,11 +17,14 @@ os.environ.setdefault("FJIT_C_KERNELS", "sync")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `slow` (long sweeps) run only with FJIT_SLOW_TESTS=1."""
-    if os.environ.get("FJIT_SLOW_TESTS") == "1":
-        return
+    """Tests marked `slow` (long sweeps) run only with FJIT_SLOW_TESTS=1; tests marked `zoo` (the
+    whole model zoo of benchmarks/zoo_models.py) only with FJIT_ZOO=1."""
     import pytest
-    skip = pytest.mark.skip(reason="long sweep: set FJIT_SLOW_TESTS=1 to run it")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+    for marker, env, why in (("slow", "FJIT_SLOW_TESTS", "long sweep"),
+                             ("zoo", "FJIT_ZOO", "the whole model zoo")):
+        if os.environ.get(env) == "1":
+            continue
+        skip = pytest.mark.skip(reason=f"{why}: set {env}=1 to run it")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)

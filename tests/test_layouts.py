@@ -81,3 +81,16 @@ def test_programs_without_opaque_ops_are_traced_once(monkeypatch):
     assert len(traced) == 1      # no opaque op: no observation run, no retrace
     fjit.jit(lambda x, w: F.conv2d(x, w) + 1)(_cl(2, 3, 5, 5), torch.randn(4, 3, 3, 3))
     assert len(traced) == 3      # conv2d's meta layout was wrong: traced again with the real one
+
+
+def test_an_observed_layout_applies_only_to_a_value_of_the_shape_it_was_seen_with():
+    """A retrace that takes another path (a layout-dependent decomposition: timm's Twins) can give
+    an observed value's name to another value; its strides are not that value's (a rank-3 value
+    got rank-4 strides)."""
+    from fjit.frontend.record import observed_strides
+
+    class Ctx:
+        observed_strides = {"t3": ((2, 3, 4, 5), (60, 1, 15, 3))}
+    assert observed_strides(Ctx, "t3", (2, 3, 4, 5)) == (60, 1, 15, 3)
+    assert observed_strides(Ctx, "t3", (2, 3, 20)) is None
+    assert observed_strides(Ctx, "t4", (2, 3, 4, 5)) is None

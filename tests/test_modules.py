@@ -521,3 +521,38 @@ def test_an_error_deep_in_library_code_names_the_chain_from_the_traced_function(
     line = next(i for i, text in enumerate(open(__file__).read().splitlines(), 1) if "# DEEP-BRANCH" in text)
     assert info.value.lineno == line
     assert "Outer.forward" in notes and f"test_modules.py:{line} in " in notes, notes
+
+
+class _AttentionBiasCache(nn.Module):
+    """timm's LeViT / EfficientViT / TinyViT: in eval mode, a tensor computed from a parameter is
+    cached on `self` per device and reused by later calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention_biases = nn.Parameter(torch.randn(2, 5))
+        self.register_buffer("idxs", torch.tensor([[0, 1, 2], [4, 3, 2], [1, 1, 0]]), persistent=False)
+        self.attention_bias_cache = {}
+
+    def biases(self, device):
+        if self.training:
+            return self.attention_biases[:, self.idxs]
+        key = str(device)
+        if key not in self.attention_bias_cache:
+            self.attention_bias_cache[key] = self.attention_biases[:, self.idxs]
+        return self.attention_bias_cache[key]
+
+    def forward(self, x):
+        return (x @ x.transpose(-1, -2) + self.biases(x.device)).softmax(-1)
+
+
+def test_a_cache_computed_from_parameters_alone_is_recomputed_per_call_not_an_error():
+    """Eager fills it once and reuses it; the compiled program computes it on every call, which
+    gives the same values (functionalized), and the module keeps no proxy."""
+    model = _AttentionBiasCache().eval()
+    jm = fjit.jit(model)
+    x = torch.randn(2, 3, 3)
+    for _ in range(2):
+        torch.testing.assert_close(jm(x), model(x))
+    model.attention_bias_cache.clear()
+    jm(x)
+    assert model.attention_bias_cache == {}

@@ -60,7 +60,7 @@ def run_observing_layouts(trace: Trace, leaves: list) -> tuple[object, dict]:
                 env[var.name] = real
                 if (isinstance(var, TensorVar) and isinstance(real, torch.Tensor) and
                         real.stride() != var.strides):
-                    wrong[var.name] = real.stride()
+                    wrong[var.name] = (tuple(real.shape), real.stride())
         for v in b.inputs():       # free what nothing later reads (a first call's peak memory)
             if last_use.get(v.name) == i and v.name not in keep and v.name not in trace.consts:
                 env.pop(v.name, None)

@@ -65,11 +65,34 @@ def is_user_file(filename: str) -> bool:
     return ok
 
 
+_PACKAGE_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+_LOCATED_FILE: dict[str, bool] = {}
+
+
+def is_located_file(filename: str) -> bool:
+    """Whether an error raised in `filename`'s code is reported at its line: the user's code, and
+    the third-party libraries it calls (a model's library code: transformers, timm), but not
+    fjit, torch or the standard library, whose lines say nothing about the user's program.
+    (`is_user_file` is narrower: the observer watches only the user's own code.)"""
+    ok = _LOCATED_FILE.get(filename)
+    if ok is None:
+        ok = is_user_file(filename)
+        if not ok and not filename.startswith("<"):
+            path = os.path.realpath(filename)
+            ok = any(d in path for d in _PACKAGE_DIRS) and not path.startswith(
+                (os.path.realpath(os.path.dirname(torch.__file__)) + os.sep,
+                 os.path.realpath(os.path.dirname(os.path.dirname(__file__))) + os.sep))
+        _LOCATED_FILE[filename] = ok
+    return ok
+
+
 def user_location(frame=None) -> tuple[str, int]:
-    """File and line of the innermost user frame on the stack (where a sharp edge is reported)."""
+    """File and line of the innermost frame of the user's or a library's code on the stack (where
+    a sharp edge is reported): an error deep in a model's library code names that line, not the
+    line that called the model."""
     f = frame or sys._getframe(1)
     while f is not None:
-        if is_user_file(f.f_code.co_filename):
+        if is_located_file(f.f_code.co_filename):
             return f.f_code.co_filename, f.f_lineno
         f = f.f_back
     return "<unknown>", 0
@@ -128,7 +151,7 @@ class TraceContext:
         self.tensor_origins: dict[int, tuple[str, str]] = {}  # id(tensor) -> (entry, description)
         self.input_labels: dict[int, str] = {}  # id(input handle) -> how the user names it
         self.raised: SharpEdge | None = None
-        self.observed_strides: dict[str, tuple] = {}   # var name -> real strides of an opaque op
+        self.observed_strides: dict[str, tuple] = {}   # var name -> (shape, real strides) of an opaque op
         # The grad mode and autocast state the ops recorded so far run under (the caller's at
         # first); the dispatcher records a mode change when the traced code enters a region.
         self.grad_mode = torch.is_grad_enabled()

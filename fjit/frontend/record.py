@@ -86,6 +86,14 @@ def _op_name(func) -> str:
     return name.replace("torch.Tensor.", "Tensor.").replace(".__get__", "")
 
 
+def observed_strides(ctx: TraceContext, name: str, shape) -> tuple | None:
+    """The real strides an earlier run of this call observed for the value named `name`, if that
+    value had this shape: a retrace that takes another path (a layout-dependent decomposition)
+    can give a name to another value, whose layout the observation says nothing about."""
+    seen = ctx.observed_strides.get(name)
+    return seen[1] if seen is not None and seen[0] == tuple(shape) else None
+
+
 def _meta_arguments(func, sym: Symbol, args, kwargs, to_meta) -> tuple[tuple, dict]:
     margs, mkwargs = map_values(to_meta, (args, kwargs))
     if func is torch.Tensor.__getitem__:
@@ -200,7 +208,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         # kernel's (CPU conv2d on channels_last); a layout observed on the first call wins.
         name = ctx.new_name()
         return TensorVar(name, m.shape, m.dtype, default_device,
-                         ctx.observed_strides.get(name) or m.stride(), m.requires_grad)
+                         observed_strides(ctx, name, m.shape) or m.stride(), m.requires_grad)
 
     subsymbols = ()
     if decomposition is not None:
@@ -221,7 +229,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         final = {}
         for p, m in zip(_tensor_leaves(dout), _tensor_leaves(mout)):
             v = p.ir
-            strides = ctx.observed_strides.get(v.name) or tuple(m.stride())
+            strides = observed_strides(ctx, v.name, m.shape) or tuple(m.stride())
             if strides != v.strides:
                 final[v.name] = TensorVar(v.name, v.shape, v.dtype, v.device, strides, v.requires_grad)
         if final:

@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 from fjit.core.ir import Binding, Trace
 from fjit.errors import error_for
 from fjit.frontend.callables import code_location, names, partial_arguments, python_function
-from fjit.frontend.context import Mode, TraceContext, is_user_file, user_location
+from fjit.frontend.context import Mode, TraceContext, is_located_file, user_location
 from fjit.frontend.dispatch import dispatch, opaque_calls_traced
 from fjit.frontend.modes import record_mode_changes
 from fjit.frontend.inputs import make_proxies
@@ -43,7 +43,7 @@ class TraceResult:
 
 def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
                    namespace: dict, observed_strides: dict | None = None) -> TraceResult:
-    """Trace `fn` on proxies of `args`.  `observed_strides` (var name -> strides) corrects the
+    """Trace `fn` on proxies of `args`.  `observed_strides` (var name -> (shape, strides)) corrects the
     layouts that opaque ops' meta kernels predicted wrongly on an earlier trace of this call."""
     ctx = TraceContext(fn, mode, dispatch, namespace)
     ctx.observed_strides = observed_strides or {}
@@ -85,7 +85,7 @@ def _note_call_chain(error: BaseException, fn_name: str) -> None:
     tb = error.__traceback__
     while tb is not None:
         code = tb.tb_frame.f_code
-        if is_user_file(code.co_filename):
+        if is_located_file(code.co_filename):
             frames.append(f"  {code.co_filename}:{tb.tb_lineno} in {code.co_qualname}")
         tb = tb.tb_next
     if len(frames) < 2 or any("fjit: raised while tracing" in n for n in getattr(error, "__notes__", ())):
