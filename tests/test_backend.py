@@ -367,3 +367,44 @@ def test_inductor_split_executor_falls_back_to_torch_with_a_note():
     torch.testing.assert_close(torch.compile(f, backend=be)(x), f(x))
     (split,) = [i for i in be.subgraph_infos if i.reason is not None]
     assert split.executor == "torch" and "Inductor could not compile" in split.note
+
+
+# ------------------------------------------------------------------------------------------------
+# Splits known before tracing: in-place writes across pieces, autocast regions
+
+class _InPlaceAcrossPieces(torch.nn.Module):
+    """What timm's EfficientViT does many times over: BatchNorm in training (a torch piece), an
+    in-place activation on its output, a buffer counter bumped in place, an autocast region."""
+
+    def __init__(self, blocks=12):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(4, 4, 1) for _ in range(blocks))
+        self.norms = torch.nn.ModuleList(torch.nn.BatchNorm2d(4) for _ in range(blocks))
+
+    def forward(self, x):
+        for conv, norm in zip(self.convs, self.norms):
+            y = torch.nn.functional.hardswish(norm(conv(x)), inplace=True)
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                y = y.float() * 0.5
+            x = x + y
+        return x
+
+
+def test_in_place_writes_across_pieces_split_once_flat_and_match_eager(be):
+    torch.manual_seed(0)
+    model = _InPlaceAcrossPieces()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=be)
+    x = torch.randn(2, 4, 3, 3)
+    got, want = compiled(x), reference(x)
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    want.sum().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    infos = be.subgraph_infos
+    # every write across pieces and every autocast switch was split before tracing: no piece
+    # was re-split after a failed trace
+    assert infos and all("." not in i.name for i in infos), [i.name for i in infos if "." in i.name]
+    reasons = {i.reason.why.split(" ")[0] for i in infos if i.reason is not None}
+    assert {"FJ102", "enters"} <= reasons, reasons

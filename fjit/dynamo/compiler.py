@@ -35,9 +35,10 @@ from fjit.api import _NOT_RUN, DEFAULT_EXECUTORS, Executor, JittedFunction
 from fjit.core.ir import Tag, Trace
 from fjit.dynamo import aten as aten_table
 from fjit.dynamo.split import (SplitReason, assign, describe_error, is_compute, is_symbolic,
-                               node_of_error, op_name, static_reason)
+                               node_of_error, op_name, static_reason, writes_across_pieces)
 
 SPLIT_EXECUTORS = ("torch", "inductor")
+_MAX_RESPLITS = 6
 # Who differentiates a graph whose inputs require grad: fjit (its own compiled backward, on the
 # torch-level graph) or AOTAutograd (aten forward and backward graphs, each compiled by fjit).
 AUTOGRAD = ("fjit", "aot")
@@ -149,6 +150,7 @@ class Backend:
             why = static_reason(node)
             if why is not None:
                 reasons[node] = why
+        reasons = writes_across_pieces(gm, reasons)
         return _Splitter(self, graph, stage, aten, dynamic).runner(gm, reasons, "")
 
     # ------------------------------------------------------------------------------------------
@@ -295,7 +297,10 @@ class _FjitPiece:
             infos = self.splitter.backend.subgraph_infos
             at = infos.index(self.info)
             del infos[at]
-            if bad is None or sum(is_compute(n) for n in self.gm.graph.nodes) == 1:
+            # A piece re-split this often keeps failing: the rest of it runs as torch, flat,
+            # rather than one nested level per failure (Python's recursion limit)
+            if bad is None or sum(is_compute(n) for n in self.gm.graph.nodes) == 1 or \
+                    self.info.name.count(".") >= _MAX_RESPLITS:
                 bad = bad or next(n for n in self.gm.graph.nodes if is_compute(n))
                 info = self.splitter._info(self.gm, self.info.name, "torch",
                                            SplitReason(bad.name, op_name(bad), why), at=at)

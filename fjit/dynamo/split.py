@@ -8,6 +8,8 @@ generated forward that was running, through FX's line-to-node map).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import operator
 
 import torch
@@ -50,11 +52,19 @@ _BATCH_NORMS = {F.batch_norm: ((5, "training"), (1, "running_mean")),
                 torch.native_batch_norm: ((5, "training"), (3, "running_mean"))}
 
 
+# Dynamo's records of a `with torch.autocast(...)` block: a switch of a process-wide mode whose
+# result is a context object, not a value; the pieces between them run under the mode they set.
+_MODE_SWITCHES = {torch.amp.autocast_mode._enter_autocast, torch.amp.autocast_mode._exit_autocast}
+
+
 def static_reason(node: torch.fx.Node) -> str | None:
     """Why `node` must run as a torch call, if that is known without tracing it."""
     if node.op != "call_function":
         return None
     target = node.target
+    if target in _MODE_SWITCHES:
+        return "enters or leaves an autocast region: a mode switch, run as torch; the pieces " \
+               "between run under the mode it sets (autocast is in fjit's cache key)"
     if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
         written = [a.name for a in target._schema.arguments
                    if a.alias_info is not None and a.alias_info.is_write]
@@ -100,6 +110,78 @@ def assign(gm: torch.fx.GraphModule, torch_nodes) -> dict:
             pid, kind = pid + 1, "fjit"
         parts[node] = (pid, kind)
     return parts
+
+
+# Ops whose result aliases their first operand: an in-place write through one writes its base.
+_VIEW_NAMES = {"view", "reshape", "view_as", "reshape_as", "transpose", "permute", "flatten",
+               "unflatten", "unsqueeze", "squeeze", "expand", "expand_as", "narrow", "select",
+               "t", "T", "mT", "__getitem__", "getitem", "split", "chunk", "unbind", "movedim",
+               "diagonal", "as_strided", "detach", "view_as_real", "view_as_complex", "unfold"}
+
+
+def _name(node: torch.fx.Node) -> str:
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+
+
+def _writes_in_place(node: torch.fx.Node) -> bool:
+    name = _name(node)
+    return node.op in ("call_method", "call_function") and (
+        (name.endswith("_") and not name.endswith("__")) or _inplace_flag(node)
+        or node.kwargs.get("out") is not None or node.target is operator.setitem
+        or name == "__setitem__")
+
+
+@functools.lru_cache(maxsize=None)
+def _inplace_position(target) -> int | None:
+    try:
+        params = list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return None
+    return params.index("inplace") if "inplace" in params else None
+
+
+def _inplace_flag(node: torch.fx.Node) -> bool:
+    """F.relu(x, inplace=True), with the flag given by name or by position."""
+    if node.kwargs.get("inplace") is True:
+        return True
+    if node.op != "call_function" or not callable(node.target):
+        return False
+    try:
+        i = _inplace_position(node.target)
+    except TypeError:         # an unhashable target
+        return False
+    return i is not None and len(node.args) > i and node.args[i] is True
+
+
+def _base(node: torch.fx.Node) -> torch.fx.Node:
+    while node.op in ("call_method", "call_function") and _name(node) in _VIEW_NAMES and \
+            node.args and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node
+
+
+def writes_across_pieces(gm: torch.fx.GraphModule, torch_nodes: dict) -> dict:
+    """`torch_nodes` with every in-place write whose target (through views) is not made in the
+    writer's own fjit piece: a graph input, or a value another piece made, which fjit would see
+    as an input of the piece (FJ102).  Found before tracing, so the graph is split once, flat;
+    found by tracing, each write re-split the piece that raised it, one level deeper (timm's
+    EfficientViT: hundreds of levels, a RecursionError)."""
+    torch_nodes = dict(torch_nodes)
+    while True:
+        parts = assign(gm, torch_nodes)
+        found = {}
+        for node in gm.graph.nodes:
+            if node in torch_nodes or node not in parts or not _writes_in_place(node) or \
+                    not node.args or not isinstance(node.args[0], torch.fx.Node):
+                continue
+            base = _base(node.args[0])
+            if base.op == "placeholder" or parts.get(base, (None,))[0] != parts[node][0]:
+                found[node] = (f"FJ102 input mutation (known before tracing): writes in place "
+                               f"into {base.name}, which the piece receives from outside; a "
+                               f"compiled piece does not mutate its inputs")
+        if not found:
+            return torch_nodes
+        torch_nodes.update(found)
 
 
 def node_of_error(exc: BaseException, gm: torch.fx.GraphModule) -> torch.fx.Node | None:

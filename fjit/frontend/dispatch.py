@@ -156,7 +156,15 @@ def dispatch(func, args: tuple, kwargs: dict):
             sys.setprofile(hook)
 
 
+# Mode switches with a torch-function override: they run for real while tracing (the traced
+# code's `with torch.autocast(...)`, as Dynamo's graphs record it), and the ops after them are
+# recorded under the mode they set (record_mode_changes), never traced as ops themselves.
+RUN_FOR_REAL = {torch.amp.autocast_mode._enter_autocast, torch.amp.autocast_mode._exit_autocast}
+
+
 def _dispatch(ctx, func, args, kwargs):
+    if func in RUN_FOR_REAL:
+        return func(*args, **kwargs)
     if len(ctx.scopes) == 1:      # a top-level op (not a prim of a decomposition)
         record_mode_changes(ctx)
     if func in DATA_DEPENDENT:
