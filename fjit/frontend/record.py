@@ -188,8 +188,9 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         raise UnsupportedOpError(located(
             "FJ202", f"{_op_name(func)} cannot be traced: its output shape depends on tensor data "
                      f"or torch has no shape rule for it (torch: {_first_sentence(e)})",
-            *user_location(), catalog_fix("FJ202_data_dependent_shape") + "; or call it outside "
-                                                                           "the compiled function")) from None
+            *user_location(), catalog_fix("FJ202_data_dependent_shape") +
+            '; or call it outside the compiled function, or run the model with '
+            'torch.compile(model, backend="fjit")')) from None
 
     numbers = [x for x in leaves if isinstance(x, NumberProxy)]
     if numbers and mout is not None and not sym.has(Tag.ELEMENTWISE):
