@@ -136,12 +136,12 @@ def _undo_leaks(obj, before, from_state) -> list[str]:
     without a report (functionalized).  One that depends on an input (an activation cached on
     `self`) is a side effect no compiled call can repeat: reported."""
     now = snapshot(obj)
-    changed = [now[k] for k in now if now[k] is not before.get(k)] if isinstance(before, dict) \
-        else [now]
-    computed = not from_state([p for v in changed for p in proxies_in(v)])
-    names = [k for k in now if now[k] is not before.get(k) and holds_proxy(now[k])] \
-        if isinstance(obj, torch.nn.Module) else ["items"]
-    return names if undo_proxy_writes(obj, before) and computed else []
+    changed = {k: v for k, v in now.items() if v is not before.get(k)} \
+        if isinstance(obj, torch.nn.Module) else {"items": now}
+    computed = not from_state([p for v in changed.values() for p in proxies_in(v)])
+    if not undo_proxy_writes(obj, before) or not computed:
+        return []
+    return [k for k, v in changed.items() if holds_proxy(v)]
 
 
 def _state_derived(ctx, state_vars: set):

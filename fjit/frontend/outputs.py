@@ -157,15 +157,9 @@ class _Builder:
             return (f"{self.name(node.unflatten_fn, '_u')}([{', '.join(self.expr(c) for c in children)}], "
                     f"{self.name(context, '_x')})")
         if (dataclasses.is_dataclass(x) and not isinstance(x, type)) or \
-                isinstance(x, types.SimpleNamespace):
-            self.types.append(t.__qualname__)
-            attributes = vars(x) if hasattr(x, "__dict__") else \
-                {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
-            inner = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in attributes.items())
-            return f"_restore({self.name(t, '_t')}, {{{inner}}})"
-        if _plain_object(x) and _reaches_tensor(x):
-            # An object of an ordinary class holding traced values (transformers' DynamicCache):
-            # rebuilt as the dataclasses are, attribute by attribute, a new object per call.
+                isinstance(x, types.SimpleNamespace) or (_plain_object(x) and _reaches_tensor(x)):
+            # Rebuilt attribute by attribute, a new object per call: dataclasses, namespaces and
+            # objects of ordinary classes holding traced values (transformers' DynamicCache)
             if id(x) in self.open:
                 raise self.error(x, "an object that refers back to itself, which fjit cannot "
                                     "rebuild", "return the tensors in a dict or dataclass")
@@ -226,7 +220,7 @@ def _plain_object(x) -> bool:
 
 def _attributes(x) -> dict:
     """An object's attributes: its __dict__, then any __slots__ that are set."""
-    attributes = dict(vars(x))
+    attributes = dict(getattr(x, "__dict__", {}))
     for b in type(x).__mro__:
         for slot in getattr(b, "__slots__", ()):
             if slot not in ("__dict__", "__weakref__") and hasattr(x, slot):

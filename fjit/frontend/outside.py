@@ -66,14 +66,14 @@ class Reach:
         self.rngs: list[tuple[str, object, object]] = []     # (name, generator, state)
         self._seen: set[int] = set()
         self._rng_types = (random.Random,) + _numpy_rng_types()
-        self._add_function(python_function(fn), names(fn)[1], top=True)
+        target = python_function(fn)
+        self._add_function(target, names(fn)[1], top=True)
         # A functools.partial's bound values are the function's as a closure's are: mutating one
         # is FJ104, reported under the parameter's name.
         for name, value in partial_arguments(fn):
             self._add(name, name, value, 0, "FJ104_mutate_global_object")
         # A bound method's object (fjit.jit(obj.step), an object's __call__) existed before the
         # call: a method that changes it (self.steps += 1) does so once, while tracing.
-        target = python_function(fn)
         owner = getattr(target, "__self__", None) if isinstance(target, types.MethodType) else None
         if owner is not None and not isinstance(owner, (type, types.ModuleType)):
             self._add("self", "self", owner, 0, "FJ104_mutate_global_object")
@@ -100,10 +100,7 @@ class Reach:
             if n in g:
                 self._add(n, n, g[n], 0, "FJ104_mutate_global_object")
         for n, cell in zip(code.co_freevars, fn.__closure__ or ()):
-            try:
-                value = cell.cell_contents
-            except ValueError:
-                value = EMPTY
+            value = _cell_value(cell)
             self.cells.append((n, cell, value))
             if value is not EMPTY:
                 self._add(n, n, value, 0, "FJ104_mutate_global_object")
@@ -172,10 +169,7 @@ class Reach:
                     found.append(("FJ104_global_assignment", name, f"{what} global '{name}'", None,
                                   g.get(name, EMPTY)))
         for name, cell, before in self.cells:
-            try:
-                now = cell.cell_contents
-            except ValueError:
-                now = EMPTY
+            now = _cell_value(cell)
             if now is not before:
                 what = "deletion of" if now is EMPTY else "assignment to"
                 found.append(("FJ104_nonlocal_assignment", name,
@@ -196,14 +190,13 @@ class Reach:
         """[(name, generator)] for the generators reached that were drawn from."""
         return [(name, rng) for name, rng, before in self.rngs if rng_state(rng) != before]
 
-
     def undo_proxy_writes(self) -> None:
         """Put back every piece of reached state that the run left holding a tracing proxy: a
         proxy must never outlive its trace (the reports of these writes are `changes()`'s)."""
         for g, before in self.globals_dicts.values():
             undo_proxy_writes(g, before)
-        for name, cell, before in self.cells:
-            if holds_proxy(getattr(cell, "cell_contents", None) if _full(cell) else None):
+        for _, cell, before in self.cells:
+            if holds_proxy(_cell_value(cell)):
                 if before is EMPTY:
                     del cell.cell_contents
                 else:
@@ -425,9 +418,9 @@ def _stores_other_constant(instructions, value) -> bool:
         return False
 
 
-def _full(cell) -> bool:
+def _cell_value(cell):
+    """A closure cell's contents, EMPTY while the variable is unassigned."""
     try:
-        cell.cell_contents
+        return cell.cell_contents
     except ValueError:
-        return False
-    return True
+        return EMPTY
