@@ -175,7 +175,7 @@ def _cold_chain50_ms(index: int, args: tuple) -> float:
 
 def bench_detection(quick: bool) -> dict:
     """What sharp-edge detection costs.  The same function is compiled twice: as fjit does (the
-    observer of frontend/observer.py watching the traced run) and with the observer replaced by a
+    observer of strict/observer.py watching the traced run) and with the observer replaced by a
     no-op.  Cached calls of the two are timed in the same rounds; detection runs only while
     tracing, so their ratio shows whether the cached path pays anything for it.  Cold chain50
     compiles are sampled in alternation, with and without, and compared pairwise."""
@@ -185,7 +185,7 @@ def bench_detection(quick: bool) -> dict:
     without_detection = fjit.jit(elementwise10, **FJIT_OPTIONS)
     with_detection(*args)
     real_observe = tracer.observe
-    no_observer = lambda ctx, fn: contextlib.nullcontext()  # noqa: E731
+    no_observer = lambda ctx, fn, **tracing: contextlib.nullcontext()  # noqa: E731
     cold_with, cold_without = [], []
     try:
         tracer.observe = no_observer

@@ -26,17 +26,18 @@ from fjit.config import DEFAULT_EXECUTORS, CacheMode, Executor, SharpEdges, Trac
 from fjit.core.ir import Binding, Tag, Trace
 from fjit.errors import SharpEdge
 from fjit.executors import kernel_executor, torch_executor
-from fjit.frontend.callables import names
 from fjit.frontend.context import AMP_DEVICES, autocast_state, current
 from fjit.frontend.inputs import MISS, call_key, key_labels
 from fjit.frontend.light_imports import light_imports
 from fjit.frontend.meta import clear_memo
 from fjit.frontend.rng import rng_preserved, rng_snapshot
-from fjit.frontend.tracer import scan_bindings, trace_function
+from fjit.frontend.tracer import trace_function
 from fjit.module import FjitModule, diagnosis_call, jitted_of
 from fjit.ops import TRACE_NAMESPACE
 from fjit.passes.basic import constant_fold, cse, dce
 from fjit.passes.verify import verify
+from fjit.strict.bindings import scan_bindings
+from fjit.strict.callables import names
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from fjit.hints import HINTS
+from fjit.strict.hints import HINTS
 
 # code -> (category name printed in messages, error class name)
 CATEGORIES = {

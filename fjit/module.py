@@ -30,13 +30,16 @@ import torch
 
 from fjit.core.ir import NumberVar, TensorVar, flatten_values
 from fjit.errors import FjitError, UnsupportedOpError, located
-from fjit.frontend.context import current, user_location
-from fjit.frontend.outside import _user_class, holds_proxy, proxies_in, snapshot, undo_proxy_writes
+from fjit.frontend.context import current
+from fjit.frontend.leaks import holds_proxy, proxies_in, undo_proxy_writes
 from fjit.frontend.proxies import TensorProxy
-from fjit.frontend.tracer import module_tensor_origins
 from fjit.module_layout import (Layout, backward_hook_owner, changed_config, config_bindings,
                                 forward_hooks, forward_signature, state_swapped,
                                 structure_key)
+from fjit.strict.bindings import module_tensor_origins
+from fjit.strict.locate import user_location
+from fjit.strict.reach import snapshot, user_class
+
 
 # (structure key, jit options) -> the ProgramCache that wrappers of equal modules share.  Weak:
 # a cache lives as long as a wrapper uses it.
@@ -59,7 +62,7 @@ def traced_forward(self: torch.nn.Module, layout: Layout):
     hooks = forward_hooks(self)
     # The observer snapshots objects of the user's classes (and reports a change at its line);
     # torch's layers it does not, so their configuration is compared after the call.
-    user_classes = frozenset(n for n, m in self.named_modules() if _user_class(type(m)))
+    user_classes = frozenset(n for n, m in self.named_modules() if user_class(type(m)))
 
     def forward(*inputs, **kwargs):
         state, args = inputs[:n_state], inputs[n_state + 1:]

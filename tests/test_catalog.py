@@ -131,7 +131,7 @@ def test_entry_is_well_formed(name):
 
 
 def test_hints_cover_exactly_the_catalog():
-    from fjit.hints import HINTS
+    from fjit.strict.hints import HINTS
 
     entries = {n: load(n) for n in NAMES}
     assert HINTS == {n: m.FIX for n, m in sorted(entries.items()) if m.CODE is not None}

@@ -19,7 +19,7 @@ import torch
 import fjit
 from fjit import config
 from fjit.frontend import light_imports
-from fjit.frontend.context import is_user_file
+from fjit.strict.locate import is_user_file
 
 ROOT = Path(__file__).resolve().parents[1]
 

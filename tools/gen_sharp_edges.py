@@ -1,4 +1,4 @@
-"""Generate docs/sharp_edges.md and fjit/hints.py from the sharp-edges catalog.
+"""Generate docs/sharp_edges.md and fjit/strict/hints.py from the sharp-edges catalog.
 
 Every module of sharp_edges_catalog/ named <CODE>_<topic>.py or OK_<topic>.py is imported; its
 CODE, ERROR, TITLE, FIX, EXPECTED, docstring, bad() and good() become one entry of the docs, and
@@ -30,7 +30,7 @@ CATALOG = "sharp_edges_catalog"     # the path errors print (installed as fjit.s
 CATALOG_MODULE = "sharp_edges_catalog"     # imported from the checkout, which ROOT puts on sys.path
 CATALOG_DIR = ROOT / CATALOG
 DOCS_OUT = ROOT / "docs" / "sharp_edges.md"
-HINTS_OUT = ROOT / "fjit" / "hints.py"
+HINTS_OUT = ROOT / "fjit" / "strict" / "hints.py"
 SCRIPT = "tools/gen_sharp_edges.py"
 
 ENTRY_RE = re.compile(r"^(FJ\d{3}|OK)_[A-Za-z0-9_]+$")

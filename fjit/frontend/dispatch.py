@@ -18,14 +18,15 @@ from fjit.core.ir import (BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Trace,
                           map_values)
 from fjit.core.prims import OUT_OF_PLACE
 from fjit.errors import UnsupportedOpError, located
-from fjit.frontend.context import ProcessPatch, TraceContext, current, user_location
+from fjit.frontend.context import ProcessPatch, TraceContext, current
 from fjit.frontend.meta import meta_tensor
-from fjit.frontend.proxies import NumberProxy, TensorProxy, _set_data
+from fjit.frontend.proxies import NumberProxy, TensorProxy, set_data
 from fjit.frontend.rng import bind_generators, rng_preserved
 from fjit.runtime import functional_inplace, register_hook, retain_grad, setitem, view_scatter
 from fjit.frontend.modes import record_mode_changes
 from fjit.frontend.stateful_ops import WRITES_INTO_ARGUMENTS
-from fjit.frontend.record import DECOMPOSITIONS, RANDOM_OPS, _op_name, torch_symbol, trace_call
+from fjit.frontend.record import DECOMPOSITIONS, RANDOM_OPS, op_name, torch_symbol, trace_call
+from fjit.strict.locate import user_location
 
 # Questions whose answer is a tensor's data in Python: catalog entry and how to say it.  In the
 # permissive modes the question is put to this call's concrete values (the trace then specializes
@@ -171,14 +172,14 @@ def _dispatch(ctx, func, args, kwargs):
         return _data_dependent(ctx, func, args, kwargs)
     if func in RUNTIME_IDENTITY:
         raise UnsupportedOpError(located(
-            "FJ202", f"{_op_name(func)} asks about a tensor's memory, which a traced program "
+            "FJ202", f"{op_name(func)} asks about a tensor's memory, which a traced program "
                      f"cannot know at trace time", *user_location(),
             "compute it outside the compiled function and pass the result in"))
     if func in GRADIENT_HOOKS and isinstance(args[0], TensorProxy):
         return _gradient_hook(ctx, func, args, kwargs)
     if func in AUTOGRAD_HOOKS:
         raise UnsupportedOpError(located(
-            "FJ202", f"{_op_name(func)} on a value computed inside a compiled function: the hook "
+            "FJ202", f"{op_name(func)} on a value computed inside a compiled function: the hook "
                      f"would be attached to a trace-time stand-in and never run", *user_location(),
             "register the hook on the compiled function's output, or call this part outside"))
     if func is torch.Tensor.__deepcopy__:     # copy.deepcopy(t): a new tensor with t's values
@@ -190,7 +191,7 @@ def _dispatch(ctx, func, args, kwargs):
         if parts is not None:
             for target, value in parts[1]:
                 _write(ctx, target, _conform(value, target), func, "FJ102_inplace_input",
-                       f"{_op_name(func)}(training=True)")
+                       f"{op_name(func)}(training=True)")
             return parts[0]
     if _is_mutation(func, kwargs):
         return _functionalize(ctx, func, args, kwargs)
@@ -221,7 +222,7 @@ def _is_mutation(func, kwargs) -> bool:
         return True
     name = getattr(func, "__name__", "")
     return (name.endswith("_") and not name.endswith("__")) or func in _INPLACE_DUNDERS \
-        or func is torch.Tensor.__setitem__ or func is _set_data
+        or func is torch.Tensor.__setitem__ or func is set_data
 
 
 def _data_dependent(ctx: TraceContext, func, args, kwargs):
@@ -288,7 +289,7 @@ def _functionalize(ctx: TraceContext, func, args, kwargs):
         name = next(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))
         args, kwargs = (kwargs[name],), {k: v for k, v in kwargs.items() if k != name}
     target = args[0]
-    if func is _set_data:         # x.data = value: x now holds value (an input: FJ102)
+    if func is set_data:         # x.data = value: x now holds value (an input: FJ102)
         _write(ctx, target, _conform(args[1], target) if target._fj_root is not None else args[1],
                func, "FJ102_inplace_input", ".data assignment")
         return None
@@ -307,7 +308,7 @@ def _functionalize(ctx: TraceContext, func, args, kwargs):
     else:
         sym = _FUNCTIONAL_INPLACE_RANDOM if func in RANDOM_OPS else _FUNCTIONAL_INPLACE
         value = trace_call(ctx, sym, functional_inplace, (func, *args), kwargs)
-    _write(ctx, target, value, func, "FJ102_inplace_input", f"{_op_name(func)}")
+    _write(ctx, target, value, func, "FJ102_inplace_input", f"{op_name(func)}")
     return target
 
 
@@ -317,7 +318,7 @@ def _functionalize_foreach(ctx: TraceContext, func, args, kwargs):
     oop = getattr(torch, name[:-1], None) if name.startswith("_foreach_") else None
     if oop is None:
         raise UnsupportedOpError(located(
-            "FJ202", f"{_op_name(func)} writes into a list of tensors and has no out-of-place twin",
+            "FJ202", f"{op_name(func)} writes into a list of tensors and has no out-of-place twin",
             *user_location(), "write it as a list comprehension of out-of-place ops"))
     values = dispatch(oop, args, kwargs)
     for target, value in zip(args[0], values):
@@ -365,7 +366,7 @@ def _write(ctx: TraceContext, target: TensorProxy, value: TensorProxy, func, ent
         return
     if target._fj_chain is None:
         raise UnsupportedOpError(located(
-            "FJ202", f"{_op_name(func)} writes into a view fjit cannot replay", *user_location(),
+            "FJ202", f"{op_name(func)} writes into a view fjit cannot replay", *user_location(),
             "clone() the tensor before writing into it"))
     new_root = trace_call(ctx, _VIEW_SCATTER, view_scatter, (root, value, target._fj_chain), {})
     root._fj_var = new_root.ir

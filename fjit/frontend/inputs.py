@@ -19,8 +19,9 @@ import torch.utils._pytree as pytree
 
 from fjit.core.ir import NumberVar, TensorVar
 from fjit.errors import UnsupportedInputError, catalog_fix, catalog_ref, hint_for, located
-from fjit.frontend.context import autocast_key, user_location
+from fjit.frontend.context import autocast_key
 from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
+from fjit.strict.locate import user_location
 
 ACCEPTED = ("torch.Tensor, int, float, bool, str, None, torch.dtype, torch.device, slice, Ellipsis, "
             "torch.Size, and tuples, lists, dicts, namedtuples, OrderedDicts and other "

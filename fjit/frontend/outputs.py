@@ -24,8 +24,8 @@ import torch.utils._pytree as pytree
 
 from fjit.core.ir import is_structseq, map_values
 from fjit.errors import UnsupportedInputError, located
-from fjit.frontend.record import _capture
 from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
+from fjit.frontend.record import capture_outside_tensor
 
 RETURNABLE = ("tensors, numbers, strings, None, dtypes, devices, torch.Size, and tuples, lists, "
               "dicts, namedtuples, OrderedDicts, dataclasses, SimpleNamespaces and "
@@ -46,7 +46,7 @@ def output_structure(ctx, result, where):
         if isinstance(x, (TensorProxy, NumberProxy)):
             return x.ir
         if isinstance(x, torch.Tensor):
-            return _capture(ctx, x).ir      # a tensor from outside the signature: FJ101's path
+            return capture_outside_tensor(ctx, x).ir      # a tensor from outside the signature: FJ101's path
         return x
 
     if _plain(result):

@@ -32,8 +32,9 @@ import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar
 from fjit.errors import FjitError, UnsupportedOpError, located
-from fjit.frontend.context import current, user_location
+from fjit.frontend.context import current
 from fjit.frontend.meta import meta_tensor
+from fjit.strict.locate import user_location
 
 
 def _dispatch(func, args, kwargs=None):
@@ -159,12 +160,12 @@ class TensorProxy(torch.Tensor):
 
     @data.setter
     def data(self, value):
-        _dispatch(_set_data, (self, value))
+        _dispatch(set_data, (self, value))
 
 
-def _set_data(x, value):
+def set_data(x, value):
     """What `x.data = value` does (a marker for the dispatcher, never called)."""
-    raise AssertionError("fjit: _set_data is traced, never run")
+    raise AssertionError("fjit: set_data is traced, never run")
 
 
 def _metadata_via_meta(name):

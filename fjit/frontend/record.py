@@ -11,10 +11,11 @@ from fjit.core.ir import (BoundSymbol, GeneratorVar, Symbol, Tag, TensorVar, fla
                           map_values)
 from fjit.core.prims import VIEW_OPS
 from fjit.errors import UnsupportedOpError, catalog_fix, located
-from fjit.frontend.context import TraceContext, user_location
+from fjit.frontend.context import TraceContext
 from fjit.frontend.meta import meta_tensor, run_meta
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.frontend.modes import autocast_applies, autocast_outputs
+from fjit.strict.locate import user_location
 
 # fjit.ops fills this at import: torch callable -> decomposition into prims over proxies.
 DECOMPOSITIONS: dict = {}
@@ -81,7 +82,7 @@ def torch_symbol(func) -> Symbol:
     return sym
 
 
-def _op_name(func) -> str:
+def op_name(func) -> str:
     name = qualified_name(func)
     return name.replace("torch.Tensor.", "Tensor.").replace(".__get__", "")
 
@@ -140,7 +141,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         if real and func in _METADATA_GETTERS:
             return func(*args, **kwargs)      # e.g. .shape of a global tensor: a bound constant
     if any(type(x) is not TensorProxy and isinstance(x, torch.Tensor) for x in leaves):
-        args, kwargs = map_values(lambda x: _capture(ctx, x) if type(x) is not TensorProxy and
+        args, kwargs = map_values(lambda x: capture_outside_tensor(ctx, x) if type(x) is not TensorProxy and
                                   isinstance(x, torch.Tensor) else x,
                                   (args, kwargs))
 
@@ -186,7 +187,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         if not isinstance(e, NotImplementedError) and "meta" not in str(e):
             raise
         raise UnsupportedOpError(located(
-            "FJ202", f"{_op_name(func)} cannot be traced: its output shape depends on tensor data "
+            "FJ202", f"{op_name(func)} cannot be traced: its output shape depends on tensor data "
                      f"or torch has no shape rule for it (torch: {_first_sentence(e)})",
             *user_location(), catalog_fix("FJ202_data_dependent_shape") +
             '; or call it outside the compiled function, or run the model with '
@@ -343,7 +344,7 @@ def _requested_device(func, args, kwargs):
     return torch.device(device) if device is not None else None
 
 
-def _capture(ctx: TraceContext, tensor: torch.Tensor) -> TensorProxy:
+def capture_outside_tensor(ctx: TraceContext, tensor: torch.Tensor) -> TensorProxy:
     """A tensor that is not an input reached an op: FJ101; permissively, a constant by reference."""
     entry, where = ctx.tensor_origins.get(id(tensor), ("FJ101_external_tensor", None))
     if where is None:

@@ -22,9 +22,10 @@ import torch
 
 from fjit.core.ir import BoundSymbol, GeneratorVar, Symbol, Tag, flatten_values, map_values
 from fjit.errors import UnsupportedOpError, located
-from fjit.frontend.context import ProcessPatch, current, user_location
-from fjit.frontend.record import _capture
+from fjit.frontend.context import ProcessPatch, current
+from fjit.frontend.record import capture_outside_tensor
 from fjit.runtime import generator
+from fjit.strict.locate import user_location
 
 _REAL = torch._C.Generator
 
@@ -80,7 +81,7 @@ class TracedGenerator(_REAL, metaclass=_GeneratorType):
                     *user_location(), "seed the generator with g.manual_seed(n), or pass the "
                                       "generator in"))
             if id(state) in ctx.tensor_origins:     # a global tensor, read once: FJ101
-                _capture(ctx, state)
+                capture_outside_tensor(ctx, state)
         super().set_state(state)
         self._fjit_origin, self._fjit_var = {"state": super().get_state()}, None   # a copy
         return self

@@ -25,10 +25,10 @@ import types
 
 import torch
 
-from fjit.frontend.callables import code_location
-from fjit.frontend.context import TraceContext, is_user_file, user_location
-from fjit.frontend.proxies import InputDict, InputList
-from fjit.frontend.outside import Reach, code_lines, line_of
+from fjit.strict.bytecode_lines import code_lines, line_of
+from fjit.strict.callables import code_location
+from fjit.strict.locate import is_user_file, user_location
+from fjit.strict.reach import Reach
 
 _MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update",
              "setdefault", "popitem", "add", "discard", "difference_update", "intersection_update",
@@ -45,7 +45,7 @@ _GLOBAL_STATE_FUNCS = {inspect.unwrap(f).__code__ for f in (
     if hasattr(inspect.unwrap(f), "__code__")}
 _GLOBAL_STATE_BUILTINS = {torch.set_num_threads, torch.set_num_interop_threads}
 # Methods that reseed or reposition a torch.Generator.  On one created inside the function they
-# are traced (frontend/rng.py: TracedGenerator overrides them in Python, so no c_call is seen).
+# are traced (fjit/frontend/rng.py: TracedGenerator overrides them in Python, so no c_call is seen).
 _GENERATOR_SETTERS = {"manual_seed", "seed", "set_state", "set_offset", "graphsafe_set_state"}
 
 
@@ -198,7 +198,12 @@ _CALL_AS_USER = call_as_user_code.__code__
 
 
 @contextlib.contextmanager
-def observe(ctx: TraceContext, fn):
+def observe(ctx, fn, *, input_containers: tuple[type, ...], undo_leaks):
+    """Watch the traced run of `fn` and report its sharp edges to `ctx`, the trace's context (its
+    `sharp_edge`, `fn_name` and `return_location`).  The tracing side says what it owns:
+    `input_containers` are its read-only input list and dict types (an unbound `list.append(xs, v)`
+    on one bypasses their own report), and `undo_leaks(reach)` puts back the proxies the run left
+    in the state it reached, before anything is reported."""
     reach = Reach(fn)
     owner_of, rng_ids = reach.owner_of, reach.rng_ids
     ran: list = []           # user code objects that ran, in first-run order
@@ -245,7 +250,7 @@ def observe(ctx: TraceContext, fn):
                                       f"{'persists between calls' if entry == 'FJ104_mutable_default' else 'existed before the call'}"
                                       f" in '{ctx.fn_name}'; a compiled call would not repeat it",
                                user_location(frame))
-            elif found is None and isinstance(owner, (InputList, InputDict)) and \
+            elif found is None and isinstance(owner, input_containers) and \
                     getattr(arg, "__name__", "") in _MUTATORS:
                 # list.append(xs, v) called unbound on an input list: its own methods are bypassed
                 kind = "list" if isinstance(owner, list) else "dict"
@@ -278,7 +283,7 @@ def observe(ctx: TraceContext, fn):
             sys.setprofile(None)
             getattr(previous, "enable", lambda: None)()
         changes = reach.changes()
-        reach.undo_proxy_writes()       # reported below; a proxy never outlives its trace
+        undo_leaks(reach)       # reported below; a proxy never outlives its trace
     default = code_location(fn) or user_location()
     if numpy_state is not None and _numpy_rng_state() != numpy_state:
         # numpy.random's Cython functions raise no profile events: its global RNG moving tells.
@@ -323,7 +328,7 @@ def _numpy_rng_state():
     return hash(keys.tobytes()), pos, has_gauss, cached_gaussian
 
 
-def _message(found: tuple[str, str], ctx: TraceContext) -> str:
+def _message(found: tuple[str, str], ctx) -> str:
     entry, what = found
     if entry.startswith("FJ104"):
         return f"{what} in '{ctx.fn_name}' runs once, while tracing, and never in compiled calls"
