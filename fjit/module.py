@@ -1,4 +1,5 @@
-"""`fjit.jit(module)`: an `nn.Module` whose call runs a compiled forward (DESIGN.md section 7).
+"""`fjit.jit(module)`: an `nn.Module` whose call runs a compiled forward (the design contract's
+section 7, ../shared/DESIGN.md outside the repository; how it works: docs/design.md, "Modules").
 
 The wrapper is built on a `JittedFunction` of one traced function,
 

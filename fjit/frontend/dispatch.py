@@ -141,7 +141,7 @@ opaque_calls_traced = ProcessPatch(_install_opaque_calls, _restore_opaque_calls)
 # ----------------------------------------------------------------------------------------------
 
 def dispatch(func, args: tuple, kwargs: dict):
-    # No user code runs below, so the observer's profile hook (frontend/observer.py) is switched
+    # No user code runs below, so the observer's profile hook (strict/observer.py) is switched
     # off: torch's meta kernels make thousands of Python calls it would otherwise see.
     # (A C-level profiler such as cProfile cannot be reinstalled from Python: it stays on.)
     hook = sys.getprofile()

@@ -1,9 +1,10 @@
 """Outputs: what the traced function returned, as the trace's output plus how to rebuild it.
 
-The caller must get what eager returns (DESIGN.md section 2, "Outputs"): same types, same field
-values, same keys in the same order, and never a proxy.  Plain tuples, lists, dicts with literal
-keys and namedtuples of traced values print as themselves in the trace's `return`, which stays
-readable and costs nothing more per call.  Anything else (dataclasses, SimpleNamespace, OrderedDict,
+The caller must get what eager returns (the design contract's section 2, "Outputs", in
+../shared/DESIGN.md outside the repository): same types, same field values, same keys in the same
+order, and never a proxy.  Plain tuples, lists, dicts with literal keys and namedtuples of traced
+values print as themselves in the trace's `return`, which stays readable and costs nothing more per
+call.  Anything else (dataclasses, SimpleNamespace, OrderedDict,
 dicts with dtype or tuple keys, torch.Size, nodes registered with `torch.utils._pytree`) is flattened
 to its traced values: the trace returns `rebuild(t3, t5)`, a function generated once per trace that
 builds the caller's structure from the flat values, so a cached call pays one Python call for it.

@@ -11,7 +11,7 @@
   `gen3 = fjit_ops.generator(torch.device('cpu'), seed=0)`.  To tell those from generators that
   existed before the call, `torch.Generator` is `TracedGenerator` while tracing.  A generator from
   outside (a global, a closure) is bound by reference and advances on every call, as in eager;
-  reseeding it inside the function is FJ104 (frontend/observer.py), and `g.seed()` on one created
+  reseeding it inside the function is FJ104 (strict/observer.py), and `g.seed()` on one created
   inside is FJ105 (its seed would be frozen).
 """
 from __future__ import annotations
