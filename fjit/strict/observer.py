@@ -5,10 +5,10 @@ Two mechanisms, both paid at trace time only:
   * a profile hook (sys.setprofile) sees every call made *from user code*: print, open, logging,
     time.time, random.random, numpy.random, uuid, torch.manual_seed, and mutating methods
     (append, update, ...) of objects that existed before the call;
-  * a before/after comparison of the state the function can reach: the globals of its module(s),
-    its closure cells, and the contents of mutable objects bound to those names.  A change is a
-    global/nonlocal assignment or a mutation of an object the function does not own; its line is
-    found in the bytecode of the user code that ran.
+  * a before/after comparison of the state the function can reach (strict/reach.py): the globals
+    of its module(s), its closure cells, and the contents of mutable objects bound to those names.
+    A change is a global/nonlocal assignment or a mutation of an object the function does not own;
+    its line is found in the bytecode of the user code that ran (strict/bytecode_lines.py).
 Only what actually ran is reported.
 """
 from __future__ import annotations
