@@ -19,7 +19,7 @@ from fjit.core.ir import (BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Trace,
 from fjit.core.prims import OUT_OF_PLACE
 from fjit.errors import UnsupportedOpError, located
 from fjit.frontend.context import ProcessPatch, TraceContext, current, user_location
-from fjit.frontend.meta import meta_tensor
+from fjit.core.meta import meta_tensor
 from fjit.frontend.proxies import NumberProxy, TensorProxy, _set_data
 from fjit.frontend.rng import bind_generators, rng_preserved
 from fjit.runtime import functional_inplace, register_hook, retain_grad, setitem, view_scatter

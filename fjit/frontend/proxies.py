@@ -33,7 +33,7 @@ import torch
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar
 from fjit.errors import FjitError, UnsupportedOpError, located
 from fjit.frontend.context import current, user_location
-from fjit.frontend.meta import meta_tensor
+from fjit.core.meta import meta_tensor
 
 
 def _dispatch(func, args, kwargs=None):

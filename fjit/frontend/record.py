@@ -12,7 +12,7 @@ from fjit.core.ir import (BoundSymbol, GeneratorVar, Symbol, Tag, TensorVar, fla
 from fjit.core.prims import VIEW_OPS
 from fjit.errors import UnsupportedOpError, catalog_fix, located
 from fjit.frontend.context import TraceContext, user_location
-from fjit.frontend.meta import meta_tensor, run_meta
+from fjit.core.meta import meta_tensor, run_meta
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.frontend.modes import autocast_applies, autocast_outputs
 
