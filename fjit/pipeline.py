@@ -58,7 +58,8 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
         # An input requiring grad under grad mode: a compiled forward and backward, when
         # something in them fuses (else torch autograd runs the forward program's torch calls).
         cleaned = traces[len(CLEANUP)]
-        joint = autodiff.compile_with_backward(cleaned, leaves, _lowering(cleaned, leaves, executors))
+        lowering = _lowering(cleaned, leaves, executors)
+        joint = autodiff.compile_with_backward(cleaned, leaves, lowering)
         if isinstance(joint, autodiff.Compiled):
             traces, program, backward = joint.forward_traces, joint.program, joint.backward_traces
         else:

@@ -11,11 +11,11 @@ Each top-level op of the (cleaned) forward trace is one of
 
 The backward is recorded by running the rules on proxies in a trace context of its own, so every
 value's metadata comes from torch's meta kernels, as in a traced forward; the context and the
-proxies are the frontend's, handed in as a Recorder.  A rule asks for the
-forward values it reads; `_Backward.value` decides for each: cheap pointwise and view values are
-recomputed from their operands in the backward (fused there for free, and never written by the
-forward); everything else (inputs, the caller's outputs, reductions, matmuls, random draws, opaque
-results) is saved: an extra output of the forward trace, an input of the backward trace.
+proxies are the frontend's, handed in as a Recorder.  A rule asks for the forward values it reads;
+`_Backward.value` decides for each: cheap pointwise and view values are recomputed from their
+operands in the backward (fused there for free, and never written by the forward); everything else
+(inputs, the caller's outputs, reductions, matmuls, random draws, opaque results) is saved: an
+extra output of the forward trace, an input of the backward trace.
 """
 from __future__ import annotations
 
