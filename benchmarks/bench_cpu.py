@@ -26,7 +26,8 @@ import torch
 import fjit
 from benchmarks import harness as H
 from fjit.executors.c import executor as c_executor
-from fjit.frontend import meta, tracer
+from fjit.core import meta
+from fjit.frontend import tracer
 
 FJIT_OPTIONS: dict = {}   # fjit's defaults: C kernels for small CPU regions, torch calls for the rest
 SIZES = {"small": 4, "large": 4 * 2**20}

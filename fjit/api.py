@@ -1,7 +1,7 @@
 """The public entry points: jit, last_traces, cache_info, diagnose, explain, clear_caches.
 
-A jitted function looks its program up in its ProgramCache (fjit/cache.py) and compiles on a miss,
-under a lock; lookups do not take it.  It behaves as a Python function does where the ecosystem
+A jitted function looks its program up in its ProgramCache (fjit/cache.py) and compiles on a miss
+(fjit/pipeline.py), under a lock; lookups do not take it.  It behaves as a Python function does where the ecosystem
 expects one: `functools.wraps` metadata, pickling by reference, deep-copying to itself, and
 `cache_info()` / `cache_clear()` as `functools.lru_cache` has them.
 """
@@ -16,26 +16,21 @@ import weakref
 from typing import Any, Callable, Generic, Iterable, Literal, ParamSpec, TypeVar, Union, overload
 
 import torch
-import torch.utils._pytree as pytree
 
-import fjit.autodiff as autodiff
 import fjit.config as config
 import fjit.logs as logs
+import fjit.pipeline as pipeline
 from fjit.cache import CacheInfo, ProgramCache
 from fjit.config import DEFAULT_EXECUTORS, CacheMode, Executor, SharpEdges, TraceMode
-from fjit.core.ir import Binding, Tag, Trace
+from fjit.core.ir import Binding, Trace
+from fjit.core.meta import clear_memo
 from fjit.errors import SharpEdge
-from fjit.executors import kernel_executor, torch_executor
-from fjit.frontend.context import AMP_DEVICES, autocast_state, current
+from fjit.frontend.context import current
 from fjit.frontend.inputs import MISS, call_key, key_labels
 from fjit.frontend.light_imports import light_imports
-from fjit.frontend.meta import clear_memo
-from fjit.frontend.rng import rng_preserved, rng_snapshot
 from fjit.frontend.tracer import trace_function
 from fjit.module import FjitModule, diagnosis_call, jitted_of
 from fjit.ops import TRACE_NAMESPACE
-from fjit.passes.basic import constant_fold, cse, dce
-from fjit.passes.verify import verify
 from fjit.strict.bindings import scan_bindings
 from fjit.strict.callables import names
 
@@ -69,9 +64,9 @@ class JittedFunction(Generic[P, R]):
             keep=config.parse(CacheMode, cache, "fjit.jit: cache") is CacheMode.METADATA)
         self._lock = threading.Lock()
         self._last_traces: list[Trace] = []
+        self._last_backward_traces: list[Trace] = []
         self._history = logs.History()
         _ALL.add(self)
-        self._last_backward_traces: list[Trace] = []
 
     def __call__(self, *args, **kwargs):
         if not kwargs:
@@ -90,75 +85,37 @@ class JittedFunction(Generic[P, R]):
         cache = self._cache
         key, leaves = cache.key_and_leaves(args, kwargs)
         program = cache.get(key)
-        first = _NOT_RUN
+        compiled = None
         if program is None:
-            program, first = self._compile(key, args, kwargs, leaves)
+            program, compiled = self._compile(key, args, kwargs, leaves)
         else:
             cache.hits += 1
         if not kwargs:
             cache.remember_fast(args, program)
-        return program(*leaves) if first is _NOT_RUN else first
+        return program(*leaves) if compiled is None else compiled.result(leaves)
 
     def __get__(self, obj, objtype=None):
         return self if obj is None else functools.partial(self, obj)
 
-    def _compile(self, key, args, kwargs, leaves):
+    def _compile(self, key, args, kwargs, leaves) -> tuple[Callable, pipeline.Compilation | None]:
+        """(the program for `key`, its Compilation, or None where another thread compiled it)."""
         cache = self._cache
-        with self._lock, light_imports():
+        with self._lock:
             program = cache.get(key)
             if program is not None:
                 cache.hits += 1
-                return program, _NOT_RUN
+                return program, None
             cache.misses += 1
             self._history.add(self.__qualname__, cache.explain_miss(
                 key, key_labels(args, kwargs, _parameter_names(self._fn)),
                 cache.hits + cache.misses))
-            result, traces, first, executors = self._trace_with_real_layouts(args, kwargs, leaves)
-            # An input requiring grad under grad mode: a compiled forward and backward, when
-            # something in them fuses (else torch autograd runs the forward program's torch calls).
-            joint = autodiff.compile_with_backward(
-                traces[len(CLEANUP)], leaves, executors,
-                lambda t, cleanup: optimize(t, executors, leaves, cleanup))
-            if isinstance(joint, autodiff.Compiled):
-                traces, program = joint.forward_traces, joint.program
-                self._last_backward_traces = joint.backward_traces
-            else:
-                program = torch_executor.compile_trace(traces[-1])
-                self._last_backward_traces = [] if joint is None else \
-                    [autodiff.autograd_stage(traces[-1], joint)]
-            if any(b.sym.has(Tag.MODE) for b in traces[-1].bsyms):
-                program = _restoring_modes_on_error(program)
-            if config.check_mode():
-                check_traces(traces, leaves)
-            self._last_traces = traces
-            logs.log_traces(self.__qualname__, traces)
-            cache.store(args, kwargs, key, program, result.specialized)
-            return program, first
-
-    def _trace_with_real_layouts(self, args, kwargs, leaves):
-        """(trace result, stages, the first call's result or _NOT_RUN).  A program with opaque ops
-        runs once op by op with torch; where an opaque op's real layout differs from its meta
-        kernel's, the function is traced again with the real one (downstream layouts follow), and
-        that run's result is this call's.  If layouts still disagree, only torch calls run."""
-        observed: dict = {}
-        for attempt in range(3):
-            result = trace_function(self._fn, args, kwargs, leaves, self._mode, TRACE_NAMESPACE,
-                                    observed)
-            traces = optimize(result.trace, self._executors, leaves)
-            # The traced stage, dead ops included: check mode checks every stage's layouts.
-            traced = traces[0]
-            if not torch_executor.has_opaque_ops(traced):
-                return result, traces, _NOT_RUN, self._executors
-            rewind = rng_snapshot(traced.bsyms)
-            first, wrong = _restoring_modes_on_error(torch_executor.run_observing_layouts)(
-                traced, leaves)
-            if not wrong or attempt == 2:
-                break
-            rewind()      # the next run must draw what this one drew
-            observed.update(wrong)
-        if wrong:                # torch calls read any layout
-            traces = optimize(result.trace, (Executor.TORCH,), leaves)
-        return result, traces, first, (Executor.TORCH,) if wrong else self._executors
+            compiled = pipeline.compile_call(self._fn, args, kwargs, leaves, self._mode,
+                                             self._executors)
+            self._last_traces = compiled.traces
+            self._last_backward_traces = compiled.backward_traces
+            logs.log_traces(self.__qualname__, compiled.traces)
+            cache.store(args, kwargs, key, compiled.program, compiled.specialized)
+            return compiled.program, compiled
 
     def __repr__(self):
         return f"<fjit.jit of {self._fn!r}>"
@@ -188,77 +145,6 @@ class JittedFunction(Generic[P, R]):
 
     def __deepcopy__(self, memo):
         return self
-
-
-def _restoring_modes_on_error(program):
-    """A program that enters grad-mode or autocast regions leaves them as eager's `with` blocks do
-    when an op raises (when it returns, the trace has already restored or kept them as eager)."""
-    def run(*leaves):
-        grad, amp = torch.is_grad_enabled(), autocast_state()
-        try:
-            return program(*leaves)
-        except BaseException:
-            torch._C._set_grad_enabled(grad)
-            for device, (on, dtype) in zip(AMP_DEVICES, amp):
-                torch.set_autocast_enabled(device, on)
-                torch.set_autocast_dtype(device, dtype)
-            raise
-    return run
-
-
-_NOT_RUN = object()
-
-
-CLEANUP = (dce, cse, constant_fold, dce)
-
-
-def optimize(trace: Trace, executors: tuple, leaves: list, cleanup: bool = True) -> list[Trace]:
-    """Every stage from the traced program to the one the generated function runs: the cleanup
-    passes, then each kernel executor of `executors` in the user's order (a stage each that claims
-    something; each sees what the earlier ones left), then the torch executor for the rest."""
-    traces = [trace]
-    for stage in CLEANUP if cleanup else ():
-        traces.append(stage(traces[-1]))
-    for option in executors:
-        executor = kernel_executor(option)
-        claimed = executor.claim(traces[-1], leaves) if executor is not None else None
-        if claimed is not None:
-            traces.append(claimed)
-    traces.append(torch_executor.finalize(traces[-1]))
-    if config.check_mode():
-        for t in traces:
-            verify(t)
-    return traces
-
-
-def check_traces(traces: list[Trace], leaves: list) -> None:
-    """Check mode (FJIT_CHECK=1): every stage's printed source runs and agrees with the first, and
-    in every stage each torch fallback's real output has the shape, dtype and strides the trace
-    recorded from meta tensors (an AssertionError names the op and both).  Stages are compared on
-    their flat outputs (a rebuilt dataclass is not something assert_close compares); the
-    rebuilding is the same function in every stage.  Every stage draws the same random numbers,
-    and the generators are left as they were."""
-    flat = [torch_executor.with_metadata_checks(t.with_stage(t.stage, rebuild=None)) for t in traces]
-    with rng_preserved(traces[0].bsyms) as rewind:
-        expected = flat[0].python_callable()(*leaves)
-        for t in flat[1:]:
-            rewind()
-            got = t.python_callable()(*leaves)
-            _assert_same_result(got, expected, t.stage)
-
-
-def _assert_same_result(got, expected, stage: str) -> None:
-    """Tensors agree up to dtype tolerance; every other leaf (a string, a dtype, a size) is equal."""
-    got_leaves, got_spec = pytree.tree_flatten(got)
-    want_leaves, want_spec = pytree.tree_flatten(expected)
-    if got_spec != want_spec:
-        raise AssertionError(f"fjit check: stage {stage} returns {got_spec}, the first {want_spec}")
-    for a, b in zip(got_leaves, want_leaves):
-        if isinstance(b, torch.Tensor):
-            torch.testing.assert_close(a, b, equal_nan=True,
-                                       msg=lambda m: f"fjit check: stage {stage} differs: {m}")
-        elif not (a == b or a != a and b != b):      # NaN floats equal themselves here
-            raise AssertionError(f"fjit check: stage {stage} returns {a!r}, the first {b!r}")
 
 
 def _lookup(module: str, qualname: str):

@@ -49,7 +49,7 @@ def test_fallback_metadata_match_passes_and_normal_mode_adds_nothing(monkeypatch
 def test_check_traces_checks_every_stage(monkeypatch):
     trace, _, _ = _conv_trace((36, 9, 3, 1))
     with pytest.raises(AssertionError, match="torch fallback torch.conv2d"):
-        fjit.api.check_traces([trace, trace.with_stage("later")], list(_inputs()))
+        fjit.pipeline.check_traces([trace, trace.with_stage("later")], list(_inputs()))
 
 
 def test_check_mode_on_a_jitted_function(monkeypatch):

@@ -73,10 +73,10 @@ def test_first_call_observation_draws_random_numbers_once():
 
 
 def test_programs_without_opaque_ops_are_traced_once(monkeypatch):
-    import fjit.api
+    import fjit.pipeline
     traced = []
-    real = fjit.api.trace_function
-    monkeypatch.setattr(fjit.api, "trace_function", lambda *a, **k: traced.append(1) or real(*a, **k))
+    real = fjit.pipeline.trace_function
+    monkeypatch.setattr(fjit.pipeline, "trace_function", lambda *a, **k: traced.append(1) or real(*a, **k))
     fjit.jit(lambda x: x * 2 + 1)(torch.randn(3))
     assert len(traced) == 1      # no opaque op: no observation run, no retrace
     fjit.jit(lambda x, w: F.conv2d(x, w) + 1)(_cl(2, 3, 5, 5), torch.randn(4, 3, 3, 3))

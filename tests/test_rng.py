@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import fjit
-from fjit.api import check_traces
+from fjit.pipeline import check_traces
 
 X = torch.randn(4, 5)
 P = torch.rand(4, 5)

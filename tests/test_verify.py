@@ -58,9 +58,9 @@ def test_a_prim_output_against_its_rule_is_caught():
 def test_check_mode_verifies_every_stage(monkeypatch):
     monkeypatch.setenv("FJIT_CHECK", "1")
     calls = []
-    import fjit.api
-    real = fjit.api.verify
-    monkeypatch.setattr(fjit.api, "verify", lambda t: calls.append(t.stage) or real(t))
+    import fjit.pipeline
+    real = fjit.pipeline.verify
+    monkeypatch.setattr(fjit.pipeline, "verify", lambda t: calls.append(t.stage) or real(t))
     jf = fjit.jit(_f)
     jf(torch.randn(3, 4), torch.randn(4))
     assert calls == [t.stage for t in fjit.last_traces(jf)]

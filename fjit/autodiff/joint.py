@@ -10,25 +10,23 @@ Each top-level op of the (cleaned) forward trace is one of
   torch.autograd.grad on it (`torch_vjp`).
 
 The backward is recorded by running the rules on proxies in a trace context of its own, so every
-value's metadata comes from torch's meta kernels, as in a traced forward.  A rule asks for the
-forward values it reads; `_Backward.value` decides for each: cheap pointwise and view values are
-recomputed from their operands in the backward (fused there for free, and never written by the
-forward); everything else (inputs, the caller's outputs, reductions, matmuls, random draws, opaque
-results) is saved: an extra output of the forward trace, an input of the backward trace.
+value's metadata comes from torch's meta kernels, as in a traced forward; the context and the
+proxies are the frontend's, handed in as a Recorder.  A rule asks for the forward values it reads;
+`_Backward.value` decides for each: cheap pointwise and view values are recomputed from their
+operands in the backward (fused there for free, and never written by the forward); everything else
+(inputs, the caller's outputs, reductions, matmuls, random draws, opaque results) is saved: an
+extra output of the forward trace, an input of the backward trace.
 """
 from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from fjit.core.ir import (BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Trace, Var,
                           flatten_values, map_values)
-from fjit.frontend.context import Mode, TraceContext
-from fjit.frontend.dispatch import dispatch
-from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.autodiff.function import record, torch_vjp
 from fjit.autodiff.rules import NONDIFF, VJP, fit, full, has_rule
 from fjit.core.prims import Prim, prim_of
@@ -36,6 +34,16 @@ from fjit.ops.math_ops import prim
 
 RECORD = Symbol("fjit_autodiff.record", record, frozenset({Tag.FALLBACK, Tag.RANDOM}))
 TORCH_VJP = Symbol("fjit_autodiff.torch_vjp", torch_vjp, frozenset({Tag.FALLBACK}))
+
+
+@dataclasses.dataclass(frozen=True)
+class Recorder:
+    """How the backward is recorded on proxies, as the frontend records a traced function."""
+    # (forward trace, first free `t` number) -> a trace context, entered while recording: it has
+    # inputs, scopes, consts, record(bsym) and new_name()
+    context: Callable[[Trace, int], Any]
+    tensor: Callable[..., Any]                  # (TensorVar, is_input=False) -> its proxy
+    number: Callable[[Any, NumberVar], Any]     # (value, NumberVar) -> its proxy
 
 
 def differentiable(v) -> bool:
@@ -74,7 +82,8 @@ class Unsupported(Exception):
     """Something the joint program does not handle: the whole function keeps torch autograd."""
 
 
-def build(trace: Trace, leaves: list, decompose: Callable[..., bool]) -> Joint | str:
+def build(trace: Trace, leaves: list, decompose: Callable[..., bool | int],
+          recorder: Recorder) -> Joint | str:
     """The joint program of `trace`, or why torch autograd should run it as before (nothing
     would be fused, or something is unsupported).  `decompose(b)` says whether to differentiate
     an op through its prims, `decompose(b, fused=True)` how many of its prims kernels would take."""
@@ -101,7 +110,7 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool]) -> Joint |
         return (f"kernels would take {fused} prims of the backward against "
                 f"{kinds.count('record')} ops kept by torch autograd: not worth a joint program")
     try:
-        return _Builder(trace, leaves, kinds).build()
+        return _Builder(trace, leaves, kinds, recorder).build()
     except Unsupported as e:
         return f"the joint program cannot be built ({e})"
 
@@ -115,8 +124,8 @@ def _contiguous(shape) -> tuple:
 
 
 class _Builder:
-    def __init__(self, trace: Trace, leaves: list, kinds: list):
-        self.trace, self.leaves, self.kinds = trace, leaves, kinds
+    def __init__(self, trace: Trace, leaves: list, kinds: list, recorder: Recorder):
+        self.trace, self.leaves, self.kinds, self.recorder = trace, leaves, kinds, recorder
         self.used = {v.name for v in trace.inputs}
         top_level = set()
         self.producer: dict[str, tuple[BoundSymbol, int]] = {}   # var -> (prim or op, unit)
@@ -200,10 +209,9 @@ class _Backward:
         self.env: dict[str, object] = {}      # forward var name -> its proxy in the backward
         self.saved: list = []                 # forward Vars the backward reads, in first-read order
         self.ct: dict[str, object] = {}       # forward var name -> cotangent proxy so far
-        self.ctx = TraceContext(lambda: None, Mode.ERROR, dispatch, builder.trace.namespace)
-        self.ctx.fn_name = builder.trace.name
+        self.recorder = builder.recorder
         numbers = [int(m.group(1)) for n in builder.used if (m := re.fullmatch(r"t(\d+)", n))]
-        self.ctx.counter = max(numbers, default=-1) + 1
+        self.ctx = self.recorder.context(builder.trace, max(numbers, default=-1) + 1)
 
     def _input(self, var: Var, name: str):
         if isinstance(var, NumberVar):
@@ -213,10 +221,10 @@ class _Backward:
                 raise Unsupported("a number computed in the function is used by the backward") from None
             v = NumberVar(name, var.pytype)
             self.ctx.inputs.append(v)
-            return NumberProxy(self.b.leaves[position], v, frozenset())
+            return self.recorder.number(self.b.leaves[position], v)
         v = TensorVar(name, var.shape, var.dtype, var.device, var.strides, False)
         self.ctx.inputs.append(v)
-        return TensorProxy(v, is_input=True)
+        return self.recorder.tensor(v, is_input=True)
 
     def value(self, var: Var):
         """A forward value in the backward: recomputed if cheap, else saved by the forward."""
@@ -252,7 +260,7 @@ class _Backward:
                     g = TensorVar(b.fresh(f"grad_{v.name}"), v.shape, v.dtype, v.device,
                                   _contiguous(v.shape), False)
                     cotangents.append(g)
-                    self.ct[v.name] = TensorProxy(g, is_input=True)
+                    self.ct[v.name] = self.recorder.tensor(g, is_input=True)
             for i in reversed(range(len(b.trace.bsyms))):
                 kind, op = b.kinds[i], b.trace.bsyms[i]
                 if kind == "prims":
@@ -305,5 +313,5 @@ class _Backward:
                                                 tuple(g.ir for _, g in used)), {}, results,
                                     comment=f"torch autograd's backward of {op.sym.qualname}"))
         for var, r in zip(inputs, results):
-            self._accumulate(var, TensorProxy(r), var.shape)
+            self._accumulate(var, self.recorder.tensor(r), var.shape)
 

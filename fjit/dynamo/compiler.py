@@ -31,11 +31,14 @@ import torch.fx
 from torch.fx.passes.split_module import split_module
 
 import fjit.config as config
-from fjit.api import _NOT_RUN, DEFAULT_EXECUTORS, Executor, JittedFunction
+import fjit.pipeline as pipeline
+from fjit.api import JittedFunction, last_traces
+from fjit.config import DEFAULT_EXECUTORS, Executor, SharpEdges, TraceMode
 from fjit.core.ir import Tag, Trace
 from fjit.dynamo import aten as aten_table
 from fjit.dynamo.split import (SplitReason, assign, describe_error, is_compute, is_symbolic,
                                node_of_error, op_name, static_reason, writes_across_pieces)
+from fjit.frontend.inputs import call_key
 
 SPLIT_EXECUTORS = ("torch", "inductor")
 _MAX_RESPLITS = 6
@@ -320,15 +323,22 @@ class _FjitPiece:
     def _compile(self, gm: torch.fx.GraphModule, args: tuple):
         """(the callable later calls run, this call's result)."""
         info = self.info
-        jf = JittedFunction(gm.forward, sharp_edges="error", executors=self.splitter.backend.executors)
-        key, leaves = jf._cache.key_and_leaves(args, {})
-        program, first = jf._compile(key, args, {}, leaves)
-        info.traces = list(jf._last_traces)
         info.executor = "fjit"
-        info.dynamic = info.dynamic or is_symbolic(self.gm, ())
-        result = program(*leaves) if first is _NOT_RUN else first
-        if self.splitter.dynamic or jf._cache.specialized or is_symbolic(self.gm, ()):
-            return jf, result            # fjit's metadata cache: one program per input metadata
+        executors = self.splitter.backend.executors
+        if self.splitter.dynamic or is_symbolic(self.gm, ()):
+            # fjit's metadata cache: one program per input metadata
+            jf = JittedFunction(gm.forward, sharp_edges="error", executors=executors)
+            result = jf(*args)
+            info.traces, info.dynamic = last_traces(jf), True
+            return jf, result
+        _, leaves = call_key(args, {}, frozenset())
+        compiled = pipeline.compile_call(gm.forward, args, {}, leaves,
+                                         TraceMode.of(SharpEdges.ERROR), executors)
+        info.traces = compiled.traces
+        result = compiled.result(leaves)
+        if compiled.specialized:     # a float input's value matters: the metadata cache keys on it
+            return JittedFunction(gm.forward, sharp_edges="error", executors=executors), result
+        program = compiled.program
         positions = [i for i, a in enumerate(args) if isinstance(a, (torch.Tensor, float))]
         if positions == list(range(len(args))):
             return program, result

@@ -1,10 +1,11 @@
 """Executors turn the final trace into what runs: Triton kernels, C kernels, torch calls.
 
-The protocol is small: an executor has a `name` and `claim(trace, leaves)`, which returns the trace
-with the regions it takes replaced by one bound symbol each (a kernel call), or None when it takes
-nothing.  `optimize` asks the executors in the user's `executors=` order; each sees what the
-earlier ones left.  The torch executor is the catch-all: it runs whatever is left as torch calls,
-so it is not in the registry and always runs last.
+A kernel executor (the KernelExecutor protocol) says on which devices it fuses, claims regions of
+a trace, and says how the compiled backward should split ops for it: which ops are differentiated
+through their prims, and how many of those prims its kernels would take.  The pipeline
+(fjit/pipeline.py) asks the executors in the user's `executors=` order; each sees what the earlier
+ones left.  The torch executor is the catch-all: it runs whatever is left as torch calls, so it is
+not in the registry and always runs last.
 
 What every kernel executor shares lives here too: where kernels are cached, whether a trace's
 inputs can be read by a kernel at all, and the bound symbol that stands for a region.
@@ -23,14 +24,23 @@ from fjit.config import Executor, kernel_cache_root
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Trace, Var, map_values
 from fjit.runtime import register_kernel
 
-__all__ = ["Executor", "KernelExecutor", "kernel_executor", "kernel_inputs_usable", "kernel_bsym",
-           "kernel_cache_dir"]   # Executor (the `executors=` option) lives in fjit.config
+__all__ = ["Executor", "KernelExecutor", "kernel_executor", "fusing_executor", "kernel_inputs_usable",
+           "kernel_bsym", "kernel_cache_dir"]   # Executor (the `executors=` option) lives in fjit.config
 
 
 class KernelExecutor(Protocol):
     name: str
 
-    def claim(self, trace: Trace, leaves: list) -> Trace | None: ...
+    def fuses_on(self, device: torch.device) -> bool:
+        """Whether it generates kernels for tensors on `device` (as configured now)."""
+
+    def claim(self, trace: Trace, leaves: list) -> Trace | None:
+        """`trace` with the regions it takes replaced by one kernel call each, or None."""
+
+    def decompose(self, b: BoundSymbol, fused: bool = False) -> bool | int:
+        """For the compiled backward: fused=False, whether to differentiate the op `b` through its
+        prims (else torch autograd keeps it, with torch's own backward kernel); fused=True, how
+        many of its prims this executor's kernels would take."""
 
 
 # Kernel executors by option, imported when first asked for: Triton is optional (a missing triton
@@ -47,6 +57,15 @@ def kernel_executor(option: Executor) -> KernelExecutor | None:
         except ImportError:
             _LOADED[option] = None
     return _LOADED[option]
+
+
+def fusing_executor(executors: tuple, device: torch.device) -> KernelExecutor | None:
+    """The first kernel executor of `executors` that fuses on `device`, or None."""
+    for option in executors:
+        executor = kernel_executor(option)
+        if executor is not None and executor.fuses_on(device):
+            return executor
+    return None
 
 
 def kernel_inputs_usable(trace: Trace, leaves: list, device_ok: Callable[[torch.device], bool]) -> bool:

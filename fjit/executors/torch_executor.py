@@ -17,12 +17,6 @@ import torch
 import fjit.config as config
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Trace, Var, flatten_values, map_values
 from fjit.core.prims import Prim, prim_of
-from fjit.passes.basic import free_dead_values, reuse_buffers
-
-
-def finalize(trace: Trace) -> Trace:
-    """The last stage: what the generated function is compiled from."""
-    return free_dead_values(reuse_buffers(trace)).with_stage("torch_executor")
 
 
 def compile_trace(trace: Trace) -> Callable:

@@ -18,8 +18,8 @@ from fjit.core.ir import (BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Trace,
                           map_values)
 from fjit.core.prims import OUT_OF_PLACE
 from fjit.errors import UnsupportedOpError, located
+from fjit.core.meta import meta_tensor
 from fjit.frontend.context import ProcessPatch, TraceContext, current
-from fjit.frontend.meta import meta_tensor
 from fjit.frontend.proxies import NumberProxy, TensorProxy, set_data
 from fjit.frontend.rng import bind_generators, rng_preserved
 from fjit.runtime import functional_inplace, register_hook, retain_grad, setitem, view_scatter

@@ -11,7 +11,7 @@ import torch
 
 from fjit.core.ir import BoundSymbol, Symbol, Tag, flatten_values, map_values
 from fjit.frontend.context import AMP_DEVICES, TraceContext, autocast_state
-from fjit.frontend.meta import meta_tensor
+from fjit.core.meta import meta_tensor
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 
 

@@ -32,8 +32,8 @@ import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar
 from fjit.errors import FjitError, UnsupportedOpError, located
+from fjit.core.meta import meta_tensor
 from fjit.frontend.context import current
-from fjit.frontend.meta import meta_tensor
 from fjit.strict.locate import user_location
 
 

@@ -11,8 +11,8 @@ from fjit.core.ir import (BoundSymbol, GeneratorVar, Symbol, Tag, TensorVar, fla
                           map_values)
 from fjit.core.prims import VIEW_OPS
 from fjit.errors import UnsupportedOpError, catalog_fix, located
+from fjit.core.meta import meta_tensor, run_meta
 from fjit.frontend.context import TraceContext
-from fjit.frontend.meta import meta_tensor, run_meta
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.frontend.modes import autocast_applies, autocast_outputs
 from fjit.strict.locate import user_location

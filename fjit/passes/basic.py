@@ -1,6 +1,7 @@
-"""Trace -> Trace cleanups: dead code elimination, common subexpression elimination, constant
-folding, and freeing each intermediate after its last use.  Each pass stamps its name on the trace
-it returns."""
+"""Trace -> Trace passes: dead code elimination, common subexpression elimination and constant
+folding (the cleanup), then, for the final program, running elementwise ops in place on buffers
+nothing reads later and freeing each intermediate after its last use.  Each pass stamps its name on
+the trace it returns."""
 from __future__ import annotations
 
 import torch
@@ -9,7 +10,7 @@ from fjit.core.prims import COMMUTATIVE, INPLACE_TWIN
 from fjit.core.ir import (DEL, BoundSymbol, Symbol, Tag, TensorVar, Trace, Var, flatten_values,
                           map_values)
 
-# Torch-level ops and prims whose result may share memory with their input.
+
 def _output_vars(trace: Trace) -> set[str]:
     return {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}
 
@@ -135,8 +136,6 @@ def free_dead_values(trace: Trace) -> Trace:
     return trace.with_stage("free_dead_values", out)
 
 
-# Elementwise torch ops whose in-place form `Tensor.<name>_` (or `__i<op>__`) computes the same
-# values into its first operand.
 def _made_of(b: BoundSymbol, *tags: Tag) -> bool:
     """Whether `b` is an op (not a view) whose prims all carry one of `tags`.  Elementwise and
     reduction prims (softmax, layer_norm, sum) make new tensors, so its results alias nothing."""

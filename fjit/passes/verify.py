@@ -7,7 +7,7 @@ satisfy whatever pass produced it.
 - Each prim's recorded output (at top level or as a subsymbol of a torch-level op) has the shape
   and dtype its row's lowering gives on meta tensors of its inputs: the prim's rule.
 
-Run after every stage under FJIT_CHECK=1 (api.optimize) and by the tests.  A violation is an
+Run after every stage under FJIT_CHECK=1 (pipeline.lower) and by the tests.  A violation is an
 internal error of fjit, raised as TraceVerificationError with the stage, the line and the rule.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from fjit.core.ir import BoundSymbol, GeneratorVar, NumberVar, Tag, TensorVar, Trace, Var, flatten_values, map_values
 from fjit.core.prims import ROWS, Kind, prim_of
-from fjit.frontend.meta import meta_tensor, run_meta
+from fjit.core.meta import meta_tensor, run_meta
 
 
 class TraceVerificationError(AssertionError):

@@ -40,7 +40,7 @@ import _ctypes
 import torch
 
 import fjit.config as config
-from fjit.core.ir import BoundSymbol, TensorVar, Trace, Var, map_values
+from fjit.core.ir import BoundSymbol, Tag, TensorVar, Trace, Var, map_values
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
 from fjit.logs import kernels as log
@@ -98,7 +98,9 @@ def compiler() -> str | None:
     return _COMPILER[0]
 
 
-def _small(b: BoundSymbol) -> bool:
+def _claimable(b: BoundSymbol) -> bool:
+    """Whether a C kernel takes the prim `b`: the generator supports it, and a prim calling a
+    scalar libm function touches at most MAX_NUMEL_LIBM elements per tensor."""
     limit = MAX_NUMEL_LIBM if calls_libm(b) else MAX_NUMEL
     return supported(b) and all(math.prod(v.shape) <= limit
                                 for v in b.inputs() + b.outputs() if isinstance(v, TensorVar))
@@ -106,20 +108,34 @@ def _small(b: BoundSymbol) -> bool:
 
 # gelu stays one torch call: eager's vectorized CPU kernel gives nan at +-inf (AVX512 here), where
 # its erf/tanh prims computed in C give +-inf, and the contract is eager's answer.
-_PARTITIONER = Partitioner(_small, split_partial_ops=False,
+_PARTITIONER = Partitioner(_claimable, split_partial_ops=False,
                            whole_ops=frozenset({"torch.nn.functional.gelu"}))
 
 
 name = "c"
 
 
+def fuses_on(device: torch.device) -> bool:
+    return device.type == "cpu" and mode() != "off" and compiler() is not None
+
+
 def claim(trace: Trace, leaves: list) -> Trace | None:
-    """The trace with each small fusion region replaced by one C kernel call, or None."""
-    if mode() == "off" or compiler() is None or \
-            not kernel_inputs_usable(trace, leaves, lambda device: device.type == "cpu"):
+    """The trace with each fusion region C takes replaced by one C kernel call, or None."""
+    if not kernel_inputs_usable(trace, leaves, fuses_on):
         return None
     # a region of one prim stays a torch call: that costs what a kernel call does
     return _PARTITIONER.fuse(trace, "c_fusion", _region_bsym, worth=lambda r: len(r.bsyms) > 1)
+
+
+def decompose(b: BoundSymbol, fused: bool = False) -> bool | int:
+    """fused=False: whether to differentiate b through its prims (a single pointwise prim costs
+    what eager's backward does even unfused).  fused=True: how many of its pointwise and reduction
+    prims go into C kernels (0 unless C kernels take all of its prims)."""
+    prims = b.subsymbols or (b,)
+    work = [s for s in prims if s.sym.has(Tag.ELEMENTWISE) or s.sym.has(Tag.REDUCTION)]
+    if fused:
+        return len(work) if all(_claimable(s) for s in prims) else 0
+    return len(work) <= 1 or all(_claimable(s) for s in work)
 
 
 def _region_bsym(region: Region) -> BoundSymbol:

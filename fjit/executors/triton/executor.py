@@ -46,15 +46,21 @@ def interpreting() -> bool:
 name = "triton"
 
 
-def _runs_on(device: torch.device) -> bool:
+def fuses_on(device: torch.device) -> bool:
     return device.type == "cuda" or device.type == "cpu" and interpreting()
 
 
 def claim(trace: Trace, leaves: list) -> Trace | None:
     """The trace with each fusion region replaced by one kernel launch, or None if not applicable."""
-    if not kernel_inputs_usable(trace, leaves, _runs_on):
+    if not kernel_inputs_usable(trace, leaves, fuses_on):
         return None
     return _PARTITIONER.fuse(trace, "triton_fusion", _region_bsym)
+
+
+def decompose(b: BoundSymbol, fused: bool = False) -> bool | int:
+    """Every op is differentiated through its prims, and Triton's kernels take all of them (they
+    fuse at any size)."""
+    return len(b.subsymbols or (b,)) if fused else True
 
 
 def kernel_for(region: Region, interpret: bool) -> Kernel:

@@ -1,0 +1,195 @@
+"""The compile pipeline: every stage from a traced function to the program that runs.
+
+    trace (frontend) -> cleanup passes -> each kernel executor's claim, in the user's order
+    -> finalize (buffer reuse, frees) -> the torch executor's generated function
+
+An input requiring grad under grad mode adds the joint forward/backward program (fjit.autodiff),
+whose two traces go through the same stages.  A program with opaque ops runs once op by op before
+it is compiled, so that a meta kernel's wrong guess at a layout is traced again with the real one.
+Check mode (FJIT_CHECK=1) verifies every stage's structure and runs every stage against the first.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+import fjit.autodiff as autodiff
+import fjit.config as config
+from fjit.config import Executor, TraceMode
+from fjit.core.ir import Tag, TensorVar, Trace
+from fjit.executors import fusing_executor, kernel_executor, torch_executor
+from fjit.frontend.context import AMP_DEVICES, Mode, TraceContext, autocast_state
+from fjit.frontend.dispatch import dispatch
+from fjit.frontend.light_imports import light_imports
+from fjit.frontend.proxies import NumberProxy, TensorProxy
+from fjit.frontend.rng import rng_preserved, rng_snapshot
+from fjit.frontend.tracer import trace_function
+from fjit.ops import TRACE_NAMESPACE
+from fjit.passes.basic import constant_fold, cse, dce, free_dead_values, reuse_buffers
+from fjit.passes.verify import verify
+
+CLEANUP = (dce, cse, constant_fold, dce)
+_NOT_RUN = object()      # the first call's result was not computed while compiling
+
+
+@dataclasses.dataclass
+class Compilation:
+    """One compiled program and how it was made."""
+    program: Callable                # (*leaves) -> the function's result
+    traces: list[Trace]              # every stage of the forward, first to last
+    backward_traces: list[Trace]     # every stage of the compiled backward (or torch autograd's)
+    specialized: frozenset           # float input positions the trace depends on the values of
+    first: object = _NOT_RUN         # the compiling call's result, where the layout check ran it
+
+    def result(self, leaves: list):
+        """The compiling call's result: the layout check's run, else the program's."""
+        return self.program(*leaves) if self.first is _NOT_RUN else self.first
+
+
+def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: TraceMode,
+            executors: tuple) -> Compilation:
+    """Trace `fn` on this call and compile it for `executors` (a tuple of config.Executor)."""
+    with light_imports():
+        result, traces, first, executors = _trace_with_real_layouts(fn, args, kwargs, leaves, mode,
+                                                                    executors)
+        # An input requiring grad under grad mode: a compiled forward and backward, when
+        # something in them fuses (else torch autograd runs the forward program's torch calls).
+        cleaned = traces[len(CLEANUP)]
+        lowering = _lowering(cleaned, leaves, executors)
+        joint = autodiff.compile_with_backward(cleaned, leaves, lowering)
+        if isinstance(joint, autodiff.Compiled):
+            traces, program, backward = joint.forward_traces, joint.program, joint.backward_traces
+        else:
+            program = torch_executor.compile_trace(traces[-1])
+            backward = [] if joint is None else [autodiff.autograd_stage(traces[-1], joint)]
+        if any(b.sym.has(Tag.MODE) for b in traces[-1].bsyms):
+            program = _restoring_modes_on_error(program)
+        if config.check_mode():
+            check_traces(traces, leaves)
+        return Compilation(program, traces, backward, result.specialized, first)
+
+
+def lower(trace: Trace, executors: tuple, leaves: list, cleanup: bool = True) -> list[Trace]:
+    """Every stage from `trace` to the one the generated function runs: the cleanup passes, then
+    each kernel executor of `executors` in the user's order (a stage each that claims something;
+    each sees what the earlier ones left), then finalize for the torch executor."""
+    traces = [trace]
+    for stage in CLEANUP if cleanup else ():
+        traces.append(stage(traces[-1]))
+    for option in executors:
+        executor = kernel_executor(option)
+        claimed = executor.claim(traces[-1], leaves) if executor is not None else None
+        if claimed is not None:
+            traces.append(claimed)
+    traces.append(finalize(traces[-1]))
+    if config.check_mode():
+        for t in traces:
+            verify(t)
+    return traces
+
+
+def finalize(trace: Trace) -> Trace:
+    """The last stage, what the torch executor compiles: elementwise ops write into operands
+    nothing reads later, and each intermediate is deleted after its last use."""
+    return free_dead_values(reuse_buffers(trace)).with_stage("torch_executor")
+
+
+def _trace_with_real_layouts(fn, args, kwargs, leaves, mode, executors):
+    """(trace result, stages, the first call's result or _NOT_RUN, the executors used).  A program
+    with opaque ops runs once op by op with torch; where an opaque op's real layout differs from
+    its meta kernel's, the function is traced again with the real one (downstream layouts
+    follow), and that run's result is this call's.  If layouts still disagree, only torch calls
+    run."""
+    observed: dict = {}
+    for attempt in range(3):
+        result = trace_function(fn, args, kwargs, leaves, mode, TRACE_NAMESPACE, observed)
+        traces = lower(result.trace, executors, leaves)
+        # The traced stage, dead ops included: check mode checks every stage's layouts.
+        traced = traces[0]
+        if not torch_executor.has_opaque_ops(traced):
+            return result, traces, _NOT_RUN, executors
+        rewind = rng_snapshot(traced.bsyms)
+        first, wrong = _restoring_modes_on_error(torch_executor.run_observing_layouts)(traced, leaves)
+        if not wrong or attempt == 2:
+            break
+        rewind()      # the next run must draw what this one drew
+        observed.update(wrong)
+    if wrong:                # torch calls read any layout
+        return result, lower(result.trace, (Executor.TORCH,), leaves), first, (Executor.TORCH,)
+    return result, traces, first, executors
+
+
+def _restoring_modes_on_error(program):
+    """A program that enters grad-mode or autocast regions leaves them as eager's `with` blocks do
+    when an op raises (when it returns, the trace has already restored or kept them as eager)."""
+    def run(*leaves):
+        grad, amp = torch.is_grad_enabled(), autocast_state()
+        try:
+            return program(*leaves)
+        except BaseException:
+            torch._C._set_grad_enabled(grad)
+            for device, (on, dtype) in zip(AMP_DEVICES, amp):
+                torch.set_autocast_enabled(device, on)
+                torch.set_autocast_dtype(device, dtype)
+            raise
+    return run
+
+
+# -- the backward's joint program ---------------------------------------------------------------
+
+def _backward_context(trace: Trace, counter: int) -> TraceContext:
+    """A trace context recording the backward of `trace`, naming values from t<counter> on."""
+    ctx = TraceContext(lambda: None, Mode.ERROR, dispatch, trace.namespace)
+    ctx.fn_name = trace.name
+    ctx.counter = counter
+    return ctx
+
+
+_RECORDER = autodiff.Recorder(context=_backward_context, tensor=TensorProxy,
+                              number=lambda value, var: NumberProxy(value, var, frozenset()))
+
+
+def _lowering(trace: Trace, leaves: list, executors: tuple) -> autodiff.Lowering:
+    """What autodiff needs to build and compile `trace`'s backward for `executors`: the fusion
+    policy of the executor that fuses on the trace's one device (None: none does, or its tensors
+    are on several devices), these stages, and the frontend's recording."""
+    devices = {v.device for v in trace.inputs if isinstance(v, TensorVar)}
+    executor = fusing_executor(executors, devices.pop()) if len(devices) == 1 else None
+    return autodiff.Lowering(decompose=executor.decompose if executor is not None else None,
+                             lower=lambda t, cleanup: lower(t, executors, leaves, cleanup),
+                             compile=torch_executor.compile_trace, recorder=_RECORDER)
+
+
+# -- check mode ---------------------------------------------------------------------------------
+
+def check_traces(traces: list[Trace], leaves: list) -> None:
+    """Check mode (FJIT_CHECK=1): every stage's printed source runs and agrees with the first, and
+    in every stage each torch fallback's real output has the shape, dtype and strides the trace
+    recorded from meta tensors (an AssertionError names the op and both).  Stages are compared on
+    their flat outputs (a rebuilt dataclass is not something assert_close compares); the
+    rebuilding is the same function in every stage.  Every stage draws the same random numbers,
+    and the generators are left as they were."""
+    flat = [torch_executor.with_metadata_checks(t.with_stage(t.stage, rebuild=None)) for t in traces]
+    with rng_preserved(traces[0].bsyms) as rewind:
+        expected = flat[0].python_callable()(*leaves)
+        for t in flat[1:]:
+            rewind()
+            got = t.python_callable()(*leaves)
+            _assert_same_result(got, expected, t.stage)
+
+
+def _assert_same_result(got, expected, stage: str) -> None:
+    """Tensors agree up to dtype tolerance; every other leaf (a string, a dtype, a size) is equal."""
+    got_leaves, got_spec = pytree.tree_flatten(got)
+    want_leaves, want_spec = pytree.tree_flatten(expected)
+    if got_spec != want_spec:
+        raise AssertionError(f"fjit check: stage {stage} returns {got_spec}, the first {want_spec}")
+    for a, b in zip(got_leaves, want_leaves):
+        if isinstance(b, torch.Tensor):
+            torch.testing.assert_close(a, b, equal_nan=True,
+                                       msg=lambda m: f"fjit check: stage {stage} differs: {m}")
+        elif not (a == b or a != a and b != b):      # NaN floats equal themselves here
+            raise AssertionError(f"fjit check: stage {stage} returns {a!r}, the first {b!r}")
