@@ -120,6 +120,12 @@ class JittedFunction(Generic[P, R]):
     def __repr__(self):
         return f"<fjit.jit of {self._fn!r}>"
 
+    def share_programs(self, registry: dict, key) -> None:
+        """Use the program cache filed under `key` in `registry` (filing this one's there first),
+        so equal modules wrapped apart compile once.  A cache that keeps nothing is not shared."""
+        if self._cache.keep:
+            self._cache = registry.setdefault(key, self._cache)
+
     # -- what functools.lru_cache has ------------------------------------------------------------
     def cache_info(self) -> CacheInfo:
         """(hits, misses, entries) of this function's program cache."""

@@ -229,13 +229,8 @@ class FjitModule(torch.nn.Module):
                 "module without fjit.jit"))
         layout = Layout(module)
         jitted = jit_class(traced_forward(module, layout), **options)
-        if jitted._cache.keep:        # share programs with every wrapper of an equal module
-            key = (layout.key, tuple(sorted(options.items())))
-            shared = _SHARED_CACHES.get(key)
-            if shared is None:
-                _SHARED_CACHES[key] = jitted._cache
-            else:
-                jitted._cache = shared
+        # share programs with every wrapper of an equal module
+        jitted.share_programs(_SHARED_CACHES, (layout.key, tuple(sorted(options.items()))))
         self.__dict__["_fj_layout"] = layout
         self.__dict__["_fj_jitted"] = jitted
 
