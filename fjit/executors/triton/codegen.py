@@ -13,105 +13,55 @@ The expressions (libdevice on a GPU, precise `tl.*` forms under the interpreter)
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
-from fjit.core.prims import BOOL_RESULT, Prim, prim_of
-from fjit.executors.render import HALF as _HALF, computes_in, index_decomposition
+from fjit.core.prims import Prim, prim_of
+from fjit.executors import render
+from fjit.executors.render import HALF, collapse, domain_strides, held, index_decomposition, levels
 from fjit.executors.triton import plan as P
-from fjit.executors.triton.lowering import (ACCUMULATE, COMPILED, COMPILED_F32, HELPERS,
-                                            INTERPRETED, INTERPRETER_HELPERS, REDUCE, PTR_TYPE,
-                                            SCALAR_TYPE, TL_DTYPE, TRITON, supported)
-
-__all__ = ["Kernel", "generate", "supported", "TL_DTYPE"]
+from fjit.executors.triton.lowering import (ACCUMULATE, COMPILED_F32, HELPERS, INTERPRETER_HELPERS,
+                                            PTR_TYPE, REDUCE, SCALAR_TYPE, TL_DTYPE, language,
+                                            supported)
+from fjit.executors.triton.plan import Kernel
 from fjit.passes.fusion import Region
 
-@dataclasses.dataclass
-class Kernel:
-    name: str
-    source: str
-    grid: tuple
-    block: int
-    num_warps: int
-    scalar_args: list      # non-finite literals (k<j>), in kernel-argument order
-    params: list           # argument names before the constexprs: in<k>/s<k> (region input k),
-    #                        k<j> (literal j), out<k> (region output k), ws<j> (workspace j)
-    signature: dict = dataclasses.field(default_factory=dict)   # argument -> Triton type
-    constexprs: dict = dataclasses.field(default_factory=dict)  # constexpr argument -> value
-    mode: str = "elementwise"
-    second: "Kernel | None" = None   # a split reduction's second stage
-    workspaces: list = dataclasses.field(default_factory=list)   # (numel, dtype) of ws<j>
+__all__ = ["Kernel", "generate", "supported", "TL_DTYPE"]
 
-    def stages(self) -> list:
-        """The kernels one launch of the region runs, in order."""
-        return [self] + ([self.second] if self.second is not None else [])
+class TritonEmitter(render.RegionEmitter):
+    """A region's Triton kernel(s): the shared walk in tiles (see the module docstring)."""
 
-
-class _Emitter:
     def __init__(self, region: Region, interpret: bool):
-        self.r = region
+        super().__init__(region)
         self.interpret = interpret
-        self.exprs = INTERPRETED if interpret else COMPILED
+        self.lang = language(interpret)
         self.lines: list[str] = []
         self.depth = 1
         self.values: dict[str, tuple[str, torch.dtype]] = {}   # var name -> (expr, compute dtype)
-        self.counter = 0
         self.literals: dict[str, str] = {}     # repr of a non-finite float -> its k<j> parameter
         self.reductions = [b for b in region.bsyms if prim_of(b) in REDUCE]
         rows, width = math.prod(region.outer), math.prod(region.inner)
         self.rows, self.width = rows, width
-        self.level = self._levels()
+        self.level = levels(region.bsyms, REDUCE)
         splittable = all(self.level[b.outputs()[0].name] == 1 for b in self.reductions) and all(
             v.name in region.row_vars or self.level[v.name] == 0 for v in region.outputs)
         self.plan = P.plan(rows, width, region.has_reduction, splittable, interpret)
-        self.online = self._online_sums() if self.plan.mode == "looped" else {}
-        if self.online:
-            self.level = self._levels()
+        self.online = P.online_sums(region, self.reductions, self.level) if self.plan.mode == "looped" else {}
+        if self.online:    # an online sum is reduced in its max's pass
+            self.level = levels(region.bsyms, REDUCE, self.online)
         self.two_d = region.has_reduction
         self._layout()
 
     # -- layout -----------------------------------------------------------------------------------
-    def _levels(self) -> dict:
-        """How many reductions in a row a value waits for (0: computed from the inputs)."""
-        level = {}
-        for b in self.r.bsyms:
-            if id(b) in getattr(self, "online", {}):   # reduced in its max's pass
-                level[b.outputs()[0].name] = level[self.online[id(b)].outputs()[0].name]
-                continue
-            deps = [level.get(v.name, 0) for v in b.inputs() if isinstance(v, TensorVar)]
-            level[b.outputs()[0].name] = max(deps, default=0) + (prim_of(b) in REDUCE)
-        return level
-
-    def _online_sums(self) -> dict:
-        """sum(exp(y - amax(y))) reductions (softmax's), as id(sum) -> the amax: a looped kernel
-        computes both in one pass (the online softmax: the running sum is rescaled whenever the
-        running max grows)."""
-        producer = {b.outputs()[0].name: b for b in self.r.bsyms}
-        pairs = {}
-        for b in self.reductions:
-            e = producer.get(b.args[0].name)
-            d = producer.get(e.args[0].name) if e is not None and prim_of(e) is Prim.EXP else None
-            if d is None or prim_of(d) is not Prim.SUB or not all(isinstance(a, TensorVar) for a in d.args):
-                continue
-            m = producer.get(d.args[1].name)
-            if prim_of(b) is not Prim.SUM or m is None or prim_of(m) is not Prim.AMAX:
-                continue
-            values = (b.outputs()[0], e.outputs()[0], d.outputs()[0], m.outputs()[0])
-            if m.args[0].name == d.args[0].name and self.level.get(d.args[0].name, 0) == 0 and all(
-                    v.dtype in (torch.float32, torch.float64) and v.dtype == values[0].dtype for v in values):
-                pairs[id(b)] = m
-        return pairs
-
     def _layout(self) -> None:
         r = self.r
         n_outer = len(r.outer)
         tensors = [v for v in r.inputs + r.outputs if isinstance(v, TensorVar)]
-        strides = {v.name: P.domain_strides(v, r.domain, n_outer, v.name in r.row_vars) for v in tensors}
-        self.osizes, self.ostr = P.collapse(r.outer, {k: s[:n_outer] for k, s in strides.items()})
-        self.isizes, self.istr = P.collapse(r.inner, {k: s[n_outer:] for k, s in strides.items()})
+        strides = {v.name: domain_strides(v, r.domain, n_outer, v.name in r.row_vars) for v in tensors}
+        self.osizes, self.ostr = collapse(r.outer, {k: s[:n_outer] for k, s in strides.items()})
+        self.isizes, self.istr = collapse(r.inner, {k: s[n_outer:] for k, s in strides.items()})
         self.int64 = P.needs_int64(tensors, r.domain)
         self.onames = ["r"] if len(self.osizes) == 1 else [f"o{j}" for j in range(len(self.osizes))]
         self.inames = ["c"] if len(self.isizes) == 1 else [f"i{j}" for j in range(len(self.isizes))]
@@ -130,10 +80,6 @@ class _Emitter:
                 self.emit(f"{index} = {expr}")
 
     # -- emitting -------------------------------------------------------------------------------
-    def fresh(self) -> str:
-        self.counter += 1
-        return f"v{self.counter}"
-
     def emit(self, line: str) -> None:
         self.lines.append("    " * self.depth + line)
 
@@ -167,8 +113,8 @@ class _Emitter:
             off, mask = ("r * 0", "rmask") if self.two_d else ("c * 0", "mask")
         val = self.fresh()
         load = f"tl.load(in{k} + {off}, mask={mask}, other=0)"
-        self.emit(f"{val} = {load}" + (".to(tl.float32)" if v.dtype in _HALF else ""))
-        self.values[v.name] = (val, torch.float32 if v.dtype in _HALF else v.dtype)
+        self.emit(f"{val} = {load}" + (".to(tl.float32)" if v.dtype in HALF else ""))
+        self.values[v.name] = (val, held(v.dtype))
 
     def store(self, k: int, v: TensorVar) -> None:
         expr, dt = self.values[v.name]
@@ -183,10 +129,14 @@ class _Emitter:
             off = cols or "c * 0"
         self.emit(f"tl.store(out{k} + {off}, {value}, mask=mask)")
 
-    def operand(self, a, ct: torch.dtype) -> str:
-        if isinstance(a, (TensorVar, NumberVar)):
-            expr, dt = self.values[a.name]
-            return expr if dt == ct or ct is None else f"{expr}.to({TL_DTYPE[ct]})"
+    # -- the language ----------------------------------------------------------------------------
+    def cast(self, expr: str, dt: torch.dtype) -> str:
+        return f"{expr}.to({TL_DTYPE[dt]})"
+
+    def nonzero(self, expr: str) -> str:
+        return f"{expr} != 0"
+
+    def literal(self, a, ct: torch.dtype | None) -> str:
         if isinstance(a, bool):
             return "1" if a else "0"
         if isinstance(a, float) and not math.isfinite(a):
@@ -200,14 +150,28 @@ class _Emitter:
                 a -= 1 << bits
         return repr(a)
 
+    def rounded(self, val: str, half: torch.dtype) -> str:
+        """`val` rounded to the half type, as torch rounds each op's result, still float32."""
+        return f"_round_to_bf16({val})" if half == torch.bfloat16 else f"{val}.to(tl.float16).to(tl.float32)"
+
+    def define(self, var: str, expr: str, dt: torch.dtype, half: torch.dtype | None) -> list[str]:
+        return [f"{var} = {expr}"] + ([f"{var} = {self.rounded(var, half)}"] if half else [])
+
+    def form(self, b: BoundSymbol, ct: torch.dtype, ops: list, lines: list) -> str:
+        p = prim_of(b)
+        template = self.lang.exprs[p]
+        if not self.interpret and ct == torch.float32 and p in COMPILED_F32:
+            template = COMPILED_F32[p]
+        return template.format(*ops, t=TL_DTYPE[ct])
+
     def reduce_input(self, b: BoundSymbol) -> tuple[str, torch.dtype, str]:
         """The reduced value in its accumulation dtype, that dtype, and the masked lanes' value."""
         p, out = prim_of(b), b.outputs()[0]
         expr, dt = self.values[b.args[0].name]
-        ct = torch.float32 if out.dtype in _HALF else out.dtype
+        ct = held(out.dtype)
         if dt != ct:
-            expr = f"{expr}.to({TL_DTYPE[ct]})"
-        neutral = TRITON.identity_literal(p, ct)
+            expr = self.cast(expr, ct)
+        neutral = self.lang.identity_literal(p, ct)
         return expr, ct, neutral
 
     def reduce(self, p: Prim, tile: str, ct: torch.dtype, nan: str | None) -> str:
@@ -229,35 +193,14 @@ class _Emitter:
                 self.emit(f"{nan} = tl.where(mask, tl.where({expr} != {expr}, 1, 0), 0)")
             self.finish(out, self.reduce(p, f"tl.where(mask, {expr}, {neutral})", ct, nan), ct)
             return
-        val = self.fresh()
-        if p is Prim.CONVERT:
-            expr, dt = self.values[b.args[0].name]
-            target = b.args[1]
-            if target == torch.bool:
-                self.emit(f"{val} = {expr} != 0")
-                self.finish(out, val, torch.bool)
-            else:
-                ct = torch.float32 if target in _HALF else target
-                self.emit(f"{val} = {expr}.to({TL_DTYPE[ct]})" if dt != ct else f"{val} = {expr}")
-                self.finish(out, val, ct)
-            return
-        ct = computes_in(b)
-        if p is Prim.WHERE:
-            ops = [self.operand(b.args[0], None)] + [self.operand(a, ct) for a in b.args[1:]]
-        else:
-            ops = [self.operand(a, ct) for a in b.args]
-        template = self.exprs[p]
-        if not self.interpret and ct == torch.float32 and p in COMPILED_F32:
-            template = COMPILED_F32[p]
-        self.emit(f"{val} = {template.format(*ops, t=TL_DTYPE[ct])}")
-        self.finish(out, val, torch.bool if p in BOOL_RESULT else ct)
+        lines: list[str] = []
+        self.compute(b, self.values, lines)
+        for line in lines:
+            self.emit(line)
 
     def finish(self, out: TensorVar, val: str, ct: torch.dtype) -> None:
-        if out.dtype in _HALF:   # round to the half type as torch does, keep computing in f32
-            if out.dtype == torch.bfloat16:
-                self.emit(f"{val} = _round_to_bf16({val})")
-            else:
-                self.emit(f"{val} = {val}.to(tl.float16).to(tl.float32)")
+        if out.dtype in HALF:
+            self.emit(f"{val} = {self.rounded(val, out.dtype)}")
             ct = torch.float32
         self.values[out.name] = (val, ct)
 
@@ -363,8 +306,8 @@ class _Emitter:
         accs = []
         for b in reds:
             p, out = prim_of(b), b.outputs()[0]
-            ct = torch.float32 if out.dtype in _HALF else out.dtype
-            neutral = TRITON.identity_literal(p, ct)
+            ct = held(out.dtype)
+            neutral = self.lang.identity_literal(p, ct)
             acc, nan = self.fresh(), None
             self.emit(f"{acc} = tl.full([ROWS, BLOCK], {neutral}, {TL_DTYPE[ct]})")
             if p is not Prim.SUM and ct.is_floating_point:
@@ -479,7 +422,7 @@ class _Emitter:
         self.emit(f"mask = rmask & (s < {pl.segments})")
         for j, (b, ct) in enumerate(partials):
             p = prim_of(b)
-            neutral = TRITON.identity_literal(p, ct)
+            neutral = self.lang.identity_literal(p, ct)
             part, nan = self.fresh(), None
             self.emit(f"{part} = tl.load(ws{j} + r * {pl.segments} + s, mask=mask, other={neutral})")
             if p is not Prim.SUM and ct.is_floating_point:
@@ -501,4 +444,4 @@ class _Emitter:
 
 
 def generate(region: Region, name: str, interpret: bool) -> Kernel:
-    return _Emitter(region, interpret).generate(name)
+    return TritonEmitter(region, interpret).generate(name)
