@@ -1,11 +1,13 @@
-"""What the C and Triton kernel generators share: one C-style renderer of a region's math.
+"""What the C and Triton kernel generators share: one C-style renderer of a region.
 
 One expression table keyed by prim, written once in the C-style infix both languages read
 (`({0} + {1})`), with each language's overrides on top (`{**BASE, ...}`, as tinygrad's
 `CStyleLanguage.code_for_op` is overridden by its Clang and CUDA renderers): C calls libm
-(`exp{f}` with `f` the float suffix), Triton calls `tl.*`.  One `supported`, one index-term
-builder, one table of reduction identities.  What really differs stays in each generator: the
-loop nest against the block, half-precision storage, NaN propagation in reductions.
+(`exp{f}` with `f` the float suffix), Triton calls `tl.*`.  One `supported`, one table of
+reduction identities, the layout arithmetic (broadcast strides, collapsed dims, index terms), the
+levels of reductions, and RegionEmitter: the walk over a region's prims, written once, that each
+language's emitter inherits and spells its way.  What really differs stays in each generator: the
+loop nest against the tile, half-precision storage, NaN propagation in reductions.
 
 An expression's operands arrive already converted to the prim's computation dtype (half types
 computed in float32, as torch's kernels compute them).
@@ -239,7 +241,7 @@ class RegionEmitter:
 
     # -- the walk -------------------------------------------------------------------------------
     def operand(self, a, ct: torch.dtype | None, values: dict) -> str:
-        if is_runtime_value(a):
+        if isinstance(a, (TensorVar, NumberVar)):
             expr, dt = values[a.name]
             return expr if ct is None or dt == ct else self.cast(expr, ct)
         return self.literal(a, ct)
@@ -265,7 +267,3 @@ class RegionEmitter:
     def compute(self, b: BoundSymbol, values: dict, lines: list) -> None:
         """The elementwise prim `b`'s statements, added to `lines`, and its value."""
         self.bind(b.outputs()[0], *self.expression(b, values, lines), values, lines)
-
-
-def is_runtime_value(a) -> bool:
-    return isinstance(a, (TensorVar, NumberVar))

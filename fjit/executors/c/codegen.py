@@ -30,21 +30,12 @@ from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.core.prims import Prim, prim_of
 from fjit.executors import render
 from fjit.executors.c import vecmath
+from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, CLanguage, is_cube, is_square, literal, storage, \
+    vector_form
 from fjit.executors.render import HALF, collapse, contiguous_strides, domain_strides, held, index_decomposition, \
     index_terms
 from fjit.passes.fusion import Region
 
-# C types of values; half types are held in float (rounded to their dtype after every op, as
-# torch's CPU kernels round each op's result) and stored as their 16 bits.
-C_TYPE = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
-          torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
-          torch.uint8: "uint8_t", torch.bool: "bool"}
-HALF_NAME = {torch.float16: "f16", torch.bfloat16: "bf16"}   # the fj_* conversions' suffix
-DTYPES = set(C_TYPE) | set(HALF)
-
-
-def _storage(dt: torch.dtype) -> str:
-    return "uint16_t" if dt in HALF else C_TYPE[dt]
 
 # C's overrides of the shared expressions: libm calls ({f} is the suffix: "f" for float, "" for
 # double), NaN-propagating max/min macros, Python's remainder.
@@ -77,16 +68,6 @@ _CHEAP_LIBM = {Prim.SQRT, Prim.RSQRT, Prim.FLOOR, Prim.CEIL, Prim.TRUNC, Prim.RO
 _REDUCE = frozenset({Prim.SUM, Prim.PROD, Prim.AMAX, Prim.AMIN})
 
 
-class CLanguage(render.Language):
-    def int_literal(self, n: int) -> str:
-        if n == -2**63:
-            return "INT64_MIN"      # -9223372036854775808LL is a negated out-of-range literal
-        return f"{n}LL" if abs(n) > 1 else str(n)
-
-    def accepts(self, b: BoundSymbol) -> bool:
-        return all(v.device.type == "cpu" for v in b.inputs() + b.outputs() if isinstance(v, TensorVar))
-
-
 C = CLanguage("c", _C_EXPRS, frozenset(DTYPES), _REDUCE, "INFINITY")
 # Whether this generator can emit `b` inside a region (CPU tensors only).
 supported = functools.partial(render.supported, lang=C)
@@ -103,31 +84,12 @@ LANES = 16
 SCRATCH_BYTES = 1 << 16
 
 
-def _vector_form(b: BoundSymbol) -> bool:
-    """Whether `b` is computed by one of vecmath's vectorizable float32 functions."""
-    try:
-        return prim_of(b) in vecmath.VECTOR_FORMS and render.computes_in(b) == torch.float32
-    except (TypeError, RuntimeError):
-        return False
-
-
-def is_square(b: BoundSymbol) -> bool:
-    """x ** 2, which torch computes as x * x (exactly; a pow call would round the same, slower)."""
-    return prim_of(b) is Prim.POW and type(b.args[1]) in (int, float) and b.args[1] == 2
-
-
-def is_cube(b: BoundSymbol) -> bool:
-    """x ** 3, which torch's CPU kernel computes as x * x * x."""
-    return prim_of(b) is Prim.POW and type(b.args[1]) in (int, float) and b.args[1] == 3 \
-        and isinstance(b.args[0], TensorVar) and b.args[0].dtype.is_floating_point
-
-
 def calls_libm(b: BoundSymbol) -> bool:
     """Whether the prim's C code calls a costly scalar C library function (float64's sin, exp;
     tan, asin, pow, ...): a loop calling one is not vectorized."""
     p = prim_of(b)
     return "{f}(" in _C_EXPRS.get(p, "") and p not in _CHEAP_LIBM and not is_square(b) \
-        and not is_cube(b) and not _vector_form(b)
+        and not is_cube(b) and not vector_form(b)
 
 
 @dataclasses.dataclass
@@ -137,22 +99,6 @@ class Kernel:
     params: list      # (kind, index): ("in", k) region input k (tensor or number), ("out", k)
     arg_types: list   # ctypes type names, in parameter order: "p" pointer, "d" double, "q" int64
     threaded: bool = False   # its last parameter is the thread count (int64 fj_nt)
-
-
-def _literal(value, ct: torch.dtype) -> str:
-    """A Python number as a C literal of the computation dtype (never user text: numbers only)."""
-    ctype = C_TYPE[ct]
-    if isinstance(value, bool):
-        return f"(({ctype}){int(value)})"
-    if isinstance(value, int):
-        return f"(({ctype}){value}LL)" if -2**63 <= value < 2**63 else f"(({ctype}){float(value)!r})"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return f"(({ctype})NAN)"
-        if math.isinf(value):
-            return f"(({ctype}){'-' if value < 0 else ''}INFINITY)"
-        return f"(({ctype}){value!r})"
-    raise TypeError(f"no C literal for {type(value).__name__}")
 
 
 def _indent(line: str) -> str:
@@ -211,7 +157,7 @@ class CEmitter(render.RegionEmitter):
         return self.cast(expr, target)
 
     def literal(self, value, ct: torch.dtype | None) -> str:
-        return _literal(value, ct if ct is not None else torch.float64)
+        return literal(value, ct if ct is not None else torch.float64)
 
     def define(self, var: str, expr: str, dt: torch.dtype, half: torch.dtype | None) -> list[str]:
         if half is not None:
@@ -257,12 +203,12 @@ class CEmitter(render.RegionEmitter):
                 signature.append(f"{c_type} s{k}")
                 names[v.name] = (f"s{k}", torch.int64 if v.pytype is int else torch.float64)
             else:
-                signature.append(f"const {_storage(v.dtype)} *restrict in{k}")
+                signature.append(f"const {storage(v.dtype)} *restrict in{k}")
                 code = "p"
             params.append(("in", k))
             arg_types.append(code)
         for k, v in enumerate(r.outputs):
-            signature.append(f"{_storage(v.dtype)} *restrict out{k}")
+            signature.append(f"{storage(v.dtype)} *restrict out{k}")
             params.append(("out", k))
             arg_types.append("p")
         passes = self.assign_levels()
@@ -364,7 +310,7 @@ class CEmitter(render.RegionEmitter):
         r, width, budget = self.r, math.prod(self.r.inner), SCRATCH_BYTES
         for b in r.bsyms:
             o = b.outputs()[0]
-            if prim_of(b) in _REDUCE or o.name in self.rows or not (calls_libm(b) or _vector_form(b)):
+            if prim_of(b) in _REDUCE or o.name in self.rows or not (calls_libm(b) or vector_form(b)):
                 continue
             lvl = self.level[o.name]
             later = any(o.name in {v.name for v in b2.inputs()} and self.level[b2.outputs()[0].name] > lvl

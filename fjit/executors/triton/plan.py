@@ -1,5 +1,6 @@
 """How a region's kernel is shaped before a line of it is written: the launch strategy (tile sizes,
-warps, a loop over the row or not, a two-stage split) and the index arithmetic (collapsed dims).
+warps, a loop over the row or not, a two-stage split, softmax's sums computed online), offsets'
+width, and the Kernel that describes the launch.
 
 Strategies for a region with reductions, a row of `width` elements per row (`rows` of them):
 
@@ -13,8 +14,8 @@ A persistent tile of up to PERSISTENT_MAX elements at 16 warps holds 16 elements
 value per thread: no register spills for the programs the tests sweep (tests/test_gpu_compile.py
 compiles them for sm_90 and sm_80 and checks ptxas's report).
 
-Index arithmetic: a tensor's offset is the sum of its strides times the indices of the dims of the
-iteration domain; dims that every tensor walks contiguously together (stride[j] == stride[j+1] *
+Index arithmetic (render.collapse): a tensor's offset is the sum of its strides times the indices
+of the dims of the iteration domain; dims that every tensor walks contiguously together (stride[j] == stride[j+1] *
 size[j+1], broadcast dims having stride 0 on both) collapse into one, and size-1 dims vanish, so a
 contiguous region indexes as 1-D: `in0 + c`, with no div/mod chain.  Offsets are int32 (Triton's
 program ids and aranges) unless some tensor spans 2^31 elements or more.
