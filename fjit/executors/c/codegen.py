@@ -21,33 +21,21 @@ of float64's, are the C library's scalar ones.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
-from fjit.core.prims import BOOL_RESULT, Prim, prim_of
+from fjit.core.prims import Prim, prim_of
 from fjit.executors import render
 from fjit.executors.c import vecmath
-from fjit.executors.render import contiguous_strides, index_decomposition, index_terms, is_square
+from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, CLanguage, is_cube, is_square, literal, storage, \
+    vector_form
+from fjit.executors.render import HALF, collapse, contiguous_strides, domain_strides, held, index_decomposition, \
+    index_terms
 from fjit.passes.fusion import Region
 
-# C types of values; half types are held in float (rounded to their dtype after every op, as
-# torch's CPU kernels round each op's result) and stored as their 16 bits.
-C_TYPE = {torch.float32: "float", torch.float64: "double", torch.int64: "int64_t",
-          torch.int32: "int32_t", torch.int16: "int16_t", torch.int8: "int8_t",
-          torch.uint8: "uint8_t", torch.bool: "bool"}
-_HALF = {torch.float16: "f16", torch.bfloat16: "bf16"}
-DTYPES = set(C_TYPE) | set(_HALF)
-
-
-def _held(dt: torch.dtype) -> torch.dtype:
-    """The dtype a C variable of dtype `dt` is held in."""
-    return torch.float32 if dt in _HALF else dt
-
-
-def _storage(dt: torch.dtype) -> str:
-    return "uint16_t" if dt in _HALF else C_TYPE[dt]
 
 # C's overrides of the shared expressions: libm calls ({f} is the suffix: "f" for float, "" for
 # double), NaN-propagating max/min macros, Python's remainder.
@@ -78,45 +66,12 @@ _C_EXPRS = {
 _VEC_EXPRS = {**_C_EXPRS, **vecmath.VECTOR_FORMS}
 _CHEAP_LIBM = {Prim.SQRT, Prim.RSQRT, Prim.FLOOR, Prim.CEIL, Prim.TRUNC, Prim.ROUND}
 _REDUCE = frozenset({Prim.SUM, Prim.PROD, Prim.AMAX, Prim.AMIN})
-C = render.Language("c", _C_EXPRS, frozenset(DTYPES), _REDUCE, "INFINITY")
 
-_PRELUDE = """\
-#include <math.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <string.h>
-/* torch's maximum/minimum/clamp propagate NaN from either side, and keep `a` when a == b
-   (maximum(-0.0, 0.0) is -0.0) */
-#define FJ_MAX(a, b) ((a) != (a) ? (a) : (b) != (b) ? (b) : (a) < (b) ? (b) : (a))
-#define FJ_MIN(a, b) ((a) != (a) ? (a) : (b) != (b) ? (b) : (a) > (b) ? (b) : (a))
-/* Python's modulo: the sign of the divisor (r is fmod(a, b)) */
-#define FJ_REMAINDER(a, b, r) ((r) != 0 && (((r) < 0) != ((b) < 0)) ? (r) + (b) : (r))
-/* 16-bit floats, converted with round-to-nearest-even as c10 converts them */
-static inline float fj_f32(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
-static inline uint32_t fj_bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
-static inline float fj_from_bf16(uint16_t h) { return fj_f32((uint32_t)h << 16); }
-static inline uint16_t fj_to_bf16(float f) {
-    uint32_t b = fj_bits(f);
-    if (f != f) return 0x7FC0;
-    return (uint16_t)((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
-}
-static inline float fj_from_f16(uint16_t h) {
-    uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
-    float normalized = fj_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-    float denormalized = fj_f32((two_w >> 17) | (126u << 23)) - 0.5f;
-    return fj_f32(sign | (two_w < (1u << 27) ? fj_bits(denormalized) : fj_bits(normalized)));
-}
-static inline uint16_t fj_to_f16(float f) {
-    float base = (fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
-    uint32_t w = fj_bits(f), shl1_w = w + w, sign = w & 0x80000000u, bias = shl1_w & 0xFF000000u;
-    if (bias < 0x71000000u) bias = 0x71000000u;
-    uint32_t bits = fj_bits(fj_f32((bias >> 1) + 0x07800000u) + base);
-    uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
-    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
-}
-static inline float fj_round_bf16(float f) { return fj_from_bf16(fj_to_bf16(f)); }
-static inline float fj_round_f16(float f) { return fj_from_f16(fj_to_f16(f)); }
-""" + vecmath.SOURCE
+
+C = CLanguage("c", _C_EXPRS, frozenset(DTYPES), _REDUCE, "INFINITY")
+# Whether this generator can emit `b` inside a region (CPU tensors only).
+supported = functools.partial(render.supported, lang=C)
+
 
 # A region of at least this many elements shares its work among threads (fewer: no thread pool is
 # entered).  Elements of a flat loop are handed out in blocks of BLOCK; reductions keep LANES
@@ -129,32 +84,12 @@ LANES = 16
 SCRATCH_BYTES = 1 << 16
 
 
-def _vector_form(b: BoundSymbol) -> bool:
-    """Whether `b` is computed by one of vecmath's vectorizable float32 functions."""
-    try:
-        return prim_of(b) in vecmath.VECTOR_FORMS and render.computes_in(b) == torch.float32
-    except (TypeError, RuntimeError):
-        return False
-
-
-def is_cube(b: BoundSymbol) -> bool:
-    """x ** 3, which torch's CPU kernel computes as x * x * x."""
-    return prim_of(b) is Prim.POW and type(b.args[1]) in (int, float) and b.args[1] == 3 \
-        and isinstance(b.args[0], TensorVar) and b.args[0].dtype.is_floating_point
-
-
 def calls_libm(b: BoundSymbol) -> bool:
     """Whether the prim's C code calls a costly scalar C library function (float64's sin, exp;
     tan, asin, pow, ...): a loop calling one is not vectorized."""
     p = prim_of(b)
     return "{f}(" in _C_EXPRS.get(p, "") and p not in _CHEAP_LIBM and not is_square(b) \
-        and not is_cube(b) and not _vector_form(b)
-
-
-def supported(b: BoundSymbol) -> bool:
-    """Whether this generator can emit `b` inside a region (CPU tensors only)."""
-    return render.supported(b, C) and all(v.device.type == "cpu" for v in b.inputs() + b.outputs()
-                                          if isinstance(v, TensorVar))
+        and not is_cube(b) and not vector_form(b)
 
 
 @dataclasses.dataclass
@@ -166,66 +101,26 @@ class Kernel:
     threaded: bool = False   # its last parameter is the thread count (int64 fj_nt)
 
 
-def _literal(value, ct: torch.dtype) -> str:
-    """A Python number as a C literal of the computation dtype (never user text: numbers only)."""
-    ctype = C_TYPE[ct]
-    if isinstance(value, bool):
-        return f"(({ctype}){int(value)})"
-    if isinstance(value, int):
-        return f"(({ctype}){value}LL)" if -2**63 <= value < 2**63 else f"(({ctype}){float(value)!r})"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return f"(({ctype})NAN)"
-        if math.isinf(value):
-            return f"(({ctype}){'-' if value < 0 else ''}INFINITY)"
-        return f"(({ctype}){value!r})"
-    raise TypeError(f"no C literal for {type(value).__name__}")
-
-
 def _indent(line: str) -> str:
     return line if line.startswith("#") else "    " + line
 
 
-def _walk_strides(v: TensorVar, domain: tuple) -> list:
-    """`v`'s stride along each dim of `domain` it is broadcast to (0 where it is broadcast)."""
-    out = []
-    for j in range(len(domain)):
-        t = j - (len(domain) - len(v.shape))
-        out.append(0 if t < 0 or v.shape[t] == 1 else v.strides[t])
-    return out
-
-
-def _coalesce(domain: tuple, tensors: list) -> tuple[list, dict]:
+def _coalesce(domain: tuple, tensors: list) -> tuple[tuple, dict]:
     """The domain with size-1 dims dropped and neighbouring dims merged where every tensor walks
-    them as one (stride of the outer = stride of the inner * its size): sizes and, per tensor
-    name, the strides.  A contiguous region becomes one dim."""
-    walks = {v.name: _walk_strides(v, domain) for v in tensors}
-    sizes: list = []
-    strides: dict = {name: [] for name in walks}
-    for j, d in enumerate(domain):
-        if d == 1:
-            continue
-        if sizes and all(strides[n][-1] == walks[n][j] * d for n in walks):
-            sizes[-1] *= d
-            for n in walks:
-                strides[n][-1] = walks[n][j]
-        else:
-            sizes.append(d)
-            for n in walks:
-                strides[n].append(walks[n][j])
-    if not sizes:
-        sizes = [1]
-        strides = {n: [0] for n in walks}
-    return sizes, strides
+    them as one: sizes and, per tensor name, the strides.  A contiguous region becomes one dim."""
+    sizes, strides = collapse(domain, {v.name: domain_strides(v, domain) for v in tensors})
+    return (sizes, strides) if sizes else ((1,), {n: (0,) for n in strides})
 
 
-class _Emitter:
+class CEmitter(render.RegionEmitter):
+    """A region's C function: the shared walk in loop nests (see the module docstring)."""
+
+    lang = C
+
     def __init__(self, region: Region):
-        self.r = region
+        super().__init__(region)
         self.level: dict[str, int] = {}       # value name -> first loop pass it is available in
         self.rows: set = set(region.row_vars)
-        self.ctypes_of: dict[str, torch.dtype] = {}   # value name -> dtype its C variable holds
-        self.counter = 0
         self.exact = False        # libm instead of the vector forms (the guarded chunk's rerun)
         self.guarded = False      # a guarded vector form was emitted
         self.flat: dict = {}      # elementwise regions: tensor name -> its offset expression
@@ -244,70 +139,36 @@ class _Emitter:
     def index_lines(self, names: str, sizes: tuple, flat: str) -> list[str]:
         return [f"int64_t {n} = {e};" for n, e in index_decomposition(names, sizes, flat, "/")]
 
-    # -- levels: which loop pass over the row can compute each value ------------------------------
     def assign_levels(self) -> int:
-        for v in self.r.inputs:
-            self.level[v.name] = 0
-        passes = 1
-        for b in self.r.bsyms:
-            out = b.outputs()[0]
-            ins = [a for a in b.inputs() if a.name in self.level]
-            lvl = max((self.level[a.name] for a in ins), default=0)
-            if prim_of(b) in _REDUCE:
-                lvl += 1           # known after the pass that reads its input
-                passes = max(passes, lvl)
-            self.level[out.name] = lvl
+        """Each value's level; the number of passes over a row."""
+        self.level = {v.name: 0 for v in self.r.inputs}
+        self.level.update(render.levels(self.r.bsyms, _REDUCE))
+        passes = max([1] + [self.level[b.outputs()[0].name] for b in self.r.bsyms if prim_of(b) in _REDUCE])
         for v in self.r.outputs:
             if v.name not in self.rows:
                 passes = max(passes, self.level[v.name] + 1)
         return passes
 
-    # -- values ------------------------------------------------------------------------------------
-    def fresh(self) -> str:
-        self.counter += 1
-        return f"v{self.counter}"
+    # -- the language ----------------------------------------------------------------------------
+    def cast(self, expr: str, dt: torch.dtype) -> str:
+        return f"(({C_TYPE[dt]}){expr})"
 
-    def operand(self, a, ct: torch.dtype | None, names: dict) -> str:
-        if isinstance(a, (TensorVar, NumberVar)):
-            var = names[a.name]
-            held = self.ctypes_of[a.name]
-            return var if ct is None or held == ct else f"(({C_TYPE[ct]}){var})"
-        return _literal(a, ct if ct is not None else torch.float64)
+    def convert(self, expr: str, dt: torch.dtype, target: torch.dtype) -> str:
+        return self.cast(expr, target)
 
-    def declare(self, lines: list, names: dict, v, expr: str, dt: torch.dtype) -> None:
-        """`v` = `expr` (of dtype `dt`) as a new C variable, rounded to `dt` if it is a half type."""
-        var = self.fresh()
-        if dt in _HALF:
-            expr = f"fj_round_{_HALF[dt]}({expr})"
-        lines.append(f"{C_TYPE[_held(dt)]} {var} = {expr};")
-        names[v.name] = var
-        self.ctypes_of[v.name] = _held(dt)
+    def literal(self, value, ct: torch.dtype | None) -> str:
+        return literal(value, ct if ct is not None else torch.float64)
 
-    def load(self, v: TensorVar, k: int) -> str:
-        element = f"in{k}[{self.offset(v)}]"
-        return f"fj_from_{_HALF[v.dtype]}({element})" if v.dtype in _HALF else element
+    def define(self, var: str, expr: str, dt: torch.dtype, half: torch.dtype | None) -> list[str]:
+        if half is not None:
+            expr = f"fj_round_{HALF_NAME[half]}({expr})"
+        return [f"{C_TYPE[dt]} {var} = {expr};"]
 
-    def store(self, v: TensorVar, names: dict) -> str:
-        value = self.operand(v, _held(v.dtype), names)
-        return f"fj_to_{_HALF[v.dtype]}({value})" if v.dtype in _HALF else value
-
-    def expression(self, b: BoundSymbol, names: dict, lines: list) -> tuple[str, torch.dtype]:
-        """C expression of an elementwise prim and the dtype of its value (before rounding); a
-        guarded vector form adds its range check to `lines`."""
+    def form(self, b: BoundSymbol, ct: torch.dtype, ops: list, lines: list) -> str:
+        """C's form of the prim; a guarded vector form adds its range check to `lines`."""
         p = prim_of(b)
-        out = b.outputs()[0]
-        if p is Prim.CONVERT:
-            x = names[b.args[0].name]
-            if out.dtype == torch.bool:
-                return f"({x} != 0)", torch.bool
-            return f"(({C_TYPE[_held(out.dtype)]}){x})", out.dtype
-        ct = render.computes_in(b)
-        if p is Prim.WHERE:
-            ops = [self.operand(b.args[0], None, names)] + [self.operand(a, ct, names) for a in b.args[1:]]
-        else:
-            ops = [self.operand(a, ct, names) for a in b.args]
         if p is Prim.BITWISE_NOT and ct == torch.bool:
-            return f"(!{ops[0]})", torch.bool
+            return f"(!{ops[0]})"
         if is_square(b):
             template = "({0} * {0})"
         elif is_cube(b):
@@ -321,27 +182,33 @@ class _Emitter:
                 lines.append(f"fj_bad |= fabsf({ops[0]}) > FJ_TRIG_LIMIT;")
         else:
             template = _C_EXPRS[p]
-        expr = template.format(*ops, f="f" if ct == torch.float32 else "")
-        return expr, torch.bool if p in BOOL_RESULT else out.dtype
+        return template.format(*ops, f="f" if ct == torch.float32 else "")
+
+    def load(self, v: TensorVar, k: int) -> str:
+        element = f"in{k}[{self.offset(v)}]"
+        return f"fj_from_{HALF_NAME[v.dtype]}({element})" if v.dtype in HALF else element
+
+    def store(self, v: TensorVar, values: dict) -> str:
+        value = self.operand(v, held(v.dtype), values)
+        return f"fj_to_{HALF_NAME[v.dtype]}({value})" if v.dtype in HALF else value
 
     # -- the kernel ------------------------------------------------------------------------------
     def generate(self, name: str) -> Kernel:
         r = self.r
         params, arg_types, signature = [], [], []
-        names: dict[str, str] = {}
+        names: dict[str, tuple] = {}
         for k, v in enumerate(r.inputs):
             if isinstance(v, NumberVar):
                 c_type, code = ("int64_t", "q") if v.pytype is int else ("double", "d")
                 signature.append(f"{c_type} s{k}")
-                names[v.name] = f"s{k}"
-                self.ctypes_of[v.name] = torch.int64 if v.pytype is int else torch.float64
+                names[v.name] = (f"s{k}", torch.int64 if v.pytype is int else torch.float64)
             else:
-                signature.append(f"const {_storage(v.dtype)} *restrict in{k}")
+                signature.append(f"const {storage(v.dtype)} *restrict in{k}")
                 code = "p"
             params.append(("in", k))
             arg_types.append(code)
         for k, v in enumerate(r.outputs):
-            signature.append(f"{_storage(v.dtype)} *restrict out{k}")
+            signature.append(f"{storage(v.dtype)} *restrict out{k}")
             params.append(("out", k))
             arg_types.append("p")
         passes = self.assign_levels()
@@ -350,7 +217,7 @@ class _Emitter:
         if threaded:
             signature.append("int64_t fj_nt")
             body = ["#pragma omp parallel for num_threads(fj_nt) schedule(static) if(fj_nt > 1)"] + body
-        source = _PRELUDE + f"\nvoid {name}({', '.join(signature)})\n{{\n" + \
+        source = vecmath.PRELUDE + f"\nvoid {name}({', '.join(signature)})\n{{\n" + \
             "\n".join(_indent(line) for line in body) + "\n}\n"
         return Kernel(name, source, params, arg_types + (["q"] if threaded else []), threaded)
 
@@ -377,20 +244,19 @@ class _Emitter:
         for k, v in enumerate(r.inputs):
             if isinstance(v, TensorVar):
                 var = f"x{k}"
-                lines.append(f"{C_TYPE[_held(v.dtype)]} {var} = {self.load(v, k)};")
-                local[v.name] = var
-                self.ctypes_of[v.name] = _held(v.dtype)
+                lines.append(f"{C_TYPE[held(v.dtype)]} {var} = {self.load(v, k)};")
+                local[v.name] = (var, held(v.dtype))
         for b in r.bsyms:
             out = b.outputs()[0]
             if prim_of(b) in _REDUCE or out.name in self.rows or self.level[out.name] > upto:
                 continue
             buffer = self.scratch.get(out.name)
             if buffer is not None and self.level[out.name] < upto:
-                self.declare(lines, local, out, f"{buffer}[c]", out.dtype)   # an earlier pass's
+                self.bind(out, f"{buffer}[c]", out.dtype, local, lines)   # an earlier pass's
                 continue
-            self.declare(lines, local, out, *self.expression(b, local, lines))
+            self.compute(b, local, lines)
             if buffer is not None:
-                lines.append(f"{buffer}[c] = {local[out.name]};")
+                lines.append(f"{buffer}[c] = {local[out.name][0]};")
         for k, v in enumerate(r.outputs):
             if v.name not in self.rows and (store_level is None or self.level[v.name] == store_level):
                 lines.append(f"out{k}[{self.offset(v)}] = {self.store(v, local)};")
@@ -444,13 +310,13 @@ class _Emitter:
         r, width, budget = self.r, math.prod(self.r.inner), SCRATCH_BYTES
         for b in r.bsyms:
             o = b.outputs()[0]
-            if prim_of(b) in _REDUCE or o.name in self.rows or not (calls_libm(b) or _vector_form(b)):
+            if prim_of(b) in _REDUCE or o.name in self.rows or not (calls_libm(b) or vector_form(b)):
                 continue
             lvl = self.level[o.name]
             later = any(o.name in {v.name for v in b2.inputs()} and self.level[b2.outputs()[0].name] > lvl
                         and b2.outputs()[0].name not in self.rows and prim_of(b2) not in _REDUCE
                         for b2 in r.bsyms)
-            size = width * torch.empty((), dtype=_held(o.dtype)).element_size()
+            size = width * torch.empty((), dtype=held(o.dtype)).element_size()
             if later and lvl < passes and size <= budget:
                 budget -= size
                 self.scratch[o.name] = f"fj_s{len(self.scratch)}"
@@ -458,7 +324,7 @@ class _Emitter:
     def row_code(self, passes: int, names: dict) -> list[str]:
         r = self.r
         width = math.prod(r.inner)
-        row_lines: list[str] = [f"{C_TYPE[_held(v.dtype)]} {buffer}[{width}];"
+        row_lines: list[str] = [f"{C_TYPE[held(v.dtype)]} {buffer}[{width}];"
                                 for v in (b.outputs()[0] for b in r.bsyms)
                                 for buffer in [self.scratch.get(v.name)] if buffer]
         row_names = dict(names)
@@ -467,7 +333,7 @@ class _Emitter:
             for b in r.bsyms:
                 o = b.outputs()[0]
                 if o.name in self.rows and self.level[o.name] == p and prim_of(b) not in _REDUCE:
-                    self.declare(row_lines, row_names, o, *self.expression(b, row_names, row_lines))
+                    self.compute(b, row_names, row_lines)
             if p == passes:
                 break
             reductions = [b for b in r.bsyms if prim_of(b) in _REDUCE and self.level[b.outputs()[0].name] == p + 1]
@@ -493,17 +359,17 @@ class _Emitter:
                                ([f"for (int64_t l = 0; c0 + l < {width}; l++) {{"], ["}"])):
                 loop, local = self.element_code(p, row_names, p, ["int64_t c = c0 + l;"])
                 for b, acc in accs:
-                    loop.append(self.accumulate(b, f"{acc}[l]", local))
+                    loop.append(self.accumulate(b, f"{acc}[l]", local[b.args[0].name][0]))
                 row_lines += [_indent(x) for x in head]
                 row_lines += ["        " + x for x in loop]
                 row_lines += ["    " + x for x in tail]
             row_lines.append("}")
             for b, acc in accs:
                 o = b.outputs()[0]
-                combine = self.accumulate(b, f"{acc}[l]", {b.args[0].name: f"{acc}[l + w]"})
+                combine = self.accumulate(b, f"{acc}[l]", f"{acc}[l + w]")
                 row_lines.append(f"for (int w = {LANES // 2}; w > 0; w >>= 1) "
                                  f"for (int l = 0; l < w; l++) {combine}")
-                self.declare(row_lines, row_names, o, f"({C_TYPE[_held(o.dtype)]}){acc}[0]", o.dtype)
+                self.bind(o, f"({C_TYPE[held(o.dtype)]}){acc}[0]", o.dtype, row_names, row_lines)
         for k, v in enumerate(r.outputs):
             if v.name in self.rows:
                 row_lines.append(f"out{k}[{self.offset(v, rows_only=True)}] = "
@@ -516,19 +382,11 @@ class _Emitter:
         if p in (Prim.SUM, Prim.PROD):      # float sums and products accumulate in double
             ctype = "double" if o.dtype.is_floating_point else "int64_t"
         else:
-            ctype = C_TYPE[_held(o.dtype)]
-        start = render.identity(p, o.dtype)
-        if isinstance(start, float):
-            text = C.literal_inf(start < 0)
-        elif start == -2**63:
-            text = "INT64_MIN"          # -9223372036854775808LL is a negated out-of-range literal
-        else:
-            text = f"{start}LL" if abs(start) > 1 else str(start)
-        return acc, f"{ctype} {acc} = {text};"
+            ctype = C_TYPE[held(o.dtype)]
+        return acc, f"{ctype} {acc} = {C.identity_literal(p, o.dtype)};"
 
-    def accumulate(self, b: BoundSymbol, acc: str, local: dict) -> str:
-        p, x = prim_of(b), b.args[0]
-        value = local[x.name]
+    def accumulate(self, b: BoundSymbol, acc: str, value: str) -> str:
+        p = prim_of(b)
         if p is Prim.SUM:
             return f"{acc} += {value};"
         if p is Prim.PROD:
@@ -537,4 +395,4 @@ class _Emitter:
 
 
 def generate(region: Region, name: str) -> Kernel:
-    return _Emitter(region).generate(name)
+    return CEmitter(region).generate(name)

@@ -1,4 +1,5 @@
-"""Vectorizable float32 math for C kernels: exp, log, tanh, sigmoid, erf, sin, cos.
+"""The C every kernel includes: vectorizable float32 math (exp, log, tanh, sigmoid, erf, sin, cos),
+NaN-propagating max/min, Python's remainder and 16-bit float conversions (PRELUDE).
 
 The C library's `expf`, `tanhf`, ... are scalar calls (~10 ns an element, about 0.3 GB/s for
 tanh), so a loop calling them is never vectorized.  These are branch-free inline functions (selects,
@@ -134,3 +135,43 @@ static inline float fj_sincosf(float x, int64_t shift) {
 static inline float fj_sinf(float x) { return fj_sincosf(x, 0); }
 static inline float fj_cosf(float x) { return fj_sincosf(x, 1); }
 """
+
+# What every C kernel starts with: NaN-propagating max/min, Python's remainder, 16-bit floats, then
+# the vector forms above.
+PRELUDE = """\
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+/* torch's maximum/minimum/clamp propagate NaN from either side, and keep `a` when a == b
+   (maximum(-0.0, 0.0) is -0.0) */
+#define FJ_MAX(a, b) ((a) != (a) ? (a) : (b) != (b) ? (b) : (a) < (b) ? (b) : (a))
+#define FJ_MIN(a, b) ((a) != (a) ? (a) : (b) != (b) ? (b) : (a) > (b) ? (b) : (a))
+/* Python's modulo: the sign of the divisor (r is fmod(a, b)) */
+#define FJ_REMAINDER(a, b, r) ((r) != 0 && (((r) < 0) != ((b) < 0)) ? (r) + (b) : (r))
+/* 16-bit floats, converted with round-to-nearest-even as c10 converts them */
+static inline float fj_f32(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
+static inline uint32_t fj_bits(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
+static inline float fj_from_bf16(uint16_t h) { return fj_f32((uint32_t)h << 16); }
+static inline uint16_t fj_to_bf16(float f) {
+    uint32_t b = fj_bits(f);
+    if (f != f) return 0x7FC0;
+    return (uint16_t)((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+}
+static inline float fj_from_f16(uint16_t h) {
+    uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
+    float normalized = fj_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+    float denormalized = fj_f32((two_w >> 17) | (126u << 23)) - 0.5f;
+    return fj_f32(sign | (two_w < (1u << 27) ? fj_bits(denormalized) : fj_bits(normalized)));
+}
+static inline uint16_t fj_to_f16(float f) {
+    float base = (fabsf(f) * 0x1.0p+112f) * 0x1.0p-110f;
+    uint32_t w = fj_bits(f), shl1_w = w + w, sign = w & 0x80000000u, bias = shl1_w & 0xFF000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    uint32_t bits = fj_bits(fj_f32((bias >> 1) + 0x07800000u) + base);
+    uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+static inline float fj_round_bf16(float f) { return fj_from_bf16(fj_to_bf16(f)); }
+static inline float fj_round_f16(float f) { return fj_from_f16(fj_to_f16(f)); }
+""" + SOURCE

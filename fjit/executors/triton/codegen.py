@@ -13,253 +13,24 @@ The expressions (libdevice on a GPU, precise `tl.*` forms under the interpreter)
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
-from fjit.core.prims import BOOL_RESULT, Prim, prim_of
-from fjit.executors.render import HALF as _HALF, computes_in, index_decomposition
-from fjit.executors.triton import plan as P
-from fjit.executors.triton.lowering import (ACCUMULATE, COMPILED, COMPILED_F32, HELPERS,
-                                            INTERPRETED, INTERPRETER_HELPERS, REDUCE, PTR_TYPE,
-                                            SCALAR_TYPE, TL_DTYPE, TRITON, supported)
-
-__all__ = ["Kernel", "generate", "supported", "TL_DTYPE"]
+from fjit.core.prims import prim_of
+from fjit.executors.render import held
+from fjit.executors.triton.lowering import (ACCUMULATE, HELPERS, INTERPRETER_HELPERS,
+                                            PTR_TYPE, SCALAR_TYPE, TL_DTYPE, supported)
+from fjit.executors.triton.plan import Kernel
+from fjit.executors.triton.tiles import TileEmitter
 from fjit.passes.fusion import Region
 
-@dataclasses.dataclass
-class Kernel:
-    name: str
-    source: str
-    grid: tuple
-    block: int
-    num_warps: int
-    scalar_args: list      # non-finite literals (k<j>), in kernel-argument order
-    params: list           # argument names before the constexprs: in<k>/s<k> (region input k),
-    #                        k<j> (literal j), out<k> (region output k), ws<j> (workspace j)
-    signature: dict = dataclasses.field(default_factory=dict)   # argument -> Triton type
-    constexprs: dict = dataclasses.field(default_factory=dict)  # constexpr argument -> value
-    mode: str = "elementwise"
-    second: "Kernel | None" = None   # a split reduction's second stage
-    workspaces: list = dataclasses.field(default_factory=list)   # (numel, dtype) of ws<j>
-
-    def stages(self) -> list:
-        """The kernels one launch of the region runs, in order."""
-        return [self] + ([self.second] if self.second is not None else [])
+__all__ = ["Kernel", "generate", "supported", "TL_DTYPE"]
 
 
-class _Emitter:
-    def __init__(self, region: Region, interpret: bool):
-        self.r = region
-        self.interpret = interpret
-        self.exprs = INTERPRETED if interpret else COMPILED
-        self.lines: list[str] = []
-        self.depth = 1
-        self.values: dict[str, tuple[str, torch.dtype]] = {}   # var name -> (expr, compute dtype)
-        self.counter = 0
-        self.literals: dict[str, str] = {}     # repr of a non-finite float -> its k<j> parameter
-        self.reductions = [b for b in region.bsyms if prim_of(b) in REDUCE]
-        rows, width = math.prod(region.outer), math.prod(region.inner)
-        self.rows, self.width = rows, width
-        self.level = self._levels()
-        splittable = all(self.level[b.outputs()[0].name] == 1 for b in self.reductions) and all(
-            v.name in region.row_vars or self.level[v.name] == 0 for v in region.outputs)
-        self.plan = P.plan(rows, width, region.has_reduction, splittable, interpret)
-        self.online = self._online_sums() if self.plan.mode == "looped" else {}
-        if self.online:
-            self.level = self._levels()
-        self.two_d = region.has_reduction
-        self._layout()
-
-    # -- layout -----------------------------------------------------------------------------------
-    def _levels(self) -> dict:
-        """How many reductions in a row a value waits for (0: computed from the inputs)."""
-        level = {}
-        for b in self.r.bsyms:
-            if id(b) in getattr(self, "online", {}):   # reduced in its max's pass
-                level[b.outputs()[0].name] = level[self.online[id(b)].outputs()[0].name]
-                continue
-            deps = [level.get(v.name, 0) for v in b.inputs() if isinstance(v, TensorVar)]
-            level[b.outputs()[0].name] = max(deps, default=0) + (prim_of(b) in REDUCE)
-        return level
-
-    def _online_sums(self) -> dict:
-        """sum(exp(y - amax(y))) reductions (softmax's), as id(sum) -> the amax: a looped kernel
-        computes both in one pass (the online softmax: the running sum is rescaled whenever the
-        running max grows)."""
-        producer = {b.outputs()[0].name: b for b in self.r.bsyms}
-        pairs = {}
-        for b in self.reductions:
-            e = producer.get(b.args[0].name)
-            d = producer.get(e.args[0].name) if e is not None and prim_of(e) is Prim.EXP else None
-            if d is None or prim_of(d) is not Prim.SUB or not all(isinstance(a, TensorVar) for a in d.args):
-                continue
-            m = producer.get(d.args[1].name)
-            if prim_of(b) is not Prim.SUM or m is None or prim_of(m) is not Prim.AMAX:
-                continue
-            values = (b.outputs()[0], e.outputs()[0], d.outputs()[0], m.outputs()[0])
-            if m.args[0].name == d.args[0].name and self.level.get(d.args[0].name, 0) == 0 and all(
-                    v.dtype in (torch.float32, torch.float64) and v.dtype == values[0].dtype for v in values):
-                pairs[id(b)] = m
-        return pairs
-
-    def _layout(self) -> None:
-        r = self.r
-        n_outer = len(r.outer)
-        tensors = [v for v in r.inputs + r.outputs if isinstance(v, TensorVar)]
-        strides = {v.name: P.domain_strides(v, r.domain, n_outer, v.name in r.row_vars) for v in tensors}
-        self.osizes, self.ostr = P.collapse(r.outer, {k: s[:n_outer] for k, s in strides.items()})
-        self.isizes, self.istr = P.collapse(r.inner, {k: s[n_outer:] for k, s in strides.items()})
-        self.int64 = P.needs_int64(tensors, r.domain)
-        self.onames = ["r"] if len(self.osizes) == 1 else [f"o{j}" for j in range(len(self.osizes))]
-        self.inames = ["c"] if len(self.isizes) == 1 else [f"i{j}" for j in range(len(self.isizes))]
-
-    def offsets(self, name: str) -> tuple[str | None, str | None]:
-        """(row part, column part) of a tensor's element offset; None where it has no terms."""
-        def terms(names, strides):
-            parts = [f"{n} * {s}" if s != 1 else n for n, s in zip(names, strides) if s]
-            return " + ".join(parts) or None
-        return terms(self.onames, self.ostr[name]), terms(self.inames, self.istr[name])
-
-    def decompose(self, names: str, sizes: tuple, flat: str) -> None:
-        """The index of each collapsed dim from the flat index (itself, for one dim)."""
-        if len(sizes) > 1:
-            for index, expr in index_decomposition(names, sizes, flat, "//"):
-                self.emit(f"{index} = {expr}")
-
-    # -- emitting -------------------------------------------------------------------------------
-    def fresh(self) -> str:
-        self.counter += 1
-        return f"v{self.counter}"
-
-    def emit(self, line: str) -> None:
-        self.lines.append("    " * self.depth + line)
-
-    def masks(self) -> tuple[str, str]:
-        return ("rmask", "cmask") if self.two_d else ("mask", "mask")
-
-    def emit_columns(self, start: str | None) -> None:
-        """c (the tile's columns), its masks, and the column index of each collapsed inner dim."""
-        arange = "tl.arange(0, BLOCK)[None, :]" if self.two_d else "tl.arange(0, BLOCK)"
-        self.emit(f"c = {start} + {arange}" if start else f"c = {arange}")
-        if self.two_d:
-            self.emit(f"cmask = c < {self.width}")
-            self.emit("mask = rmask & cmask")
-        else:
-            self.emit(f"mask = c < {self.width}")
-        self.decompose("i", self.isizes, "c")
-
-    def pid(self, axis: int) -> str:
-        return f"tl.program_id({axis}).to(tl.int64)" if self.int64 else f"tl.program_id({axis})"
-
-    def emit_rows(self) -> None:
-        self.emit(f"r = {self.pid(0)} * ROWS + tl.arange(0, ROWS)[:, None]")
-        self.emit(f"rmask = r < {self.rows}")
-        self.decompose("o", self.osizes, "r")
-
-    def load(self, k: int, v: TensorVar) -> None:
-        rows, cols = self.offsets(v.name)
-        rmask, cmask = self.masks()
-        off, mask = (f"{rows} + {cols}", "mask") if rows and cols else (rows, rmask) if rows else (cols, cmask)
-        if not off:   # one element for the whole domain: one per row (a block, not a scalar)
-            off, mask = ("r * 0", "rmask") if self.two_d else ("c * 0", "mask")
-        val = self.fresh()
-        load = f"tl.load(in{k} + {off}, mask={mask}, other=0)"
-        self.emit(f"{val} = {load}" + (".to(tl.float32)" if v.dtype in _HALF else ""))
-        self.values[v.name] = (val, torch.float32 if v.dtype in _HALF else v.dtype)
-
-    def store(self, k: int, v: TensorVar) -> None:
-        expr, dt = self.values[v.name]
-        value = expr if dt == v.dtype else f"{expr}.to({TL_DTYPE[v.dtype]})"
-        rows, cols = self.offsets(v.name)
-        if v.name in self.r.row_vars:
-            self.emit(f"tl.store(out{k} + {rows or 'r * 0'}, {value}, mask=rmask)")
-            return
-        if self.two_d:
-            off = f"{rows or 'r * 0'} + {cols or 'c * 0'}"
-        else:
-            off = cols or "c * 0"
-        self.emit(f"tl.store(out{k} + {off}, {value}, mask=mask)")
-
-    def operand(self, a, ct: torch.dtype) -> str:
-        if isinstance(a, (TensorVar, NumberVar)):
-            expr, dt = self.values[a.name]
-            return expr if dt == ct or ct is None else f"{expr}.to({TL_DTYPE[ct]})"
-        if isinstance(a, bool):
-            return "1" if a else "0"
-        if isinstance(a, float) and not math.isfinite(a):
-            return self.literals[repr(a)]
-        if isinstance(a, int) and ct is not None and not ct.is_floating_point and ct is not torch.bool:
-            # torch wraps a Python int to the operand's dtype (int8 & 0xFF is int8 & -1); Triton
-            # refuses a literal out of the dtype's range when it compiles for a GPU
-            bits = torch.iinfo(ct).bits
-            a &= (1 << bits) - 1
-            if torch.iinfo(ct).min < 0 and a >= 1 << (bits - 1):
-                a -= 1 << bits
-        return repr(a)
-
-    def reduce_input(self, b: BoundSymbol) -> tuple[str, torch.dtype, str]:
-        """The reduced value in its accumulation dtype, that dtype, and the masked lanes' value."""
-        p, out = prim_of(b), b.outputs()[0]
-        expr, dt = self.values[b.args[0].name]
-        ct = torch.float32 if out.dtype in _HALF else out.dtype
-        if dt != ct:
-            expr = f"{expr}.to({TL_DTYPE[ct]})"
-        neutral = TRITON.identity_literal(p, ct)
-        return expr, ct, neutral
-
-    def reduce(self, p: Prim, tile: str, ct: torch.dtype, nan: str | None) -> str:
-        """The per-row reduction of a [ROWS, BLOCK] tile, NaN where `nan` (a tile of 0/1) has a 1."""
-        val = self.fresh()
-        self.emit(f"{val} = {REDUCE[p]}({tile}, axis=1, keep_dims=True)")
-        if nan is not None:
-            self.emit(f"{val} = tl.where(tl.max({nan}, axis=1, keep_dims=True) > 0, float('nan'), {val})")
-        return val
-
-    def emit_bsym(self, b: BoundSymbol) -> None:
-        p = prim_of(b)
-        out = b.outputs()[0]
-        if p in REDUCE:   # the whole row is in the tile
-            expr, ct, neutral = self.reduce_input(b)
-            nan = None
-            if p is not Prim.SUM and ct.is_floating_point:   # torch's max/min propagate NaN
-                nan = self.fresh()
-                self.emit(f"{nan} = tl.where(mask, tl.where({expr} != {expr}, 1, 0), 0)")
-            self.finish(out, self.reduce(p, f"tl.where(mask, {expr}, {neutral})", ct, nan), ct)
-            return
-        val = self.fresh()
-        if p is Prim.CONVERT:
-            expr, dt = self.values[b.args[0].name]
-            target = b.args[1]
-            if target == torch.bool:
-                self.emit(f"{val} = {expr} != 0")
-                self.finish(out, val, torch.bool)
-            else:
-                ct = torch.float32 if target in _HALF else target
-                self.emit(f"{val} = {expr}.to({TL_DTYPE[ct]})" if dt != ct else f"{val} = {expr}")
-                self.finish(out, val, ct)
-            return
-        ct = computes_in(b)
-        if p is Prim.WHERE:
-            ops = [self.operand(b.args[0], None)] + [self.operand(a, ct) for a in b.args[1:]]
-        else:
-            ops = [self.operand(a, ct) for a in b.args]
-        template = self.exprs[p]
-        if not self.interpret and ct == torch.float32 and p in COMPILED_F32:
-            template = COMPILED_F32[p]
-        self.emit(f"{val} = {template.format(*ops, t=TL_DTYPE[ct])}")
-        self.finish(out, val, torch.bool if p in BOOL_RESULT else ct)
-
-    def finish(self, out: TensorVar, val: str, ct: torch.dtype) -> None:
-        if out.dtype in _HALF:   # round to the half type as torch does, keep computing in f32
-            if out.dtype == torch.bfloat16:
-                self.emit(f"{val} = _round_to_bf16({val})")
-            else:
-                self.emit(f"{val} = {val}.to(tl.float16).to(tl.float32)")
-            ct = torch.float32
-        self.values[out.name] = (val, ct)
+class TritonEmitter(TileEmitter):
+    """A region's Triton kernel(s): its tiles in one pass, in loops over the row, or split."""
 
     # -- the kernel ------------------------------------------------------------------------------
     def generate(self, name: str) -> Kernel:
@@ -329,15 +100,6 @@ class _Emitter:
             kernel.workspaces = [(self.rows * pl.segments, ct) for _, ct in partials]
         return kernel
 
-    def single_pass(self, outputs: list) -> None:
-        for k, v in enumerate(self.r.inputs):
-            if isinstance(v, TensorVar):
-                self.load(k, v)
-        for b in self.r.bsyms:
-            self.emit_bsym(b)
-        for k, v in outputs:
-            self.store(k, v)
-
     def closure(self, names: list) -> tuple[set, set]:
         """The domain prims (ids) and region inputs (names) that computing `names` needs, given
         the per-row values already computed."""
@@ -363,13 +125,9 @@ class _Emitter:
         accs = []
         for b in reds:
             p, out = prim_of(b), b.outputs()[0]
-            ct = torch.float32 if out.dtype in _HALF else out.dtype
-            neutral = TRITON.identity_literal(p, ct)
-            acc, nan = self.fresh(), None
-            self.emit(f"{acc} = tl.full([ROWS, BLOCK], {neutral}, {TL_DTYPE[ct]})")
-            if p is not Prim.SUM and ct.is_floating_point:
-                nan = self.fresh()
-                self.emit(f"{nan} = tl.zeros([ROWS, BLOCK], tl.int32)")
+            ct = held(out.dtype)
+            acc, nan = self.new_tile(p, ct, f"tl.full([ROWS, BLOCK], {{neutral}}, {TL_DTYPE[ct]})",
+                                     "tl.zeros([ROWS, BLOCK], tl.int32)")
             accs.append((acc, nan, ct))
         before = dict(self.values)
         self.emit(f"for k in range(0, {count}, BLOCK):")
@@ -416,14 +174,6 @@ class _Emitter:
         self.emit(f"{val} = tl.sum({acc} * tl.where({macc} == -float('inf'), 0, tl.exp({macc} - {m})), "
                   "axis=1, keep_dims=True)")
         return val
-
-    def row_prims(self) -> None:
-        """Every per-row prim whose operands are all computed, in order."""
-        for b in self.r.bsyms:
-            out = b.outputs()[0].name
-            if out in self.r.row_vars and out not in self.values and prim_of(b) not in REDUCE and all(
-                    v.name in self.values for v in b.inputs() if isinstance(v, TensorVar)):
-                self.emit_bsym(b)
 
     def looped(self, outputs: list) -> None:
         r = self.r
@@ -479,12 +229,8 @@ class _Emitter:
         self.emit(f"mask = rmask & (s < {pl.segments})")
         for j, (b, ct) in enumerate(partials):
             p = prim_of(b)
-            neutral = TRITON.identity_literal(p, ct)
-            part, nan = self.fresh(), None
-            self.emit(f"{part} = tl.load(ws{j} + r * {pl.segments} + s, mask=mask, other={neutral})")
-            if p is not Prim.SUM and ct.is_floating_point:
-                nan = self.fresh()
-                self.emit(f"{nan} = tl.where({part} != {part}, 1, 0)")
+            part, nan = self.new_tile(p, ct, f"tl.load(ws{j} + r * {pl.segments} + s, mask=mask, other={{neutral}})",
+                                      "tl.where({0} != {0}, 1, 0)")
             self.finish(b.outputs()[0], self.reduce(p, part, ct, nan), ct)
         self.row_prims()
         for k, v in outputs:
@@ -501,4 +247,4 @@ class _Emitter:
 
 
 def generate(region: Region, name: str, interpret: bool) -> Kernel:
-    return _Emitter(region, interpret).generate(name)
+    return TritonEmitter(region, interpret).generate(name)

@@ -8,6 +8,7 @@ precision near 0 (Kahan's expm1 and log1p); erfc, which has none, stays a torch 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -59,12 +60,25 @@ INTERPRETED = {**_COMMON, Prim.EXPM1: "_expm1({0})", Prim.LOG1P: "_log1p({0})",
 COMPILED = {**_COMMON, **{p: f"libdevice.{p.value}({{0}})" for p in (
     Prim.EXPM1, Prim.LOG1P, Prim.TANH, Prim.SINH, Prim.COSH, Prim.ERF, Prim.ERFC, Prim.TAN,
     Prim.LOG10, Prim.RSQRT)}}
-_COMPILED_ONLY = frozenset(COMPILED) - frozenset(INTERPRETED)
 # float32 ops torch rounds correctly on CUDA, where Triton's default is an approximation
 COMPILED_F32 = {Prim.DIV: "tl.div_rn({0}, {1})", Prim.SQRT: "tl.sqrt_rn({0})"}
 REDUCE = {Prim.SUM: "tl.sum", Prim.AMAX: "tl.max", Prim.AMIN: "tl.min"}
 ACCUMULATE = {Prim.SUM: "{acc} + {x}", Prim.AMAX: "tl.maximum({acc}, {x})", Prim.AMIN: "tl.minimum({acc}, {x})"}
-TRITON = render.Language("triton", COMPILED, frozenset(TL_DTYPE), frozenset(REDUCE), "float('inf')")
+
+
+class TritonLanguage(render.Language):
+    def accepts(self, b: BoundSymbol) -> bool:
+        p = prim_of(b)
+        if p in REDUCE:
+            return p is not Prim.SUM or b.args[0].dtype != torch.bool
+        # a float kernel argument is float32 in Triton; torch keeps a double
+        return p is Prim.CONVERT or computes_in(b) != torch.float64 or not any(
+            isinstance(a, NumberVar) or isinstance(a, float) and not math.isfinite(a) for a in b.args)
+
+
+# Compiled for a GPU, and under the interpreter (which has no libdevice: fewer prims).
+TRITON = TritonLanguage("triton", COMPILED, frozenset(TL_DTYPE), frozenset(REDUCE), "float('inf')")
+TRITON_INTERPRETED = dataclasses.replace(TRITON, exprs=INTERPRETED)
 
 HELPERS = '''
 @triton.jit
@@ -118,19 +132,12 @@ def _sinh(x):
 '''
 
 
+def language(interpret: bool | None = None) -> TritonLanguage:
+    """Triton for the interpreter or for a GPU (by default as TRITON_INTERPRET says)."""
+    return TRITON_INTERPRETED if (config.triton_interpret() if interpret is None else interpret) else TRITON
+
+
 def supported(b: BoundSymbol, interpret: bool | None = None) -> bool:
     """Whether this generator can emit `b` inside a region (for the interpreter or a GPU; by
     default as TRITON_INTERPRET says)."""
-    if not render.supported(b, TRITON):
-        return False
-    p = prim_of(b)
-    if p in _COMPILED_ONLY and (config.triton_interpret() if interpret is None else interpret):
-        return False    # libdevice only: the interpreter cannot run it
-    if p in REDUCE:
-        return p is not Prim.SUM or b.args[0].dtype != torch.bool
-    if p is not Prim.CONVERT and computes_in(b) == torch.float64 and any(
-            isinstance(a, NumberVar) or isinstance(a, float) and not math.isfinite(a) for a in b.args):
-        return False    # a float kernel argument is float32 in Triton; torch keeps a double
-    return True
-
-
+    return render.supported(b, language(interpret))

@@ -1,5 +1,6 @@
 """How a region's kernel is shaped before a line of it is written: the launch strategy (tile sizes,
-warps, a loop over the row or not, a two-stage split) and the index arithmetic (collapsed dims).
+warps, a loop over the row or not, a two-stage split, softmax's sums computed online), offsets'
+width, and the Kernel that describes the launch.
 
 Strategies for a region with reductions, a row of `width` elements per row (`rows` of them):
 
@@ -13,8 +14,8 @@ A persistent tile of up to PERSISTENT_MAX elements at 16 warps holds 16 elements
 value per thread: no register spills for the programs the tests sweep (tests/test_gpu_compile.py
 compiles them for sm_90 and sm_80 and checks ptxas's report).
 
-Index arithmetic: a tensor's offset is the sum of its strides times the indices of the dims of the
-iteration domain; dims that every tensor walks contiguously together (stride[j] == stride[j+1] *
+Index arithmetic (render.collapse): a tensor's offset is the sum of its strides times the indices
+of the dims of the iteration domain; dims that every tensor walks contiguously together (stride[j] == stride[j+1] *
 size[j+1], broadcast dims having stride 0 on both) collapse into one, and size-1 dims vanish, so a
 contiguous region indexes as 1-D: `in0 + c`, with no div/mod chain.  Offsets are int32 (Triton's
 program ids and aranges) unless some tensor spans 2^31 elements or more.
@@ -24,7 +25,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import torch
+
 from fjit.core.ir import TensorVar
+from fjit.core.prims import Prim, prim_of
 
 PERSISTENT_MAX = 8192     # largest row tile (elements) one program holds in registers
 TILE = 2048               # elements per program for short rows: several rows per program
@@ -35,6 +39,27 @@ SPLIT_PROGRAMS = 512      # about this many programs for a split reduction's fir
 ELEMENTWISE_BLOCK = 1024  # elements per program of an elementwise kernel (4096 for huge ones)
 WARPS = ((256, 1), (1024, 2), (2048, 4), (4096, 8))   # (tile elements up to, warps); 16 above
 INT32_LIMIT = 2**31
+
+
+@dataclasses.dataclass
+class Kernel:
+    name: str
+    source: str
+    grid: tuple
+    block: int
+    num_warps: int
+    scalar_args: list      # non-finite literals (k<j>), in kernel-argument order
+    params: list           # argument names before the constexprs: in<k>/s<k> (region input k),
+    #                        k<j> (literal j), out<k> (region output k), ws<j> (workspace j)
+    signature: dict = dataclasses.field(default_factory=dict)   # argument -> Triton type
+    constexprs: dict = dataclasses.field(default_factory=dict)  # constexpr argument -> value
+    mode: str = "elementwise"
+    second: "Kernel | None" = None   # a split reduction's second stage
+    workspaces: list = dataclasses.field(default_factory=list)   # (numel, dtype) of ws<j>
+
+    def stages(self) -> list:
+        """The kernels one launch of the region runs, in order."""
+        return [self] + ([self.second] if self.second is not None else [])
 
 
 def pow2ceil(n: int) -> int:
@@ -85,32 +110,6 @@ def plan(rows: int, width: int, reduction: bool, splittable: bool, interpret: bo
     return Plan("looped", rows, width, LOOP_BLOCK, 1, LOOP_WARPS, (rows,))
 
 
-def domain_strides(v: TensorVar, domain: tuple, n_outer: int, row: bool) -> tuple:
-    """v's stride along each dim of `domain` (0 where it broadcasts); a per-row value (`row`)
-    has its row dims' strides and 0 along the row."""
-    out = []
-    for j in range(len(domain)):
-        if row:
-            t = j if j < n_outer and j < len(v.shape) else -1
-        else:
-            t = j - (len(domain) - len(v.shape))
-        out.append(0 if t < 0 or v.shape[t] == 1 else v.strides[t])
-    return tuple(out)
-
-
-def collapse(sizes: tuple, strides: dict) -> tuple[tuple, dict]:
-    """`sizes` with size-1 dims dropped and adjacent dims merged wherever every tensor's strides
-    (name -> one stride per dim) allow; the strides along the merged dims."""
-    dims = [(s, {k: st[j] for k, st in strides.items()}) for j, s in enumerate(sizes) if s != 1]
-    merged: list = []
-    for size, st in dims:
-        if merged and all(merged[-1][1][k] == st[k] * size for k in st):
-            merged[-1] = (merged[-1][0] * size, st)
-        else:
-            merged.append((size, st))
-    return tuple(s for s, _ in merged), {k: tuple(st[k] for _, st in merged) for k in strides}
-
-
 def needs_int64(tensors: list, domain: tuple) -> bool:
     """Whether some offset can reach 2^31: a tensor spanning that many elements, or the domain."""
     if math.prod(domain) >= INT32_LIMIT:
@@ -120,3 +119,24 @@ def needs_int64(tensors: list, domain: tuple) -> bool:
         if max(span, math.prod(v.shape)) >= INT32_LIMIT:
             return True
     return False
+
+
+def online_sums(region, reductions: list, level: dict) -> dict:
+    """sum(exp(y - amax(y))) reductions (softmax's), as id(sum) -> the amax: a looped kernel
+    computes both in one pass (the online softmax: the running sum is rescaled whenever the
+    running max grows)."""
+    producer = {b.outputs()[0].name: b for b in region.bsyms}
+    pairs = {}
+    for b in reductions:
+        e = producer.get(b.args[0].name)
+        d = producer.get(e.args[0].name) if e is not None and prim_of(e) is Prim.EXP else None
+        if d is None or prim_of(d) is not Prim.SUB or not all(isinstance(a, TensorVar) for a in d.args):
+            continue
+        m = producer.get(d.args[1].name)
+        if prim_of(b) is not Prim.SUM or m is None or prim_of(m) is not Prim.AMAX:
+            continue
+        values = (b.outputs()[0], e.outputs()[0], d.outputs()[0], m.outputs()[0])
+        if m.args[0].name == d.args[0].name and level.get(d.args[0].name, 0) == 0 and all(
+                v.dtype in (torch.float32, torch.float64) and v.dtype == values[0].dtype for v in values):
+            pairs[id(b)] = m
+    return pairs
