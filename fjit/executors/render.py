@@ -1,9 +1,8 @@
 """What the C and Triton kernel generators share: one C-style renderer of a region's math.
 
-One expression table keyed by prim, written once in the C-style infix both languages read
-(`({0} + {1})`), with each language's overrides on top (`{**BASE, ...}`, as tinygrad's
-`CStyleLanguage.code_for_op` is overridden by its Clang and CUDA renderers): C calls libm
-(`exp{f}` with `f` the float suffix), Triton calls `tl.*`.  One `supported`, one index-term
+Each language's expression table is read from the prim blocks (fjit/core/prims/), where an
+expression both languages write alike (`({0} + {1})`) is written once: C calls libm (`exp{f}` with
+`f` the float suffix), Triton calls `tl.*`.  One `supported`, one index-term
 builder, one table of reduction identities.  What really differs stays in each generator: the
 loop nest against the block, half-precision storage, NaN propagation in reductions.
 
@@ -21,19 +20,6 @@ from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.core.prims import REDUCTIONS, ROWS, Domain, Prim, computation_dtype, prim_of
 
 HALF = (torch.float16, torch.bfloat16)
-
-# The math both languages write alike.
-BASE = {
-    Prim.NEG: "(-{0})", Prim.CLONE: "{0}",
-    Prim.ADD: "({0} + {1})", Prim.SUB: "({0} - {1})", Prim.MUL: "({0} * {1})",
-    Prim.DIV: "({0} / {1})", Prim.RECIPROCAL: "(1 / {0})",
-    Prim.EQ: "({0} == {1})", Prim.NE: "({0} != {1})", Prim.LT: "({0} < {1})",
-    Prim.LE: "({0} <= {1})", Prim.GT: "({0} > {1})", Prim.GE: "({0} >= {1})",
-    Prim.LOGICAL_NOT: "({0} == 0)", Prim.ISNAN: "({0} != {0})",
-    Prim.BITWISE_AND: "({0} & {1})", Prim.BITWISE_OR: "({0} | {1})",
-    Prim.BITWISE_XOR: "({0} ^ {1})", Prim.BITWISE_NOT: "(~{0})",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Language:
