@@ -56,6 +56,11 @@ _float("ACOS", lambda x, o, v: apply(Prim.NEG, apply(Prim.RSQRT, apply(Prim.SUB,
        names=("acos", "arccos"), notes={"triton": _LIBDEVICE_ONLY.format("acos")})
 _float("ATAN", lambda x, o, v: apply(Prim.RECIPROCAL, apply(Prim.ADD, square(v(x)), 1)),
        names=("atan", "arctan"), notes={"triton": _LIBDEVICE_ONLY.format("atan")})
+_float("ASINH", lambda x, o, v: apply(Prim.RSQRT, apply(Prim.ADD, square(v(x)), 1)),
+       names=("asinh", "arcsinh"), triton_compiled=_libdevice("asinh"), notes={
+           "triton": "interpreted: tl has no asinh, and log(x + sqrt(x*x + 1)) loses small "
+                     "arguments' relative precision and overflows large ones, so it stays a torch "
+                     "call under TRITON_INTERPRET=1"})
 _float("SINH", lambda x, o, v: apply(Prim.COSH, v(x)),
        triton_interpreted="_sinh({0})", triton_compiled=_libdevice("sinh"))
 _float("COSH", lambda x, o, v: apply(Prim.SINH, v(x)),
