@@ -176,49 +176,60 @@ def unary_samples(low=-3.0, high=3.0, specials=True, grid=False):
 
 _POS = dict(low=0.1, high=5.0)
 _UNIT = dict(low=-0.95, high=0.95)
+@dataclasses.dataclass(frozen=True)
+class Drawn:
+    """How tests/test_properties.py draws a unary op into its random programs."""
+    domain: str          # the inputs it takes: any | nonbool | float | intbool
+    approx: bool         # compared with a tolerance (transcendental math)
+    bounded: bool        # bounded if its input is (False: may produce inf/nan)
+    needs_exact: bool    # only on exactly representable inputs (rounding, tests of values)
+
+
 UNARY = {
-    # name: (dtypes, sample kwargs)
-    "abs": (NUMERIC, {}),
-    "neg": (NUMERIC, {}),
-    "exp": (NUMERIC + (BOOL,), {}),
-    "exp2": (NUMERIC, {}),
-    "expm1": (NUMERIC, {}),
-    "log": (NUMERIC, _POS),
-    "log2": (NUMERIC, _POS),
+    # name: (dtypes, sample kwargs[, how the property tests draw it])
+    "abs": (NUMERIC, {}, Drawn("nonbool", False, True, False)),
+    "neg": (NUMERIC, {}, Drawn("nonbool", False, True, False)),
+    "exp": (NUMERIC + (BOOL,), {}, Drawn("any", True, False, False)),
+    "exp2": (NUMERIC, {}, Drawn("any", True, False, False)),
+    "expm1": (NUMERIC, {}, Drawn("any", True, False, False)),
+    "log": (NUMERIC, _POS, Drawn("any", True, False, False)),
+    "log2": (NUMERIC, _POS, Drawn("any", True, False, False)),
     "log10": (NUMERIC, _POS),
-    "log1p": (NUMERIC, dict(low=-0.9, high=5.0)),
-    "sqrt": (NUMERIC, _POS),
-    "rsqrt": (NUMERIC, _POS),
-    "sin": (NUMERIC, {}),
-    "cos": (NUMERIC, {}),
-    "tan": (NUMERIC, dict(low=-1.4, high=1.4)),
+    "log1p": (NUMERIC, dict(low=-0.9, high=5.0), Drawn("any", True, False, False)),
+    "sqrt": (NUMERIC, _POS, Drawn("any", True, False, False)),
+    "rsqrt": (NUMERIC, _POS, Drawn("any", True, False, False)),
+    "sin": (NUMERIC, {}, Drawn("any", True, True, False)),
+    "cos": (NUMERIC, {}, Drawn("any", True, True, False)),
+    "tan": (NUMERIC, dict(low=-1.4, high=1.4), Drawn("any", True, False, False)),
     "asin": (NUMERIC, _UNIT),
     "acos": (NUMERIC, _UNIT),
-    "atan": (NUMERIC, {}),
-    "sinh": (NUMERIC, {}),
+    "atan": (NUMERIC, {}, Drawn("any", True, True, False)),
+    "asinh": (NUMERIC, dict(low=-20.0, high=20.0), Drawn("any", True, True, False)),
+    "sinh": (NUMERIC, {}, Drawn("any", True, False, False)),
     "cosh": (NUMERIC, {}),
-    "tanh": (NUMERIC, {}),
-    "sigmoid": (NUMERIC, {}),
-    "erf": (NUMERIC, {}),
+    "tanh": (NUMERIC, {}, Drawn("any", True, True, False)),
+    "sigmoid": (NUMERIC, {}, Drawn("any", True, True, False)),
+    "erf": (NUMERIC, {}, Drawn("any", True, True, False)),
     "erfc": (NUMERIC, dict(low=-4.0, high=12.0)),    # into its tail, where 1 - erf(x) is all rounding
     "absolute": (NUMERIC, {}),
     "negative": (NUMERIC, {}),
     "arcsin": (NUMERIC, _UNIT),
     "arccos": (NUMERIC, _UNIT),
     "arctan": (NUMERIC, {}),
+    "arcsinh": (NUMERIC, {}),
     "fix": (NUMERIC, dict(grid=True)),
-    "floor": (NUMERIC, dict(grid=True)),
-    "ceil": (NUMERIC, dict(grid=True)),
-    "round": (NUMERIC, dict(grid=True)),       # halves: round half to even
-    "trunc": (NUMERIC, dict(grid=True)),
-    "sign": (NUMERIC + (BOOL,), dict(grid=True)),
-    "reciprocal": (NUMERIC, {}),
-    "square": (NUMERIC, {}),
-    "logical_not": (NUMERIC + (BOOL,), dict(grid=True)),
-    "bitwise_not": (INTEGRAL, {}),
-    "isnan": (NUMERIC, {}),
-    "isinf": (NUMERIC, {}),
-    "isfinite": (NUMERIC, {}),
+    "floor": (NUMERIC, dict(grid=True), Drawn("nonbool", False, True, True)),
+    "ceil": (NUMERIC, dict(grid=True), Drawn("nonbool", False, True, True)),
+    "round": (NUMERIC, dict(grid=True), Drawn("nonbool", False, True, True)),       # halves: round half to even
+    "trunc": (NUMERIC, dict(grid=True), Drawn("nonbool", False, True, True)),
+    "sign": (NUMERIC + (BOOL,), dict(grid=True), Drawn("any", False, True, True)),
+    "reciprocal": (NUMERIC, {}, Drawn("any", True, False, False)),
+    "square": (NUMERIC, {}, Drawn("any", False, True, False)),
+    "logical_not": (NUMERIC + (BOOL,), dict(grid=True), Drawn("any", False, True, True)),
+    "bitwise_not": (INTEGRAL, {}, Drawn("intbool", False, True, False)),
+    "isnan": (NUMERIC, {}, Drawn("nonbool", False, True, True)),
+    "isinf": (NUMERIC, {}, Drawn("nonbool", False, True, True)),
+    "isfinite": (NUMERIC, {}, Drawn("nonbool", False, True, True)),
 }
 
 
@@ -231,7 +242,7 @@ def _method_unary(name):
     return lambda x: getattr(x, name)()
 
 
-for _name, (_dtypes, _kw) in UNARY.items():
+for _name, (_dtypes, _kw, *_) in UNARY.items():
     op(f"torch.{_name}", _torch_unary(_name), _dtypes, unary_samples(**_kw))
     # the method form, more briefly
     op(f"torch.Tensor.{_name}", _method_unary(_name), _dtypes[:1],

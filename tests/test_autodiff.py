@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import fjit
 from fjit.autodiff import VJP
-from fjit.core.prims import Prim, prim_of
+from fjit.core.prims import Kind, Prim, prim_of
 
 pytestmark = pytest.mark.ckernels
 
@@ -94,6 +94,23 @@ SAMPLES = {
 
 
 # A float32 round trip: finite differences need a step float32 can see.
+
+
+def _shared_unary_samples():
+    """The differentiable unary prims without a sample above get one from the shared op table
+    (tests/op_samples.py), in its sample range clipped to [-1, 1]: a prim added with its samples
+    there is gradchecked here."""
+    from op_samples import UNARY
+    out = {}
+    for p in VJP:
+        if p not in SAMPLES and p.block.kind is Kind.UNARY and p.value in UNARY:
+            kw = UNARY[p.value][1]
+            low, high = max(kw.get("low", -1.0), -1.0), min(kw.get("high", 1.0), 1.0)
+            out[p] = _unary(getattr(torch, p.value), low, high)
+    return out
+
+
+SAMPLES.update(_shared_unary_samples())
 TOLERANCES = {Prim.CONVERT: dict(eps=1e-2, atol=1e-3)}
 
 

@@ -416,9 +416,16 @@ def test_compiling_under_cprofile_leaves_the_profiler_on():
     assert "_called_after_compiling" in recorded
 
 
-_UNARY = ("abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
-          "sin", "cos", "tan", "tanh", "sigmoid", "relu", "reciprocal", "sign", "floor", "ceil",
-          "round", "trunc", "frac", "erf", "erfc", "asin", "acos", "atan", "sinh", "cosh", "square")
+def _float_unary_names():
+    """The shared table's unary ops with a float result and an in-place twin, plus relu and frac."""
+    from op_samples import UNARY
+    x = torch.ones(1)
+    return [n for n, (dtypes, *_) in UNARY.items() if torch.float32 in dtypes and hasattr(torch, n)
+            and hasattr(torch.Tensor, f"{n}_") and getattr(torch, n)(x).dtype == torch.float32
+            ] + ["relu", "frac"]
+
+
+_UNARY = _float_unary_names()
 _POINTWISE = {   # each op of passes.basic._INPLACE, called the way user code calls it
     **{n: (lambda f: lambda a, y: f(a))(getattr(torch, n)) for n in _UNARY},
     "add": lambda a, y: torch.add(a, y, alpha=2), "sub": lambda a, y: a.sub(y),

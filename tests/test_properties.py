@@ -47,6 +47,7 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 import fjit
+from op_samples import UNARY as UNARY_SAMPLES
 
 EXAMPLES = int(os.environ.get("FJIT_HYPOTHESIS_EXAMPLES", "150"))
 SCALAR_EXAMPLES = max(10, EXAMPLES // 3)
@@ -272,46 +273,23 @@ def compile_source(source):
 # --------------------------------------------------------------------------------------------------
 # Op tables
 
-# unary: name -> (template, domain, approx, bounded_out, needs_exact)
+# unary: name -> (template, domain, approx, bounded_out, needs_exact), from the shared op table
+#   (tests/op_samples.py: its ops with a `Drawn`), each as torch.<name>(x) unless spelled otherwise
+#   here, plus torch.nn.functional activations.
 #   domain: any | nonbool | float | intbool
 #   bounded_out: True (bounded if the input is), False (may produce inf/nan)
-UNARY = {
-    "abs": ("torch.abs({})", "nonbool", False, True, False),
-    "neg": ("-{}", "nonbool", False, True, False),
+_SPELLING = {"neg": "-{}", "expm1": "{}.expm1()", "cos": "{}.cos()", "ceil": "{}.ceil()",
+             "isfinite": "{}.isfinite()", "bitwise_not": "~{}"}
+UNARY = {name: (_SPELLING.get(name, f"torch.{name}({{}})"), d.domain, d.approx, d.bounded,
+                d.needs_exact)
+         for name, (_, _, *drawn) in UNARY_SAMPLES.items() for d in drawn}
+UNARY.update({
     "neg_fn": ("torch.neg({})", "nonbool", False, True, False),
-    "exp": ("torch.exp({})", "any", True, False, False),
-    "exp2": ("torch.exp2({})", "any", True, False, False),
-    "expm1": ("{}.expm1()", "any", True, False, False),
-    "log": ("torch.log({})", "any", True, False, False),
-    "log2": ("torch.log2({})", "any", True, False, False),
-    "log1p": ("torch.log1p({})", "any", True, False, False),
-    "sqrt": ("torch.sqrt({})", "any", True, False, False),
-    "rsqrt": ("torch.rsqrt({})", "any", True, False, False),
-    "reciprocal": ("torch.reciprocal({})", "any", True, False, False),
-    "sin": ("torch.sin({})", "any", True, True, False),
-    "cos": ("{}.cos()", "any", True, True, False),
-    "tan": ("torch.tan({})", "any", True, False, False),
-    "tanh": ("torch.tanh({})", "any", True, True, False),
-    "sigmoid": ("torch.sigmoid({})", "any", True, True, False),
-    "atan": ("torch.atan({})", "any", True, True, False),
-    "erf": ("torch.erf({})", "any", True, True, False),
-    "sinh": ("torch.sinh({})", "any", True, False, False),
-    "floor": ("torch.floor({})", "nonbool", False, True, True),
-    "ceil": ("{}.ceil()", "nonbool", False, True, True),
-    "round": ("torch.round({})", "nonbool", False, True, True),
-    "trunc": ("torch.trunc({})", "nonbool", False, True, True),
-    "sign": ("torch.sign({})", "any", False, True, True),
-    "square": ("torch.square({})", "any", False, True, False),
-    "logical_not": ("torch.logical_not({})", "any", False, True, True),
-    "bitwise_not": ("~{}", "intbool", False, True, False),
-    "isnan": ("torch.isnan({})", "nonbool", False, True, True),
-    "isinf": ("torch.isinf({})", "nonbool", False, True, True),
-    "isfinite": ("{}.isfinite()", "nonbool", False, True, True),
     "relu": ("F.relu({})", "nonbool", False, True, False),
     "gelu": ("F.gelu({})", "float", True, True, False),
     "gelu_tanh": ("F.gelu({}, approximate='tanh')", "float", True, True, False),
     "silu": ("F.silu({})", "float", True, True, False),
-}
+})
 
 # binary: name -> (python symbol or torch function, lhs domain, rhs domain, scalar kinds, reflect,
 #                  approx, bounded_out, needs_exact)

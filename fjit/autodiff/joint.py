@@ -30,7 +30,7 @@ from fjit.core.ir import (BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Trace,
 from fjit.autodiff.function import record, torch_vjp
 from fjit.autodiff.rules import NONDIFF, VJP, fit, full, has_rule
 from fjit.core.prims import Prim, prim_of
-from fjit.ops.math_ops import prim
+from fjit.core.prims import apply
 
 RECORD = Symbol("fjit_autodiff.record", record, frozenset({Tag.FALLBACK, Tag.RANDOM}))
 TORCH_VJP = Symbol("fjit_autodiff.torch_vjp", torch_vjp, frozenset({Tag.FALLBACK}))
@@ -236,7 +236,7 @@ class _Backward:
             s = made[0]
             args, kwargs = map_values(lambda x: self.value(x) if isinstance(x, Var) else x,
                                       (s.args, s.kwargs))
-            p = prim(prim_of(s), *args, **kwargs)
+            p = apply(prim_of(s), *args, **kwargs)
         else:
             self.saved.append(var)
             p = self._input(var, var.name)
@@ -249,7 +249,7 @@ class _Backward:
             return
         g = fit(g, var, shape)
         old = self.ct.get(var.name)
-        self.ct[var.name] = g if old is None else prim(Prim.ADD, old, g)
+        self.ct[var.name] = g if old is None else apply(Prim.ADD, old, g)
 
     def trace(self) -> tuple[Trace, list]:
         b, ctx = self.b, self.ctx
@@ -275,7 +275,7 @@ class _Backward:
                 if g is None and v.name in connected:
                     # eager's autograd graph reaches it (through sign, floor, ...: zero
                     # derivatives): its .grad is zeros, not None (an optimizer skips None)
-                    g = prim(Prim.FULL, v.shape, 0, dtype=v.dtype, device=v.device)
+                    g = apply(Prim.FULL, v.shape, 0, dtype=v.dtype, device=v.device)
                 grads.append(full(g, v).ir if g is not None else None)
             ctx.inputs.extend(cotangents)      # saved values first, then the cotangents
             trace = Trace(b.trace.name, list(ctx.inputs), list(ctx.scopes[0]), tuple(grads),

@@ -6,13 +6,16 @@ Python-level API (`torch.add`, `torch.Tensor.view`, `F.gelu`, ...), not for aten
 aten call would stay one opaque torch fallback and nothing would fuse.  Before an AOT graph is
 traced, `to_torch_level` replaces each overload that has a row here by the torch-level function of
 the same semantics; overloads without a row stay opaque calls of the overload itself (correct, just
-not fused).  One row per overload: adding an op adds a row.
+not fused).  A prim's overloads are named in its block (fjit/core/prims/); a composite op's
+overload is a row here.
 """
 from __future__ import annotations
 
 import torch
 import torch.fx
 import torch.nn.functional as F
+
+from fjit.core.prims import aten_overloads
 
 aten = torch.ops.aten
 
@@ -149,61 +152,44 @@ def _where(cond, x, y):
     return torch.where(cond, x, y)
 
 
-_SAME = {   # overload -> torch function with the same positional and keyword signature
-    aten.add.Tensor: torch.add, aten.add.Scalar: torch.add,
-    aten.sub.Tensor: torch.sub, aten.sub.Scalar: torch.sub,
-    aten.mul.Tensor: torch.mul, aten.mul.Scalar: torch.mul,
-    aten.div.Tensor: torch.div, aten.div.Scalar: torch.div, aten.div.Tensor_mode: torch.div,
-    aten.pow.Tensor_Scalar: torch.pow, aten.pow.Tensor_Tensor: torch.pow,
-    aten.maximum.default: torch.maximum, aten.minimum.default: torch.minimum,
-    aten.clamp.default: torch.clamp, aten.clamp.Tensor: torch.clamp,
-    aten.remainder.Tensor: torch.remainder, aten.remainder.Scalar: torch.remainder,
-    aten.fmod.Tensor: torch.fmod, aten.fmod.Scalar: torch.fmod,
-    aten.atan2.default: torch.atan2,
-    aten.bitwise_and.Tensor: torch.bitwise_and, aten.bitwise_or.Tensor: torch.bitwise_or,
-    aten.bitwise_xor.Tensor: torch.bitwise_xor,
-    aten.logical_and.default: torch.logical_and, aten.logical_or.default: torch.logical_or,
-    aten.logical_xor.default: torch.logical_xor,
-    aten.mm.default: torch.mm, aten.bmm.default: torch.bmm, aten.matmul.default: torch.matmul,
-    aten.cat.default: torch.cat, aten.stack.default: torch.stack,
-    aten.permute.default: torch.permute, aten.t.default: torch.t,
-    aten.transpose.int: torch.transpose, aten.unsqueeze.default: torch.unsqueeze,
-    aten.select.int: torch.select, aten.narrow.default: torch.narrow,
-    aten.split_with_sizes.default: torch.split, aten.unbind.int: torch.unbind,
-    aten.prod.dim_int: torch.prod, aten.argmax.default: torch.argmax,
-    aten.argmin.default: torch.argmin, aten.any.dim: torch.any, aten.all.dim: torch.all,
-    aten.relu.default: torch.relu, aten.silu.default: F.silu,
-    aten.tril.default: torch.tril, aten.triu.default: torch.triu,
-    aten.lift_fresh_copy.default: torch.clone,
-    aten.alias.default: _detach,
+# Overloads of the prims, from the prim blocks (fjit/core/prims/): "<op>.<overload>" is
+# torch.<op>, or the adapter here where the signatures differ.
+_PRIM_ADAPTERS = {
+    "rsub.Scalar": _rsub, "rsub.Tensor": _rsub, "sum.dim_IntList": _sum, "sum.default": _sum,
+    "amax.default": _amax, "amin.default": _amin, "view.default": _view,
+    "_unsafe_view.default": _reshape, "reshape.default": _reshape, "expand.default": _expand,
+    "clone.default": _clone, "squeeze.default": _squeeze, "squeeze.dim": _squeeze,
+    "squeeze.dims": _squeeze, "slice.Tensor": _slice, "full.default": _factory(torch.full),
+    "_to_copy.default": _to_copy, "where.self": _where,
 }
-for _name in ("neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt",
-              "rsqrt", "sin", "cos", "tan", "sinh", "cosh", "tanh", "asin", "acos", "atan",
-              "sigmoid", "erf", "reciprocal", "sign", "floor", "ceil", "trunc", "round",
-              "logical_not", "bitwise_not", "isnan", "isinf", "isfinite"):
-    _SAME[getattr(aten, _name).default] = getattr(torch, _name)
-for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
-    _SAME[getattr(aten, _name).Tensor] = _SAME[getattr(aten, _name).Scalar] = getattr(torch, _name)
 
-ATEN_TO_TORCH: dict = dict(_SAME)
-ATEN_TO_TORCH.update({
-    aten.rsub.Scalar: _rsub, aten.rsub.Tensor: _rsub,
-    aten.sum.dim_IntList: _sum, aten.sum.default: _sum,
+
+def _overload(name: str):
+    op, overload = name.split(".")
+    return getattr(getattr(aten, op), overload)
+
+
+ATEN_TO_TORCH: dict = {_overload(n): _PRIM_ADAPTERS.get(n) or getattr(torch, n.split(".")[0])
+                       for n in aten_overloads()}
+ATEN_TO_TORCH.update({   # overloads of composite ops: torch functions of the same signature
+    aten.clamp.default: torch.clamp, aten.clamp.Tensor: torch.clamp,
+    aten.stack.default: torch.stack, aten.t.default: torch.t,
+    aten.transpose.int: torch.transpose, aten.select.int: torch.select,
+    aten.narrow.default: torch.narrow, aten.split_with_sizes.default: torch.split,
+    aten.unbind.int: torch.unbind, aten.any.dim: torch.any, aten.all.dim: torch.all,
+    aten.silu.default: F.silu, aten.tril.default: torch.tril, aten.triu.default: torch.triu,
+    aten.lift_fresh_copy.default: torch.clone, aten.alias.default: _detach,
+})
+ATEN_TO_TORCH.update({   # and those with an adapter
     aten.mean.dim: _mean, aten.mean.default: _mean,
-    aten.amax.default: _amax, aten.amin.default: _amin,
     aten.var.correction: _var, aten.var_mean.correction: _var_mean,
-    aten.view.default: _view, aten._unsafe_view.default: _reshape, aten.reshape.default: _reshape,
-    aten.expand.default: _expand, aten.clone.default: _clone,
-    aten.squeeze.default: _squeeze, aten.squeeze.dim: _squeeze, aten.squeeze.dims: _squeeze,
-    aten.slice.Tensor: _slice, aten.split.Tensor: _split,
+    aten.split.Tensor: _split,
     aten._softmax.default: _softmax, aten._log_softmax.default: _log_softmax,
     aten.gelu.default: _gelu,
-    aten.full.default: _factory(torch.full), aten.ones.default: _factory(torch.ones),
+    aten.ones.default: _factory(torch.ones),
     aten.zeros.default: _factory(torch.zeros), aten.scalar_tensor.default: _scalar_tensor,
     aten.masked_fill.Scalar: _masked_fill, aten.masked_fill.Tensor: _masked_fill,
-    aten._to_copy.default: _to_copy, aten.addmm.default: _addmm,
-    aten.embedding.default: _embedding, aten.detach.default: _detach,
-    aten.where.self: _where,
+    aten.addmm.default: _addmm, aten.embedding.default: _embedding, aten.detach.default: _detach,
 })
 
 

@@ -1,13 +1,12 @@
 """What the C and Triton kernel generators share: one C-style renderer of a region.
 
-One expression table keyed by prim, written once in the C-style infix both languages read
-(`({0} + {1})`), with each language's overrides on top (`{**BASE, ...}`, as tinygrad's
-`CStyleLanguage.code_for_op` is overridden by its Clang and CUDA renderers): C calls libm
-(`exp{f}` with `f` the float suffix), Triton calls `tl.*`.  One `supported`, one table of
-reduction identities, the layout arithmetic (broadcast strides, collapsed dims, index terms), the
-levels of reductions, and RegionEmitter: the walk over a region's prims, written once, that each
-language's emitter inherits and spells its way.  What really differs stays in each generator: the
-loop nest against the tile, half-precision storage, NaN propagation in reductions.
+Each language's expression table is read from the prim blocks (fjit/core/prims/), where an
+expression both languages write alike (`({0} + {1})`) is written once: C calls libm (`exp{f}` with
+`f` the float suffix), Triton calls `tl.*`.  One `supported`, one table of reduction identities,
+the layout arithmetic (broadcast strides, collapsed dims, index terms), the levels of reductions,
+and RegionEmitter: the walk over a region's prims, written once, that each language's emitter
+inherits and spells its way.  What really differs stays in each generator: the loop nest against
+the tile, half-precision storage, NaN propagation in reductions.
 
 An expression's operands arrive already converted to the prim's computation dtype (half types
 computed in float32, as torch's kernels compute them).
@@ -23,19 +22,6 @@ from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.core.prims import BOOL_RESULT, REDUCTIONS, ROWS, Domain, Prim, computation_dtype, prim_of
 
 HALF = (torch.float16, torch.bfloat16)
-
-# The math both languages write alike.
-BASE = {
-    Prim.NEG: "(-{0})", Prim.CLONE: "{0}",
-    Prim.ADD: "({0} + {1})", Prim.SUB: "({0} - {1})", Prim.MUL: "({0} * {1})",
-    Prim.DIV: "({0} / {1})", Prim.RECIPROCAL: "(1 / {0})",
-    Prim.EQ: "({0} == {1})", Prim.NE: "({0} != {1})", Prim.LT: "({0} < {1})",
-    Prim.LE: "({0} <= {1})", Prim.GT: "({0} > {1})", Prim.GE: "({0} >= {1})",
-    Prim.LOGICAL_NOT: "({0} == 0)", Prim.ISNAN: "({0} != {0})",
-    Prim.BITWISE_AND: "({0} & {1})", Prim.BITWISE_OR: "({0} | {1})",
-    Prim.BITWISE_XOR: "({0} ^ {1})", Prim.BITWISE_NOT: "(~{0})",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Language:

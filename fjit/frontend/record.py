@@ -9,10 +9,10 @@ import torch
 
 from fjit.core.ir import (BoundSymbol, GeneratorVar, Symbol, Tag, TensorVar, flatten_values,
                           map_values)
-from fjit.core.prims import VIEW_OPS
+from fjit.core.prims import VIEW_OPS, set_recorder
 from fjit.errors import UnsupportedOpError, catalog_fix, located
 from fjit.core.meta import meta_tensor, run_meta
-from fjit.frontend.context import TraceContext
+from fjit.frontend.context import TraceContext, current
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.frontend.modes import autocast_applies, autocast_outputs
 from fjit.strict.locate import user_location
@@ -366,3 +366,10 @@ def _const_var(name, tensor):
     return TensorVar(name, tensor.shape, tensor.dtype, tensor.device, tensor.stride(),
                      tensor.requires_grad)
 
+
+def _record_prim(sym: Symbol, args: tuple, kwargs: dict):
+    """How core's `apply` records a prim (decompositions and VJP rules): in the active trace."""
+    return trace_call(current(), sym, sym.fn, args, kwargs)
+
+
+set_recorder(_record_prim)

@@ -1,6 +1,9 @@
 """Torch-level math ops (elementwise, casts, reductions) as decompositions into prims.
 
-A decomposition takes the op's arguments (proxies for tensors) and calls prims.  It raises
+The torch callables that are exactly one prim are registered from the prim blocks (fjit/core/prims/:
+a block's torch names get the generic unary or binary decomposition here, its own decompositions
+are registered as they are); this module writes the composite ops (square, clamp, gelu, mean, var,
+max, any, casts, ...).  A decomposition takes the op's arguments (proxies for tensors) and calls prims.  It raises
 NotImplementedError for a case it does not cover, and the op then stays a single opaque call (the
 torch executor runs it either way; the prims are what the fusion pass and the Triton executor see).
 The dispatcher checks every decomposition's result metadata against torch's meta result.
@@ -12,18 +15,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fjit.core.prims import PRIMS, ROWS, Kind, Prim, torch_callables
-from fjit.frontend.record import DECOMPOSITIONS, trace_call
-from fjit.frontend.context import current
+from fjit.core.prims import ROWS, Kind, Prim, apply, torch_callables
+from fjit.core.prims.toolkit import no_kwargs, reduced_dims
+from fjit.frontend.record import DECOMPOSITIONS
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 
 _HALF = (torch.float16, torch.bfloat16)
-
-
-def prim(p: Prim, *args, **kwargs):
-    """Record prim `p` applied to proxies (what decompositions are written in)."""
-    sym = PRIMS[p]
-    return trace_call(current(), sym, sym.fn, args, kwargs)
 
 
 def register(*funcs):
@@ -34,35 +31,19 @@ def register(*funcs):
     return deco
 
 
-_methods = torch_callables
-
-
-def _dims(x, dim) -> tuple:
-    """Reduced dims, normalized; torch's meta call has already validated them.  A 0-d tensor
-    accepts dim 0 or -1 and has nothing to reduce."""
-    if dim is None or dim == () or dim == [] or x.ndim == 0:
-        return tuple(range(x.ndim))
-    dims = (dim,) if isinstance(dim, int) else tuple(dim)
-    return tuple(d % x.ndim for d in dims)
-
-
-def _no_empty_reduction(x, dims):
+def no_empty_reduction(x, dims):
     """max/min-based decompositions have no identity: an empty reduced dim stays one torch call."""
     if any(x.shape[d] == 0 for d in dims):
         raise NotImplementedError
 
 
-def _upcast(x):
-    return prim(Prim.CONVERT, x, torch.float32) if x.dtype in _HALF else x
+def upcast(x):
+    """Half types computed in float32, as torch's kernels compute them."""
+    return apply(Prim.CONVERT, x, torch.float32) if x.dtype in _HALF else x
 
 
-def _downcast(y, dtype):
-    return prim(Prim.CONVERT, y, dtype) if y.dtype != dtype else y
-
-
-def _no_kwargs(kwargs):
-    if kwargs:
-        raise NotImplementedError
+def downcast(y, dtype):
+    return apply(Prim.CONVERT, y, dtype) if y.dtype != dtype else y
 
 
 # ----------------------------------------------------------------------------------------------
@@ -71,8 +52,8 @@ def _no_kwargs(kwargs):
 
 def _unary(p):
     def decomposition(x, **kwargs):
-        _no_kwargs(kwargs)
-        return prim(p, x)
+        no_kwargs(kwargs)
+        return apply(p, x)
     return decomposition
 
 
@@ -84,88 +65,61 @@ def _binary(p, swap=False):
             p2 = {None: Prim.DIV, "trunc": Prim.TRUNC_DIVIDE, "floor": Prim.FLOOR_DIVIDE}[mode]
         else:
             p2 = p
-        _no_kwargs(kwargs)
+        no_kwargs(kwargs)
         # (a runtime float alpha is multiplied in whatever its value: comparing it would specialize)
         if alpha is not None and (isinstance(alpha, NumberProxy) or alpha != 1):
-            b = prim(Prim.MUL, b, alpha)
-        return prim(p2, b, a) if swap else prim(p2, a, b)
+            b = apply(Prim.MUL, b, alpha)
+        return apply(p2, b, a) if swap else apply(p2, a, b)
     return decomposition
 
 
-# Every torch callable a row names is exactly its prim.
-for _row in ROWS.values():
-    for _name in _row.torch_names:
-        if _row.kind is Kind.UNARY:
-            register(*_methods(_name))(_unary(_row.prim))
-        elif _row.kind is Kind.BINARY:
-            register(*_methods(_name))(_binary(_row.prim))
-            if _row.reflected and _row.reflected.startswith("__r"):
-                register(getattr(torch.Tensor, _row.reflected))(_binary(_row.prim, swap=True))
-register(torch.nn.functional.sigmoid, torch.special.expit)(_unary(Prim.SIGMOID))
-register(torch.nn.functional.tanh)(_unary(Prim.TANH))
-register(torch.special.erf)(_unary(Prim.ERF))
+# Every torch callable a block names is exactly its prim; the blocks' own decompositions follow.
+for _block in ROWS.values():
+    for _name in _block.torch_names:
+        if _block.kind is Kind.UNARY:
+            register(*torch_callables(_name))(_unary(_block.prim))
+        elif _block.kind is Kind.BINARY:
+            register(*torch_callables(_name))(_binary(_block.prim))
+            if _block.reflected and _block.reflected.startswith("__r"):
+                register(getattr(torch.Tensor, _block.reflected))(_binary(_block.prim, swap=True))
+    register(*_block.also)(_unary(_block.prim))
+    for _callables, _decomposition in _block.decompositions:
+        register(*_callables)(_decomposition)
 
 
-@register(*_methods("round"))
-def _round(x, decimals=0, **kwargs):
-    _no_kwargs(kwargs)
-    if decimals:
-        raise NotImplementedError
-    return prim(Prim.ROUND, x)
-
-
-@register(*_methods("square"))
+@register(*torch_callables("square"))
 def _square(x):
-    return prim(Prim.MUL, x, x) if x.dtype != torch.bool else prim(Prim.POW, x, 2)
+    return apply(Prim.MUL, x, x) if x.dtype != torch.bool else apply(Prim.POW, x, 2)
 
 
-@register(torch.where)
-def _where(cond, a=None, b=None):
-    if a is None or b is None:
-        raise NotImplementedError   # where(cond) is nonzero: data-dependent
-    return prim(Prim.WHERE, cond, a, b)
-
-
-@register(torch.Tensor.where)
-def _where_method(x, condition, y):
-    return prim(Prim.WHERE, condition, x, y)    # x.where(cond, y): self is the "true" branch
-
-
-@register(*_methods("clamp"), *_methods("clip"))
+@register(*torch_callables("clamp"), *torch_callables("clip"))
 def _clamp(x, min=None, max=None):
     if min is None and max is None:
         raise NotImplementedError
     if min is not None:
-        x = prim(Prim.CLAMP_MIN, x, min)
+        x = apply(Prim.CLAMP_MIN, x, min)
     if max is not None:
-        x = prim(Prim.CLAMP_MAX, x, max)
+        x = apply(Prim.CLAMP_MAX, x, max)
     return x
-
-
-@register(torch.relu, torch.Tensor.relu, F.relu)
-def _relu(x, inplace=False):
-    # its own prim, not clamp_min(x, 0): the values agree, the gradients do not (relu's passes
-    # a NaN's and blocks 0's; clamp's blocks a NaN's and passes 0's)
-    return prim(Prim.RELU, x)
 
 
 @register(F.gelu)
 def _gelu(x, approximate="none"):
-    y = _upcast(x)
+    y = upcast(x)
     if approximate == "tanh":
-        inner = prim(Prim.MUL, prim(Prim.ADD, y, prim(Prim.MUL, prim(Prim.MUL, prim(Prim.MUL, y, y), y),
+        inner = apply(Prim.MUL, apply(Prim.ADD, y, apply(Prim.MUL, apply(Prim.MUL, apply(Prim.MUL, y, y), y),
                                                         0.044715)), math.sqrt(2 / math.pi))
-        out = prim(Prim.MUL, prim(Prim.MUL, y, 0.5), prim(Prim.ADD, prim(Prim.TANH, inner), 1.0))
+        out = apply(Prim.MUL, apply(Prim.MUL, y, 0.5), apply(Prim.ADD, apply(Prim.TANH, inner), 1.0))
     else:
-        out = prim(Prim.MUL, prim(Prim.MUL, y, 0.5),
-                   prim(Prim.ADD, prim(Prim.ERF, prim(Prim.MUL, y, 1 / math.sqrt(2))), 1.0))
-    return _downcast(out, x.dtype)
+        out = apply(Prim.MUL, apply(Prim.MUL, y, 0.5),
+                   apply(Prim.ADD, apply(Prim.ERF, apply(Prim.MUL, y, 1 / math.sqrt(2))), 1.0))
+    return downcast(out, x.dtype)
 
 
 @register(F.silu)
 def _silu(x, inplace=False):
-    y = _upcast(x)
-    return _downcast(prim(Prim.MUL, y, prim(Prim.SIGMOID, y)), x.dtype)
+    y = upcast(x)
+    return downcast(apply(Prim.MUL, y, apply(Prim.SIGMOID, y)), x.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -175,9 +129,9 @@ def _silu(x, inplace=False):
 @register(torch.Tensor.to)
 def _to(x, *args, **kwargs):
     if len(args) == 1 and isinstance(args[0], torch.dtype) and not kwargs:
-        return prim(Prim.CONVERT, x, args[0])
+        return apply(Prim.CONVERT, x, args[0])
     if not args and set(kwargs) == {"dtype"}:
-        return prim(Prim.CONVERT, x, kwargs["dtype"])
+        return apply(Prim.CONVERT, x, kwargs["dtype"])
     raise NotImplementedError   # device moves and copies stay torch calls
 
 
@@ -185,49 +139,35 @@ for _name, _dtype in (("float", torch.float32), ("double", torch.float64), ("hal
                       ("bfloat16", torch.bfloat16), ("int", torch.int32), ("long", torch.int64),
                       ("bool", torch.bool), ("short", torch.int16), ("char", torch.int8),
                       ("byte", torch.uint8)):
-    register(getattr(torch.Tensor, _name))((lambda dt: lambda x, **kw: prim(Prim.CONVERT, x, dt))(_dtype))
+    register(getattr(torch.Tensor, _name))((lambda dt: lambda x, **kw: apply(Prim.CONVERT, x, dt))(_dtype))
 
 
 @register(torch.Tensor.type_as)
 def _type_as(x, other):
-    return prim(Prim.CONVERT, x, other.dtype)
+    return apply(Prim.CONVERT, x, other.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
 # Reductions
 # ----------------------------------------------------------------------------------------------
 
-@register(*_methods("sum"))
-def _sum(x, dim=None, keepdim=False, *, dtype=None):
-    if dtype is not None:
-        x = prim(Prim.CONVERT, x, dtype)
-    return prim(Prim.SUM, x, _dims(x, dim), keepdim)
-
-
-@register(*_methods("prod"))
-def _prod(x, dim=None, keepdim=False, *, dtype=None):
-    if dtype is not None:
-        x = prim(Prim.CONVERT, x, dtype)
-    return prim(Prim.PROD, x, _dims(x, dim), keepdim)
-
-
-@register(*_methods("mean"))
+@register(*torch_callables("mean"))
 def _mean(x, dim=None, keepdim=False, *, dtype=None):
     out_dtype = dtype or x.dtype
-    y = _upcast(prim(Prim.CONVERT, x, dtype) if dtype is not None else x)
-    dims = _dims(x, dim)
+    y = upcast(apply(Prim.CONVERT, x, dtype) if dtype is not None else x)
+    dims = reduced_dims(x, dim)
     n = math.prod(x.shape[d] for d in dims)
-    return _downcast(prim(Prim.DIV, prim(Prim.SUM, y, dims, keepdim), n), out_dtype)
+    return downcast(apply(Prim.DIV, apply(Prim.SUM, y, dims, keepdim), n), out_dtype)
 
 
 def _var_impl(x, dim, correction, keepdim):
-    y = _upcast(x)
-    dims = _dims(x, dim)
+    y = upcast(x)
+    dims = reduced_dims(x, dim)
     n = math.prod(x.shape[d] for d in dims)
-    mean = prim(Prim.DIV, prim(Prim.SUM, y, dims, True), n)
-    diff = prim(Prim.SUB, y, mean)
-    ss = prim(Prim.SUM, prim(Prim.MUL, diff, diff), dims, keepdim)
-    return prim(Prim.DIV, ss, max(n - correction, 0)), y
+    mean = apply(Prim.DIV, apply(Prim.SUM, y, dims, True), n)
+    diff = apply(Prim.SUB, y, mean)
+    ss = apply(Prim.SUM, apply(Prim.MUL, diff, diff), dims, keepdim)
+    return apply(Prim.DIV, ss, max(n - correction, 0)), y
 
 
 def _correction(unbiased, correction):
@@ -236,68 +176,48 @@ def _correction(unbiased, correction):
     return 1 if unbiased is None or unbiased else 0
 
 
-@register(*_methods("var"))
+@register(*torch_callables("var"))
 def _var(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
     if isinstance(dim, bool):
         dim, unbiased = None, dim
     v, _ = _var_impl(x, dim, _correction(unbiased, correction), keepdim)
-    return _downcast(v, x.dtype)
+    return downcast(v, x.dtype)
 
 
-@register(*_methods("std"))
+@register(*torch_callables("std"))
 def _std(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
     if isinstance(dim, bool):
         dim, unbiased = None, dim
     v, _ = _var_impl(x, dim, _correction(unbiased, correction), keepdim)
-    return _downcast(prim(Prim.SQRT, v), x.dtype)
+    return downcast(apply(Prim.SQRT, v), x.dtype)
 
 
 def _minmax_reduction(reduce_prim, arg_prim, binary_prim):
     def decomposition(x, dim=None, keepdim=False, **kwargs):
-        _no_kwargs(kwargs)
+        no_kwargs(kwargs)
         if isinstance(dim, TensorProxy):
-            return prim(binary_prim, x, dim)
+            return apply(binary_prim, x, dim)
         if dim is None:
-            return prim(reduce_prim, x, _dims(x, None), False)
-        return (prim(reduce_prim, x, _dims(x, dim), keepdim), prim(arg_prim, x, dim, keepdim))
+            return apply(reduce_prim, x, reduced_dims(x, None), False)
+        return (apply(reduce_prim, x, reduced_dims(x, dim), keepdim), apply(arg_prim, x, dim, keepdim))
     return decomposition
 
 
-register(*_methods("max"))(_minmax_reduction(Prim.AMAX, Prim.ARGMAX, Prim.MAXIMUM))
-register(*_methods("min"))(_minmax_reduction(Prim.AMIN, Prim.ARGMIN, Prim.MINIMUM))
+register(*torch_callables("max"))(_minmax_reduction(Prim.AMAX, Prim.ARGMAX, Prim.MAXIMUM))
+register(*torch_callables("min"))(_minmax_reduction(Prim.AMIN, Prim.ARGMIN, Prim.MINIMUM))
 
 
-@register(*_methods("amax"))
-def _amax(x, dim=(), keepdim=False):
-    return prim(Prim.AMAX, x, _dims(x, dim), keepdim)
-
-
-@register(*_methods("amin"))
-def _amin(x, dim=(), keepdim=False):
-    return prim(Prim.AMIN, x, _dims(x, dim), keepdim)
-
-
-@register(*_methods("argmax"))
-def _argmax(x, dim=None, keepdim=False):
-    return prim(Prim.ARGMAX, x, dim, keepdim)
-
-
-@register(*_methods("argmin"))
-def _argmin(x, dim=None, keepdim=False):
-    return prim(Prim.ARGMIN, x, dim, keepdim)
-
-
-@register(*_methods("any"))
+@register(*torch_callables("any"))
 def _any(x, dim=None, keepdim=False):
-    dims = _dims(x, dim)
-    _no_empty_reduction(x, dims)
-    nz = prim(Prim.NE, x, 0) if x.dtype != torch.bool else x
-    return prim(Prim.AMAX, nz, dims, keepdim)
+    dims = reduced_dims(x, dim)
+    no_empty_reduction(x, dims)
+    nz = apply(Prim.NE, x, 0) if x.dtype != torch.bool else x
+    return apply(Prim.AMAX, nz, dims, keepdim)
 
 
-@register(*_methods("all"))
+@register(*torch_callables("all"))
 def _all(x, dim=None, keepdim=False):
-    dims = _dims(x, dim)
-    _no_empty_reduction(x, dims)
-    nz = prim(Prim.NE, x, 0) if x.dtype != torch.bool else x
-    return prim(Prim.AMIN, nz, dims, keepdim)
+    dims = reduced_dims(x, dim)
+    no_empty_reduction(x, dims)
+    nz = apply(Prim.NE, x, 0) if x.dtype != torch.bool else x
+    return apply(Prim.AMIN, nz, dims, keepdim)

@@ -6,8 +6,8 @@ import math
 import torch
 
 from fjit.frontend.proxies import NumberProxy, TensorProxy
-from fjit.ops.math_ops import _methods, prim, register
-from fjit.core.prims import Prim
+from fjit.core.prims import Prim, apply, torch_callables
+from fjit.ops.math_ops import register
 
 
 def _sizes(size) -> tuple:
@@ -21,22 +21,22 @@ def _sizes(size) -> tuple:
 # Views
 # ----------------------------------------------------------------------------------------------
 
-@register(*_methods("reshape"), torch.Tensor.view)
+@register(*torch_callables("reshape"), torch.Tensor.view)
 def _reshape(x, *shape):
     shape = _sizes(shape)
     if any(isinstance(s, torch.dtype) for s in shape):
         raise NotImplementedError   # view(dtype) reinterprets bits
-    return prim(Prim.RESHAPE, x, shape)
+    return apply(Prim.RESHAPE, x, shape)
 
 
 @register(torch.Tensor.view_as, torch.Tensor.reshape_as)
 def _reshape_as(x, other):
-    return prim(Prim.RESHAPE, x, tuple(other.shape))
+    return apply(Prim.RESHAPE, x, tuple(other.shape))
 
 
-@register(*_methods("permute"))
+@register(*torch_callables("permute"))
 def _permute(x, *dims):
-    return prim(Prim.PERMUTE, x, tuple(d % x.ndim for d in _sizes(dims)))
+    return apply(Prim.PERMUTE, x, tuple(d % x.ndim for d in _sizes(dims)))
 
 
 def _swap(x, d0, d1):
@@ -44,15 +44,15 @@ def _swap(x, d0, d1):
     if x.ndim:
         d0, d1 = d0 % x.ndim, d1 % x.ndim
         dims[d0], dims[d1] = dims[d1], dims[d0]
-    return prim(Prim.PERMUTE, x, tuple(dims))
+    return apply(Prim.PERMUTE, x, tuple(dims))
 
 
-register(*_methods("transpose"), *_methods("swapaxes"), *_methods("swapdims"))(_swap)
+register(*torch_callables("transpose"), *torch_callables("swapaxes"), *torch_callables("swapdims"))(_swap)
 
 
-@register(*_methods("t"))
+@register(*torch_callables("t"))
 def _t(x):
-    return prim(Prim.PERMUTE, x, tuple(reversed(range(x.ndim))))
+    return apply(Prim.PERMUTE, x, tuple(reversed(range(x.ndim))))
 
 
 register(torch.Tensor.T.__get__)(_t)
@@ -61,54 +61,49 @@ register(torch.Tensor.mT.__get__)(lambda x: _swap(x, -2, -1))
 
 @register(torch.Tensor.expand)
 def _expand(x, *sizes):
-    return prim(Prim.EXPAND, x, _sizes(sizes))
+    return apply(Prim.EXPAND, x, _sizes(sizes))
 
 
 @register(torch.Tensor.expand_as)
 def _expand_as(x, other):
-    return prim(Prim.EXPAND, x, tuple(other.shape))
+    return apply(Prim.EXPAND, x, tuple(other.shape))
 
 
-@register(*_methods("squeeze"))
+@register(*torch_callables("squeeze"))
 def _squeeze(x, dim=None):
     dims = tuple(range(x.ndim)) if dim is None else ((dim,) if isinstance(dim, int) else tuple(dim))
-    return prim(Prim.SQUEEZE, x, dims)
+    return apply(Prim.SQUEEZE, x, dims)
 
 
-@register(*_methods("unsqueeze"))
+@register(*torch_callables("unsqueeze"))
 def _unsqueeze(x, dim):
-    return prim(Prim.UNSQUEEZE, x, dim)
+    return apply(Prim.UNSQUEEZE, x, dim)
 
 
-@register(*_methods("flatten"))
+@register(*torch_callables("flatten"))
 def _flatten(x, start_dim=0, end_dim=-1):
     if x.ndim == 0:
-        return prim(Prim.RESHAPE, x, (1,))
+        return apply(Prim.RESHAPE, x, (1,))
     s, e = start_dim % x.ndim, end_dim % x.ndim
     shape = x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:]
-    return prim(Prim.RESHAPE, x, tuple(shape))
+    return apply(Prim.RESHAPE, x, tuple(shape))
 
 
-@register(*_methods("unflatten"))
+@register(*torch_callables("unflatten"))
 def _unflatten(x, dim, sizes):
     d = dim % x.ndim
     sizes = list(sizes)
     if -1 in sizes:
         known = math.prod(s for s in sizes if s != -1)
         sizes[sizes.index(-1)] = x.shape[d] // known if known else 0
-    return prim(Prim.RESHAPE, x, tuple(x.shape[:d]) + tuple(sizes) + tuple(x.shape[d + 1:]))
+    return apply(Prim.RESHAPE, x, tuple(x.shape[:d]) + tuple(sizes) + tuple(x.shape[d + 1:]))
 
 
-@register(*_methods("contiguous"))
+@register(*torch_callables("contiguous"))
 def _contiguous(x, memory_format=torch.contiguous_format):
     if memory_format is not torch.contiguous_format:
         raise NotImplementedError
-    return prim(Prim.CONTIGUOUS, x)
-
-
-@register(*_methods("clone"))
-def _clone(x, *, memory_format=torch.preserve_format):
-    return prim(Prim.CLONE, x)
+    return apply(Prim.CONTIGUOUS, x)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,23 +121,23 @@ def _getitem(x, index):
         if any(isinstance(v, (TensorProxy, NumberProxy)) for i in index if type(i) is slice
                for v in (i.start, i.stop, i.step)):
             raise NotImplementedError
-        return prim(Prim.SLICE, x, index)
+        return apply(Prim.SLICE, x, index)
     scalars = [k for k, i in enumerate(index) if _is_int_scalar_tensor(i)]
     if len(scalars) == 1 and all(_is_basic(i) and type(i) is not bool
                                  for k, i in enumerate(index) if k != scalars[0]):
         return _select_by_scalar_tensor(x, index, scalars[0])
     if len(index) == 1 and isinstance(index[0], TensorProxy) and index[0].dtype in (torch.int64, torch.int32):
         idx = index[0]
-        flat = prim(Prim.RESHAPE, idx, (-1,)) if idx.ndim != 1 else idx
-        rows = prim(Prim.INDEX_SELECT, x, 0, _wrap_negative(flat, x.shape[0]))
-        return prim(Prim.RESHAPE, rows, tuple(idx.shape) + tuple(x.shape[1:])) if idx.ndim != 1 else rows
+        flat = apply(Prim.RESHAPE, idx, (-1,)) if idx.ndim != 1 else idx
+        rows = apply(Prim.INDEX_SELECT, x, 0, _wrap_negative(flat, x.shape[0]))
+        return apply(Prim.RESHAPE, rows, tuple(idx.shape) + tuple(x.shape[1:])) if idx.ndim != 1 else rows
     raise NotImplementedError   # other advanced indexing: one torch call
 
 
 def _wrap_negative(i, n):
     """Indices count from the end when negative, as eager indexing does (index_select does not);
     one still out of range fails in index_select as it does in eager."""
-    return prim(Prim.WHERE, prim(Prim.LT, i, 0), prim(Prim.ADD, i, n), i)
+    return apply(Prim.WHERE, apply(Prim.LT, i, 0), apply(Prim.ADD, i, n), i)
 
 
 def _is_int_scalar_tensor(i) -> bool:
@@ -153,27 +148,27 @@ def _is_int_scalar_tensor(i) -> bool:
 def _select_by_scalar_tensor(x, index, k):
     """x[..., i, ...] with a 0-d integer tensor i: the basic index with i kept as a full slice,
     then an index_select of one row along i's dim, which is then dropped."""
-    whole = prim(Prim.SLICE, x, index[:k] + (slice(None),) + index[k + 1:])
+    whole = apply(Prim.SLICE, x, index[:k] + (slice(None),) + index[k + 1:])
     ellipsis = x.ndim - sum(1 for i in index if i is not None and i is not Ellipsis)
     x_dim = out_dim = 0    # i's dim in x, and in `whole`
     for i in index[:k]:
         x_dim += ellipsis if i is Ellipsis else (i is not None)
         out_dim += ellipsis if i is Ellipsis else (i is None or type(i) is slice)
-    i = _wrap_negative(prim(Prim.RESHAPE, index[k], (1,)), x.shape[x_dim])
-    rows = prim(Prim.INDEX_SELECT, whole, out_dim, i)
-    return prim(Prim.SQUEEZE, rows, (out_dim,))
+    i = _wrap_negative(apply(Prim.RESHAPE, index[k], (1,)), x.shape[x_dim])
+    rows = apply(Prim.INDEX_SELECT, whole, out_dim, i)
+    return apply(Prim.SQUEEZE, rows, (out_dim,))
 
 
-@register(*_methods("narrow"))
+@register(*torch_callables("narrow"))
 def _narrow(x, dim, start, length):
     d = dim % x.ndim
     start = start % x.shape[d] if start < 0 else start
-    return prim(Prim.SLICE, x, (slice(None),) * d + (slice(start, start + length),))
+    return apply(Prim.SLICE, x, (slice(None),) * d + (slice(start, start + length),))
 
 
-@register(*_methods("select"))
+@register(*torch_callables("select"))
 def _select(x, dim, index):
-    return prim(Prim.SLICE, x, (slice(None),) * (dim % x.ndim) + (index,))
+    return apply(Prim.SLICE, x, (slice(None),) * (dim % x.ndim) + (index,))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,7 +177,7 @@ def _select(x, dim, index):
 
 @register(torch.cat, torch.concat, torch.concatenate)
 def _cat(tensors, dim=0):
-    return prim(Prim.CAT, list(tensors), dim)
+    return apply(Prim.CAT, list(tensors), dim)
 
 
 @register(torch.stack)
@@ -190,19 +185,19 @@ def _stack(tensors, dim=0):
     if not tensors:
         raise NotImplementedError
     d = dim % (tensors[0].ndim + 1)
-    return prim(Prim.CAT, [prim(Prim.UNSQUEEZE, t, d) for t in tensors], d)
+    return apply(Prim.CAT, [apply(Prim.UNSQUEEZE, t, d) for t in tensors], d)
 
 
 def _slices(x, dim, sizes):
     d = dim % x.ndim
     out, start = [], 0
     for n in sizes:
-        out.append(prim(Prim.SLICE, x, (slice(None),) * d + (slice(start, start + n),)))
+        out.append(apply(Prim.SLICE, x, (slice(None),) * d + (slice(start, start + n),)))
         start += n
     return tuple(out)
 
 
-@register(*_methods("split"))
+@register(*torch_callables("split"))
 def _split(x, split_size_or_sections, dim=0):
     n = x.shape[dim % x.ndim]
     if isinstance(split_size_or_sections, int):
@@ -213,7 +208,7 @@ def _split(x, split_size_or_sections, dim=0):
     return _slices(x, dim, sizes)
 
 
-@register(*_methods("chunk"))
+@register(*torch_callables("chunk"))
 def _chunk(x, chunks, dim=0):
     n = x.shape[dim % x.ndim]
     size = -(-n // chunks) if n else 0
@@ -221,10 +216,10 @@ def _chunk(x, chunks, dim=0):
     return _slices(x, dim, sizes)
 
 
-@register(*_methods("unbind"))
+@register(*torch_callables("unbind"))
 def _unbind(x, dim=0):
     d = dim % x.ndim
-    return tuple(prim(Prim.SLICE, x, (slice(None),) * d + (i,)) for i in range(x.shape[d]))
+    return tuple(apply(Prim.SLICE, x, (slice(None),) * d + (i,)) for i in range(x.shape[d]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,7 +236,7 @@ def _factory_kwargs(kwargs) -> dict:
 
 def _filled(value):
     def decomposition(*size, **kwargs):
-        return prim(Prim.FULL, _sizes(size), value, **_factory_kwargs(kwargs))
+        return apply(Prim.FULL, _sizes(size), value, **_factory_kwargs(kwargs))
     return decomposition
 
 
@@ -251,7 +246,7 @@ register(torch.ones)(_filled(1))
 
 @register(torch.full)
 def _full(size, fill_value, **kwargs):
-    return prim(Prim.FULL, tuple(size), fill_value, **_factory_kwargs(kwargs))
+    return apply(Prim.FULL, tuple(size), fill_value, **_factory_kwargs(kwargs))
 
 
 def _filled_like(value):
@@ -261,7 +256,7 @@ def _filled_like(value):
         kw = _factory_kwargs(kwargs)
         kw.setdefault("dtype", x.dtype)
         kw.setdefault("device", x.device)
-        return prim(Prim.FULL, tuple(x.shape), fill, **kw)
+        return apply(Prim.FULL, tuple(x.shape), fill, **kw)
     return decomposition
 
 
@@ -272,14 +267,14 @@ register(torch.full_like)(_filled_like(None))
 
 @register(torch.arange)
 def _arange(*args, **kwargs):
-    return prim(Prim.IOTA, *args, **_factory_kwargs(kwargs))
+    return apply(Prim.IOTA, *args, **_factory_kwargs(kwargs))
 
 
 def _random(p):
     def decomposition(*size, generator=None, **kwargs):
         if generator is not None:
             raise NotImplementedError
-        return prim(p, _sizes(size), **_factory_kwargs(kwargs))
+        return apply(p, _sizes(size), **_factory_kwargs(kwargs))
     return decomposition
 
 
@@ -289,7 +284,7 @@ def _random_like(p):
         kw = _factory_kwargs(kwargs)
         kw.setdefault("dtype", x.dtype)
         kw.setdefault("device", x.device)
-        return prim(p, tuple(x.shape), **kw)
+        return apply(p, tuple(x.shape), **kw)
     return decomposition
 
 

@@ -27,7 +27,7 @@ import math
 import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
-from fjit.core.prims import Prim, prim_of
+from fjit.core.prims import Prim, kernel_table, prim_of
 from fjit.executors import render
 from fjit.executors.c import vecmath
 from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, CLanguage, is_cube, is_square, literal, storage, \
@@ -37,31 +37,9 @@ from fjit.executors.render import HALF, collapse, contiguous_strides, domain_str
 from fjit.passes.fusion import Region
 
 
-# C's overrides of the shared expressions: libm calls ({f} is the suffix: "f" for float, "" for
-# double), NaN-propagating max/min macros, Python's remainder.
-_C_EXPRS = {
-    **render.BASE,
-    Prim.EXP: "exp{f}({0})", Prim.EXP2: "exp2{f}({0})", Prim.EXPM1: "expm1{f}({0})",
-    Prim.LOG: "log{f}({0})", Prim.LOG2: "log2{f}({0})", Prim.LOG10: "log10{f}({0})",
-    Prim.LOG1P: "log1p{f}({0})", Prim.SQRT: "sqrt{f}({0})", Prim.RSQRT: "(1 / sqrt{f}({0}))",
-    Prim.SIN: "sin{f}({0})", Prim.COS: "cos{f}({0})", Prim.TAN: "tan{f}({0})",
-    Prim.ASIN: "asin{f}({0})", Prim.ACOS: "acos{f}({0})", Prim.ATAN: "atan{f}({0})",
-    Prim.SINH: "sinh{f}({0})", Prim.COSH: "cosh{f}({0})", Prim.TANH: "tanh{f}({0})",
-    Prim.SIGMOID: "(1 / (1 + exp{f}(-{0})))", Prim.ERF: "erf{f}({0})", Prim.ERFC: "erfc{f}({0})",
-    Prim.FLOOR: "floor{f}({0})", Prim.CEIL: "ceil{f}({0})", Prim.TRUNC: "trunc{f}({0})",
-    Prim.ROUND: "nearbyint{f}({0})",   # the default rounding mode: half to even, as torch.round
-    Prim.POW: "pow{f}({0}, {1})", Prim.ATAN2: "atan2{f}({0}, {1})", Prim.FMOD: "fmod{f}({0}, {1})",
-    Prim.REMAINDER: "FJ_REMAINDER({0}, {1}, fmod{f}({0}, {1}))",
-    Prim.ISINF: "isinf({0})", Prim.ISFINITE: "isfinite({0})",
-    Prim.ABS: "({0} < 0 ? -{0} : {0})",
-    Prim.MAXIMUM: "FJ_MAX({0}, {1})", Prim.MINIMUM: "FJ_MIN({0}, {1})",
-    Prim.RELU: "({0} < 0 ? 0 : {0})",      # -0.0 and NaN stay, as torch.relu
-    Prim.CLAMP_MIN: "FJ_MAX({0}, {1})", Prim.CLAMP_MAX: "FJ_MIN({0}, {1})",
-    Prim.SIGN: "(({0} > 0) - ({0} < 0))",
-    Prim.LOGICAL_AND: "(({0} != 0) && ({1} != 0))", Prim.LOGICAL_OR: "(({0} != 0) || ({1} != 0))",
-    Prim.LOGICAL_XOR: "(({0} != 0) != ({1} != 0))",
-    Prim.WHERE: "({0} ? {1} : {2})",
-}
+# C's expression of each prim, from the prim blocks (fjit/core/prims/): libm calls ({f} is the
+# suffix: "f" for float, "" for double), NaN-propagating max/min macros, Python's remainder.
+_C_EXPRS = kernel_table("c")
 # float32 prims computed by vecmath's inline vector forms rather than by a libm call
 _VEC_EXPRS = {**_C_EXPRS, **vecmath.VECTOR_FORMS}
 _CHEAP_LIBM = {Prim.SQRT, Prim.RSQRT, Prim.FLOOR, Prim.CEIL, Prim.TRUNC, Prim.ROUND}

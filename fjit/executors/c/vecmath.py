@@ -19,12 +19,10 @@ torch does, and keeps denormal inputs and results (no flush to zero).
 """
 from __future__ import annotations
 
-from fjit.core.prims import Prim
+from fjit.core.prims import Prim, kernel_table
 
-# Prims with a vector form, by the C function that computes them in float32.
-VECTOR_FORMS = {Prim.EXP: "fj_expf({0})", Prim.LOG: "fj_logf({0})", Prim.TANH: "fj_tanhf({0})",
-                Prim.SIGMOID: "fj_sigmoidf({0})", Prim.ERF: "fj_erff({0})",
-                Prim.SIN: "fj_sinf({0})", Prim.COS: "fj_cosf({0})"}
+# Prims with a vector form, by the C function that computes them in float32 (the blocks' c_vector).
+VECTOR_FORMS = kernel_table("c_vector")
 # Prims whose vector form is exact only for |argument| <= FJ_TRIG_LIMIT.
 GUARDED = frozenset({Prim.SIN, Prim.COS})
 TRIG_LIMIT = "0x1p20f"

@@ -15,7 +15,7 @@ import torch
 
 import fjit.config as config
 from fjit.core.ir import BoundSymbol, NumberVar
-from fjit.core.prims import Prim, prim_of
+from fjit.core.prims import Prim, kernel_table, prim_of
 from fjit.executors import render
 from fjit.executors.render import computes_in
 
@@ -29,39 +29,15 @@ PTR_TYPE = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16",
             torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
 SCALAR_TYPE = {float: "fp32", int: "i64", bool: "i1"}
 
-# Triton's overrides of the shared expressions; {t} is the computation dtype.
-_COMMON = {
-    **render.BASE,
-    Prim.EXP: "tl.exp({0})", Prim.EXP2: "tl.exp2({0})",
-    Prim.LOG: "tl.log({0})", Prim.LOG2: "tl.log2({0})", Prim.LOG10: "(tl.log2({0}) * 0.30102999566398120)",
-    Prim.SQRT: "tl.sqrt({0})", Prim.RSQRT: "(1 / tl.sqrt({0}))",
-    Prim.SIN: "tl.sin({0})", Prim.COS: "tl.cos({0})", Prim.TAN: "(tl.sin({0}) / tl.cos({0}))",
-    Prim.SIGMOID: "(1 / (1 + tl.exp(-{0})))",
-    Prim.ERF: "tl.erf({0})", Prim.FLOOR: "tl.floor({0})", Prim.CEIL: "tl.ceil({0})",
-    Prim.TRUNC: "tl.where({0} >= 0, tl.floor({0}), tl.ceil({0}))",
-    Prim.COSH: "((tl.exp({0}) + tl.exp(-{0})) * 0.5)",
-    Prim.ROUND: "_round_half_even({0})",
-    Prim.ISINF: "(tl.abs({0}) == float('inf'))", Prim.ISFINITE: "(tl.abs({0}) < float('inf'))",
-    Prim.ABS: "tl.abs({0})",
-    Prim.MAXIMUM: "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
-    Prim.MINIMUM: "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
-    Prim.RELU: "tl.where({0} < 0, 0, {0})",      # -0.0 and NaN stay, as torch.relu
-    Prim.CLAMP_MIN: "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
-    Prim.CLAMP_MAX: "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)",
-    Prim.SIGN: "(({0} > 0).to({t}) - ({0} < 0).to({t}))",
-    Prim.LOGICAL_AND: "(({0} != 0) & ({1} != 0))", Prim.LOGICAL_OR: "(({0} != 0) | ({1} != 0))",
-    Prim.LOGICAL_XOR: "(({0} != 0) ^ ({1} != 0))",
-    Prim.WHERE: "tl.where({0}, {1}, {2})",
-}
+# Triton's expressions of the prims, from the prim blocks (fjit/core/prims/); {t} is the
+# computation dtype.  The forms both the interpreter and a GPU run:
+_COMMON = kernel_table("triton")
 # Under the interpreter: tl.* only, with forms that keep small arguments' relative precision.
-INTERPRETED = {**_COMMON, Prim.EXPM1: "_expm1({0})", Prim.LOG1P: "_log1p({0})",
-                Prim.TANH: "_tanh({0})", Prim.SINH: "_sinh({0})"}
+INTERPRETED = {**_COMMON, **kernel_table("triton_interpreted")}
 # Compiled for a GPU: libdevice, as torch's CUDA kernels.
-COMPILED = {**_COMMON, **{p: f"libdevice.{p.value}({{0}})" for p in (
-    Prim.EXPM1, Prim.LOG1P, Prim.TANH, Prim.SINH, Prim.COSH, Prim.ERF, Prim.ERFC, Prim.TAN,
-    Prim.LOG10, Prim.RSQRT)}}
+COMPILED = {**_COMMON, **kernel_table("triton_compiled")}
 # float32 ops torch rounds correctly on CUDA, where Triton's default is an approximation
-COMPILED_F32 = {Prim.DIV: "tl.div_rn({0}, {1})", Prim.SQRT: "tl.sqrt_rn({0})"}
+COMPILED_F32 = kernel_table("triton_f32")
 REDUCE = {Prim.SUM: "tl.sum", Prim.AMAX: "tl.max", Prim.AMIN: "tl.min"}
 ACCUMULATE = {Prim.SUM: "{acc} + {x}", Prim.AMAX: "tl.maximum({acc}, {x})", Prim.AMIN: "tl.minimum({acc}, {x})"}
 

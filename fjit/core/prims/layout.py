@@ -1,0 +1,104 @@
+"""The prims that convert, view, move or make data: convert, the shape prims, cat, contiguous,
+index_select, gather, the factories and the random draws.  One block per prim (see registry.py).
+Their torch-level sources are many ops each (view, flatten, transpose, getitem, zeros, ...), so
+their decompositions live in ops/shape_ops.py and ops/math_ops.py, as each block's note says; and
+none but convert is elementwise, so kernels never take them (a kernel converts in code)."""
+from __future__ import annotations
+
+import torch
+
+from fjit.core.prims.registry import Kind, Prim, apply, define
+from fjit.core.prims.toolkit import full, identity, is_tensor, zeros_like
+
+S, D = Kind.SHAPE, Kind.DATA
+_SHAPE_OPS = {"decomposition": "torch-level view and indexing ops reach it (ops/shape_ops.py)"}
+
+
+def _no_aten(name, why="the backend keeps it one torch call"):
+    return f"aten.{name} has no row in dynamo/aten.py: {why}"
+
+
+def _slice_lowering(x, index):
+    """Basic indexing by a tuple of slices/ints/None: a view."""
+    return x[index]
+
+
+def _reshape_vjp(b, g, value):
+    x = b.args[0]
+    return [(x, apply(Prim.RESHAPE, full(g, b.output), tuple(x.shape)))]
+
+
+def _permute_vjp(b, g, value):
+    perm = b.args[1]
+    inverse = tuple(sorted(range(len(perm)), key=lambda i: perm[i]))
+    return [(b.args[0], apply(Prim.PERMUTE, g, inverse))]
+
+
+def _slice_vjp(b, g, value):
+    """Scatter into zeros: a functional setitem on a value the backward owns."""
+    x, index = b.args[:2]
+    z = apply(Prim.EXPAND, zeros_like(g), tuple(x.shape)).contiguous()
+    z[index] = g
+    return [(x, z)]
+
+
+define("CONVERT", Kind.CAST, value="convert_element_type", aliases=True,
+       lowering=lambda x, dtype: x.to(dtype), vjp=identity, aten=("_to_copy.default",),
+       notes={"decomposition": "Tensor.to, .float, .half, ..., .type_as reach it (ops/math_ops.py)"})
+define("RESHAPE", S, aliases=True, vjp=_reshape_vjp,
+       aten=("view.default", "_unsafe_view.default", "reshape.default"), notes=_SHAPE_OPS)
+define("PERMUTE", S, aliases=True, vjp=_permute_vjp, aten=("permute.default",), notes=_SHAPE_OPS)
+define("EXPAND", S, aliases=True, lowering=lambda x, shape: x.expand(shape), vjp=identity,
+       aten=("expand.default",), notes=_SHAPE_OPS)
+define("SLICE", S, aliases=True, lowering=_slice_lowering, vjp=_slice_vjp,
+       aten=("slice.Tensor",), notes=_SHAPE_OPS)
+define("SQUEEZE", S, aliases=True, lowering=lambda x, dims: torch.squeeze(x, dims), vjp=_reshape_vjp,
+       aten=("squeeze.default", "squeeze.dim", "squeeze.dims"), notes=_SHAPE_OPS)
+define("UNSQUEEZE", S, aliases=True, vjp=_reshape_vjp, aten=("unsqueeze.default",), notes=_SHAPE_OPS)
+
+
+def _cat_vjp(b, g, value):
+    tensors, dim = b.args[0], b.args[1] if len(b.args) > 1 else b.kwargs.get("dim", 0)
+    dim = dim % g.ndim
+    out, start = [], 0
+    for t in tensors:
+        # torch.cat skips 1-D empty tensors whatever the others' rank (a KV cache's empty start)
+        size = t.shape[dim] if t.ndim == g.ndim else 0
+        if is_tensor(t) and size:
+            index = (slice(None),) * dim + (slice(start, start + size),)
+            out.append((t, apply(Prim.SLICE, g, index)))
+        start += size
+    return out
+
+
+def _index_select_vjp(b, g, value):
+    x, dim, index = b.args[:3]
+    z = apply(Prim.EXPAND, zeros_like(g), tuple(x.shape)).contiguous()
+    return [(x, torch.index_add(z, dim, value(index), g))]
+
+
+def _gather_vjp(b, g, value):
+    x, dim, index = b.args[:3]
+    z = apply(Prim.EXPAND, zeros_like(g), tuple(x.shape)).contiguous()
+    return [(x, torch.scatter_add(z, dim, value(index), g))]
+
+
+define("CAT", D, vjp=_cat_vjp, aten=("cat.default",), notes=_SHAPE_OPS)
+define("CONTIGUOUS", D, aliases=True, lowering=lambda x: x.contiguous(), vjp=identity, notes={
+    **_SHAPE_OPS, "aten": "AOT graphs write it as aten.clone with a memory format (CLONE's row)"})
+define("INDEX_SELECT", D, vjp=_index_select_vjp, notes={
+    "decomposition": "integer-tensor indexing and F.embedding reach it (ops/shape_ops.py, "
+                     "ops/nn_ops.py); torch.index_select is not claimed",
+    "aten": _no_aten("index_select")})
+define("GATHER", D, vjp=_gather_vjp, notes={
+    "decomposition": "F.cross_entropy/nll_loss reach it (ops/nn_ops.py); torch.gather is not claimed",
+    "aten": _no_aten("gather")})
+
+_FACTORY = {"decomposition": "torch.full, zeros, ones, *_like and friends reach it (ops/shape_ops.py)"}
+define("FULL", Kind.FACTORY, nondiff=True, aten=("full.default",), notes=_FACTORY)
+define("IOTA", Kind.FACTORY, lowering=torch.arange, nondiff=True, notes={
+    "decomposition": "torch.arange reaches it (ops/shape_ops.py)", "aten": _no_aten("arange")})
+_RANDOM = {"decomposition": "torch.rand/randn and their *_like reach it (ops/shape_ops.py)",
+           "aten": "AOT graphs' random ops have no row in dynamo/aten.py: they stay torch calls"}
+define("UNIFORM", Kind.RANDOM, lowering=torch.rand, nondiff=True, notes=_RANDOM)
+define("NORMAL", Kind.RANDOM, lowering=torch.randn, nondiff=True, notes=_RANDOM)

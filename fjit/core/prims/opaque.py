@@ -1,0 +1,63 @@
+"""The prims only torch computes: matmul and scaled dot-product attention.  One block per prim (see
+registry.py).  Kernels never take them: torch's own GEMM and attention kernels run them."""
+from __future__ import annotations
+
+import torch
+
+from fjit.core.ir import TensorVar
+from fjit.core.prims.registry import Kind, Prim, apply, define
+
+
+def _column_major(v: TensorVar) -> bool:
+    return v.ndim >= 2 and v.strides[-2] == 1 and v.strides[-1] != 1
+
+
+def _transposed(v):
+    perm = tuple(range(v.ndim - 2)) + (v.ndim - 1, v.ndim - 2)
+    return apply(Prim.PERMUTE, v, perm)
+
+
+def _squeeze_to(g, var: TensorVar):
+    """A cotangent of a 1-d operand that was made 2-d: back to 1-d after summing batch dims."""
+    if var.ndim != 1:
+        return g
+    g = apply(Prim.SUM, g, tuple(range(g.ndim - 2)), False) if g.ndim > 2 else g
+    return apply(Prim.RESHAPE, g, tuple(var.shape))
+
+
+def _matmul_vjp(b, g, value):
+    """Two matmuls; 1-d operands are made 2-d first, broadcast batch dims are summed by the caller."""
+    a, c = b.args[:2]
+    va, vc = value(a), value(c)
+    if a.ndim == 1:
+        va, g = apply(Prim.UNSQUEEZE, va, 0), apply(Prim.UNSQUEEZE, g, -2 if c.ndim > 1 else 0)
+    if c.ndim == 1:
+        vc, g = apply(Prim.UNSQUEEZE, vc, -1), apply(Prim.UNSQUEEZE, g, -1)
+    # A cotangent gets its operand's layout: F.linear's weight is used transposed, and a
+    # transposed gradient would make AccumulateGrad's += read it with strides (3x slower).
+    if _column_major(a):
+        ga = _transposed(apply(Prim.MATMUL, vc, _transposed(g)))
+    else:
+        ga = apply(Prim.MATMUL, g, _transposed(vc))
+    if c.ndim == 2 and va.ndim > 2:
+        # A linear layer on N-d activations: the weight's gradient is one matmul of the flattened
+        # operands, as eager's, not a batched matmul and a sum over the batch (4x slower on
+        # MLP-Mixer's training step)
+        va = apply(Prim.RESHAPE, va, (-1, va.shape[-1]))
+        g = apply(Prim.RESHAPE, g, (-1, g.shape[-1]))
+    if _column_major(c):
+        gc = _transposed(apply(Prim.MATMUL, _transposed(g), va))
+    else:
+        gc = apply(Prim.MATMUL, _transposed(va), g)
+    return [(a, _squeeze_to(ga, a)), (c, _squeeze_to(gc, c))]
+
+
+define("MATMUL", Kind.OPAQUE, vjp=_matmul_vjp, aten=("mm.default", "bmm.default", "matmul.default"),
+       notes={"decomposition": "torch.matmul, mm, bmm, F.linear reach it (ops/nn_ops.py)"})
+define("SDPA", Kind.OPAQUE, value="scaled_dot_product_attention",
+       lowering=torch.nn.functional.scaled_dot_product_attention, notes={
+           "decomposition": "F.scaled_dot_product_attention reaches it (ops/nn_ops.py)",
+           "vjp": "no rule written (attention's backward is torch's fused kernel): autodiff "
+                  "records the torch-level op and torch autograd differentiates it",
+           "aten": "AOT graphs hold aten's attention overloads: no row in dynamo/aten.py, they "
+                   "stay torch calls"})
