@@ -2,7 +2,8 @@
 import fjit.logs as logs
 from fjit.api import (CacheInfo, JittedFunction, Report, cache_info, clear_caches, diagnose, explain,
                       jit, last_backward_traces, last_traces)
-from fjit.core.ir import Binding, Trace
+from fjit.core.ir import Binding
+from fjit.core.trace import Trace
 from fjit.errors import (DataDependentError, FjitError, InputMutationError, NondeterminismError,
                          SharpEdge, SharpEdgeError, SharpEdgeWarning, SideEffectError,
                          UnproxiedTensorError, UnsupportedInputError, UnsupportedOpError)

@@ -22,7 +22,8 @@ import fjit.logs as logs
 import fjit.pipeline as pipeline
 from fjit.cache import CacheInfo, ProgramCache
 from fjit.config import DEFAULT_EXECUTORS, CacheMode, Executor, SharpEdges, TraceMode
-from fjit.core.ir import Binding, Trace
+from fjit.core.ir import Binding
+from fjit.core.trace import Trace
 from fjit.core.meta import clear_memo
 from fjit.errors import SharpEdge
 from fjit.frontend.context import current

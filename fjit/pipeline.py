@@ -19,7 +19,8 @@ import torch.utils._pytree as pytree
 import fjit.autodiff as autodiff
 import fjit.config as config
 from fjit.config import Executor, TraceMode
-from fjit.core.ir import Tag, TensorVar, Trace
+from fjit.core.ir import Tag, TensorVar
+from fjit.core.trace import Trace
 from fjit.executors import fusing_executor, kernel_executor, torch_executor
 from fjit.frontend.context import AMP_DEVICES, Mode, TraceContext, autocast_state
 from fjit.frontend.dispatch import dispatch

@@ -15,7 +15,7 @@ import weakref
 
 import torch
 
-from fjit.core.ir import trace_constants  # noqa: F401  (imported by printed traces)
+from fjit.core.trace import trace_constants  # noqa: F401  (imported by printed traces)
 from fjit.core.prims import NAMESPACE as prims  # noqa: F401  (imported by printed traces)
 
 

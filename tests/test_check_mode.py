@@ -6,7 +6,8 @@ import torch.nn.functional as F
 import pytest
 
 import fjit
-from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Trace
+from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar
+from fjit.core.trace import Trace
 from fjit.executors import torch_executor
 
 CPU = torch.device("cpu")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fjit
-from fjit.core.ir import Trace
+from fjit.core.trace import Trace
 
 
 def _eager_and_jit(fn, *args, **kwargs):

@@ -20,7 +20,7 @@ import torch
 from fjit.autodiff.function import Plan, list_callable
 from fjit.autodiff.joint import Recorder, build, differentiable
 from fjit.autodiff.rules import NONDIFF, VJP, has_rule
-from fjit.core.ir import Trace
+from fjit.core.trace import Trace
 
 __all__ = ["compile_with_backward", "autograd_stage", "Compiled", "Lowering", "Recorder", "VJP",
            "NONDIFF", "has_rule"]

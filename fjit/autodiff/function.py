@@ -15,7 +15,8 @@ import itertools
 
 import torch
 
-from fjit.core.ir import Trace, flatten_values, map_values
+from fjit.core.ir import flatten_values, map_values
+from fjit.core.trace import Trace
 from fjit.logs import recompiles
 
 

@@ -25,8 +25,8 @@ from typing import Any, Callable
 
 import torch
 
-from fjit.core.ir import (BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Trace, Var,
-                          flatten_values, map_values)
+from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Var, flatten_values, map_values
+from fjit.core.trace import Trace
 from fjit.autodiff.function import record, torch_vjp
 from fjit.autodiff.rules import NONDIFF, VJP, fit, full, has_rule
 from fjit.core.prims import Prim, prim_of

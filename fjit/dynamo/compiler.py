@@ -34,7 +34,8 @@ import fjit.config as config
 import fjit.pipeline as pipeline
 from fjit.api import JittedFunction, last_traces
 from fjit.config import DEFAULT_EXECUTORS, Executor, SharpEdges, TraceMode
-from fjit.core.ir import Tag, Trace
+from fjit.core.ir import Tag
+from fjit.core.trace import Trace
 from fjit.dynamo import aten as aten_table
 from fjit.dynamo.split import (SplitReason, assign, describe_error, is_compute, is_symbolic,
                                node_of_error, op_name, static_reason, writes_across_pieces)

@@ -21,7 +21,8 @@ from typing import Callable, Protocol
 import torch
 
 from fjit.config import Executor, kernel_cache_root
-from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Trace, Var, map_values
+from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Var, map_values
+from fjit.core.trace import Trace
 from fjit.runtime import register_kernel
 
 __all__ = ["Executor", "KernelExecutor", "kernel_executor", "fusing_executor", "kernel_inputs_usable",

@@ -15,7 +15,8 @@ from typing import Callable
 import torch
 
 import fjit.config as config
-from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Trace, Var, flatten_values, map_values
+from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Var, flatten_values, map_values
+from fjit.core.trace import Trace
 from fjit.core.prims import Prim, prim_of
 
 

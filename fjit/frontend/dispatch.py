@@ -14,8 +14,8 @@ import types
 
 import torch
 
-from fjit.core.ir import (BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Trace, flatten_values,
-                          map_values)
+from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar, flatten_values, map_values
+from fjit.core.trace import Trace
 from fjit.core.prims import OUT_OF_PLACE
 from fjit.errors import UnsupportedOpError, located
 from fjit.core.meta import meta_tensor

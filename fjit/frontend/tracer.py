@@ -15,7 +15,7 @@ import inspect
 import torch
 from torch.overrides import TorchFunctionMode
 
-from fjit.core.ir import Trace
+from fjit.core.trace import Trace
 from fjit.errors import error_for
 from fjit.frontend.context import Mode, TraceContext
 from fjit.frontend.dispatch import dispatch, opaque_calls_traced

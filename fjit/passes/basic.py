@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from fjit.core.prims import COMMUTATIVE, INPLACE_TWIN
-from fjit.core.ir import (DEL, BoundSymbol, Symbol, Tag, TensorVar, Trace, Var, flatten_values,
-                          map_values)
+from fjit.core.ir import DEL, BoundSymbol, Symbol, Tag, TensorVar, Var, flatten_values, map_values
+from fjit.core.trace import Trace
 
 
 def _output_vars(trace: Trace) -> set[str]:

@@ -14,7 +14,8 @@ import math
 from typing import Callable
 
 
-from fjit.core.ir import BoundSymbol, Tag, TensorVar, Trace, Var, flatten_values
+from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
+from fjit.core.trace import Trace
 
 # The widest row a reduction region takes by default (a generator without looped kernels).
 MAX_ROW = 1 << 16

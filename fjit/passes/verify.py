@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from fjit.core.ir import BoundSymbol, GeneratorVar, NumberVar, Tag, TensorVar, Trace, Var, flatten_values, map_values
+from fjit.core.ir import BoundSymbol, GeneratorVar, NumberVar, Tag, TensorVar, Var, flatten_values, map_values
+from fjit.core.trace import Trace
 from fjit.core.prims import ROWS, Kind, prim_of
 from fjit.core.meta import meta_tensor, run_meta
 

@@ -40,7 +40,8 @@ import _ctypes
 import torch
 
 import fjit.config as config
-from fjit.core.ir import BoundSymbol, Tag, TensorVar, Trace, Var, map_values
+from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, map_values
+from fjit.core.trace import Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
 from fjit.logs import kernels as log

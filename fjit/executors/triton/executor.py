@@ -24,7 +24,8 @@ if importlib.util.find_spec("triton") is None:
     raise ImportError("fjit's Triton executor needs the triton package")
 
 import fjit.config as config
-from fjit.core.ir import BoundSymbol, Trace
+from fjit.core.ir import BoundSymbol
+from fjit.core.trace import Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
 from fjit.executors.triton import target
 from fjit.executors.triton.codegen import Kernel, generate, supported
