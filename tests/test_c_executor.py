@@ -556,3 +556,37 @@ def test_regions_sharing_one_kernel_source_keep_their_own_output_layouts():
     assert len(set(_kernels(jf))) == 1, final                 # one binary...
     launchers = re.findall(r"= (fjit_c_\w+)\(", final)
     assert len(launchers) == 2 and len(set(launchers)) == 2, final   # ...two launchers
+
+
+def _kernel_calls(trace) -> list[tuple[int, int]]:
+    """(outputs, inputs) of each C kernel call of a printed trace."""
+    calls = re.findall(r"^  (\(?[\w, ]+\)?) = (fjit_c_\w+)\(([\w, ]*)\)", str(trace), re.M)
+    return [(len(outs.strip("()").split(",")), len(args.split(","))) for outs, _, args in calls]
+
+
+def test_values_a_later_kernel_reads_are_computed_again_there_not_stored():
+    """GELU's pieces feed a matmul and, after it, another kernel: the first kernel stores only what
+    the matmul reads, and the second computes x/2, erf(x/sqrt(2)) + 1 again from x."""
+    def f(x, b, w):
+        h = x + b
+        half, e = h * 0.5, torch.erf(h * 0.7071067811865476) + 1
+        y = half * e
+        m = y @ w
+        return m, (m.sum(-1, keepdim=True) * half * e.exp() + h * 3)
+    x, b, w = torch.randn(8, 64), torch.randn(64), torch.randn(64, 64)
+    jf = _check(f, x, b, w)
+    calls = _kernel_calls(fjit.last_traces(jf)[-1])
+    assert calls and calls[0][0] == 1, (calls, str(fjit.last_traces(jf)[-1]))
+
+
+def test_a_value_still_read_after_the_later_kernel_is_not_computed_twice():
+    """h is returned, so it is stored anyway: the later kernel loads it rather than computing it."""
+    def f(x, w):
+        h = (x * 2 + 1).sin()
+        m = h @ w
+        return m, m * h + 1, h
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    jf = _check(f, x, w)
+    text = str(fjit.last_traces(jf)[-1])
+    assert len(_kernel_calls(fjit.last_traces(jf)[-1])) == 2, text
+    assert text.count("fj_sinf(") == 1, text

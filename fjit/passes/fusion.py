@@ -154,8 +154,11 @@ class Partitioner:
         """The trace with each region `worth` a kernel replaced by `kernel_call(region)` (the rest
         stay prims), or None when no region is."""
         items = self.partition(trace)
-        if not any(isinstance(i, Region) and i.outputs and worth(i) for i in items):
+        kernels = {id(i) for i in items if isinstance(i, Region) and i.outputs and worth(i)}
+        if not kernels:
             return None
+        if _rematerialize(items, trace, kernels):
+            _connect(items, trace)
         bsyms = []
         for item in items:
             if not isinstance(item, Region):
@@ -165,6 +168,72 @@ class Partitioner:
             elif item.outputs:
                 bsyms.extend(item.bsyms)
         return trace.with_stage(stage, bsyms)
+
+
+def _rematerialize(items: list, trace: Trace, kernels: set) -> bool:
+    """Compute again, in a later kernel, the elementwise values it reads from an earlier kernel of
+    the same domain, from that kernel's own inputs: a value stored by one kernel and loaded by the
+    next costs more memory traffic than its few flops (the backward's recomputed GELU writes x/2,
+    x/sqrt(2) and 1 + erf(x/sqrt(2)), three tensors of the activation's size, for the next kernel
+    to read).  Only values nothing after the later kernel reads, computed without a row value, in
+    chains of at most MAX_REMATERIALIZED prims.  True if any region changed."""
+    read_after: list = [set() for _ in items]
+    later = {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}
+    for k in range(len(items) - 1, -1, -1):
+        read_after[k] = set(later)
+        item = items[k]
+        bsyms = item.bsyms if isinstance(item, Region) else (item,)
+        later.update(v.name for b in bsyms for v in b.inputs())
+    producer: dict = {}          # name -> (its region, its prim), for full-domain elementwise values
+    position = {id(b): (k, j) for k, r in enumerate(items) if isinstance(r, Region)
+                for j, b in enumerate(r.bsyms)}
+    changed = False
+    for k, item in enumerate(items):
+        if not isinstance(item, Region) or id(item) not in kernels:
+            continue
+        copied: list = []
+        for v in item.inputs:
+            made = producer.get(v.name)
+            if made is None or made[0].domain != item.domain:
+                continue
+            chain = _chain(made[0], v.name, producer)
+            if chain is None or any(o.name in read_after[k] for c in chain for o in c.outputs()):
+                continue
+            new = [c for c in chain if c not in copied]
+            if len(copied) + len(new) <= MAX_REMATERIALIZED:
+                copied += new
+        if copied:
+            item.bsyms[:0] = sorted(copied, key=lambda b: position[id(b)])
+            changed = True
+        for b in item.bsyms:
+            out = b.outputs()[0]
+            if b.sym.has(Tag.ELEMENTWISE) and out.name not in item.row_vars and out.name not in producer:
+                producer[out.name] = (item, b)
+    return changed
+
+
+MAX_REMATERIALIZED = 12
+
+
+def _chain(region: Region, name: str, producer: dict) -> list | None:
+    """The prims of `region` that compute `name` from the region's inputs, in trace order, or None
+    when one of them needs a row value (a reduction's result is not recomputed)."""
+    chain, stack, seen = [], [name], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        made = producer.get(n)
+        if made is None or made[0] is not region:
+            if n in region.row_vars:
+                return None
+            continue
+        chain.append(made[1])
+        stack.extend(v.name for v in made[1].inputs())
+        if len(chain) > MAX_REMATERIALIZED:
+            return None
+    return chain
 
 
 def _connect(items: list, trace: Trace) -> None:
