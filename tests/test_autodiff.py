@@ -268,6 +268,37 @@ def test_op_without_a_rule_keeps_torch_autograd_between_fused_parts():
     assert _c_kernels(backward)
 
 
+@pytest.mark.parametrize("conv, shape, kwargs", [
+    (F.conv2d, (2, 3, 9, 9), {"stride": 2, "padding": (1, 0), "groups": 1}),
+    (F.conv2d, (2, 4, 8, 8), {"padding": 3, "groups": 4, "dilation": 1}),      # depthwise
+    (F.conv1d, (2, 4, 10), {"padding": 1, "dilation": 2}),
+    (F.conv3d, (1, 2, 4, 5, 5), {"stride": (1, 2, 1)}),
+])
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_convolution_backward_is_atens_without_a_nested_autograd_call(conv, shape, kwargs, input_grad):
+    n = len(shape) - 2
+    groups = kwargs.get("groups", 1)
+    x = _f32(*shape, grad=input_grad)
+    w = _f32(6 if groups == 1 else shape[1], shape[1] // groups, *(3,) * n, seed=1)
+    b = _f32(w.shape[0], seed=2)
+
+    def f(x, w, b):
+        y = conv(x, w, b, **kwargs)
+        return ((y * 2 + 1).sin() * 0.5).sum()
+    jf = _grads_match(f, (x, w, b))
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    assert "ATen's convolution_backward" in backward and "torch autograd's backward" not in backward
+    assert _c_kernels(backward)
+
+
+def test_convolution_with_string_padding_keeps_torch_autograd():
+    def f(x, w):
+        return ((F.conv2d(x, w, padding="same") * 2 + 1).sin() * 0.5 + 1).cos().sum()
+    jf = _grads_match(f, (_f32(2, 3, 8, 8), _f32(4, 3, 3, 3, seed=1)))
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    assert "ATen's convolution_backward" not in backward
+
+
 def test_nothing_to_fuse_leaves_the_backward_to_torch_autograd():
     x = _f32(4, 8)
     jf = fjit.jit(lambda x: x.t().reshape(32), executors=("c", "torch"))   # views only

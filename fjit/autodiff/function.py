@@ -55,6 +55,14 @@ def torch_vjp(graphs, leaves, cotangents):
     return tuple(g.contiguous() for g in grads)
 
 
+def convolution_vjp(g, x, w, bias_sizes, stride, padding, dilation, groups, mask):
+    """The cotangents of a convolution's input, weight and bias, by ATen's convolution_backward
+    (what eager's autograd node calls), contiguous as the backward trace records them."""
+    grads = torch.ops.aten.convolution_backward.default(
+        g, x, w, bias_sizes, stride, padding, dilation, False, [0] * len(stride), groups, mask)
+    return tuple(r.contiguous() if r is not None else None for r in grads)
+
+
 # -- the programs ----------------------------------------------------------------------------------
 
 def list_callable(trace: Trace):

@@ -4,6 +4,8 @@ Each top-level op of the (cleaned) forward trace is one of
 - plain: none of its outputs requires grad; it runs as traced and gets no backward;
 - prims: it is differentiated through its prims' VJP rules (rules.py), and its backward is traced
   as prims the kernel executors fuse, like the forward;
+- convolution: a convolution with numeric padding; it runs as traced, and its backward is ATen's
+  convolution_backward on its saved operands (`convolution_vjp`), as eager's autograd node calls it;
 - recorded: torch autograd keeps it (an opaque op, a prim without a rule, or an op whose prims no
   executor would fuse, where torch's own backward kernel is the fast one): the forward runs it under
   enable_grad on detached leaves (`record`) and saves that small graph; the backward calls
@@ -27,13 +29,43 @@ import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.trace import Trace
-from fjit.autodiff.function import record, torch_vjp
+from fjit.autodiff.function import convolution_vjp, record, torch_vjp
 from fjit.autodiff.rules import NONDIFF, VJP, fit, full, has_rule
 from fjit.core.prims import Prim, prim_of
 from fjit.core.prims import apply
 
 RECORD = Symbol("fjit_autodiff.record", record, frozenset({Tag.FALLBACK, Tag.RANDOM}))
 TORCH_VJP = Symbol("fjit_autodiff.torch_vjp", torch_vjp, frozenset({Tag.FALLBACK}))
+CONVOLUTION_VJP = Symbol("fjit_autodiff.convolution_vjp", convolution_vjp, frozenset({Tag.FALLBACK}))
+_CONVOLUTIONS = {torch.conv1d: 1, torch.conv2d: 2, torch.conv3d: 3}
+
+
+def _convolution(b: BoundSymbol) -> tuple | None:
+    """(x, w, bias, stride, padding, dilation, groups) of a convolution with numeric padding on
+    tensors of a floating dtype, each size a tuple of the spatial rank; None for anything else."""
+    n = _CONVOLUTIONS.get(b.sym.fn)
+    if n is None:
+        return None
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    given = dict(zip(names, b.args))
+    given.update(b.kwargs)
+    if set(given) - set(names) or "input" not in given or "weight" not in given:
+        return None
+    x, w, bias = given["input"], given["weight"], given.get("bias")
+    if not (isinstance(x, TensorVar) and isinstance(w, TensorVar) and x.ndim == n + 2
+            and (bias is None or isinstance(bias, TensorVar)) and x.dtype.is_floating_point):
+        return None
+    sizes = []
+    for key, default in (("stride", 1), ("padding", 0), ("dilation", 1)):
+        v = given.get(key, default)
+        v = (v,) * n if type(v) is int else tuple(v) if isinstance(v, (tuple, list)) else None
+        if v is None or len(v) != n or not all(type(i) is int for i in v):
+            return None    # padding="same"/"valid", or a traced number
+        sizes.append(v)
+    groups = given.get("groups", 1)
+    if type(groups) is not int:
+        return None
+    return (x, w, bias, *sizes, groups)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +133,7 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool | int],
             continue
         prims = b.subsymbols or ((b,) if prim_of(b) is not None else ())
         ok = prims and all(has_rule(prim_of(s)) for s in prims) and decompose(b)
-        kinds.append("prims" if ok else "record")
+        kinds.append("prims" if ok else "convolution" if _convolution(b) else "record")
     # Worth it when kernels take enough work: a recorded op costs a graph in the forward and a
     # nested autograd call in the backward (tens of us on the CPU), which a few fused prims do
     # not pay back; otherwise torch autograd over the forward's torch calls is as fast.
@@ -268,6 +300,8 @@ class _Backward:
                         self._pullback(s)
                 elif kind == "record":
                     self._record_pullback(i, op)
+                elif kind == "convolution":
+                    self._convolution_pullback(op)
             grads = []
             connected = _connected_inputs(b.trace)
             for v in b.trace.inputs:
@@ -315,3 +349,22 @@ class _Backward:
         for var, r in zip(inputs, results):
             self._accumulate(var, self.recorder.tensor(r), var.shape)
 
+    def _convolution_pullback(self, op: BoundSymbol) -> None:
+        out = op.outputs()[0]
+        g = self.ct.pop(out.name, None)
+        if g is None:
+            return
+        x, w, bias, stride, padding, dilation, groups = _convolution(op)
+        operands = (x, w, bias)
+        mask = [v is not None and differentiable(v) for v in operands]
+        results = tuple(TensorVar(self.ctx.new_name(), v.shape, v.dtype, v.device,
+                                  _contiguous(v.shape), False) if m else None
+                        for v, m in zip(operands, mask))
+        args = (full(g, out).ir, self.value(x).ir, self.value(w).ir,
+                list(bias.shape) if bias is not None else None, list(stride), list(padding),
+                list(dilation), groups, mask)
+        self.ctx.record(BoundSymbol(CONVOLUTION_VJP, args, {}, results,
+                                    comment=f"ATen's convolution_backward, as eager's {op.sym.qualname}"))
+        for var, r in zip(operands, results):
+            if r is not None:
+                self._accumulate(var, self.recorder.tensor(r), var.shape)
