@@ -291,6 +291,21 @@ def test_convolution_backward_is_atens_without_a_nested_autograd_call(conv, shap
     assert _c_kernels(backward)
 
 
+@pytest.mark.parametrize("executors", [("c", "torch"), ("triton", "torch"), ("torch",)])
+def test_clamp_between_two_tensors_differentiates_as_eager_where_the_bounds_meet_or_cross(executors, monkeypatch):
+    """Eager's clamp(x, lo, hi) sends the gradient to hi alone where lo > hi, and to nobody where
+    x < lo == hi: not what max-then-min's rules give at their ties."""
+    cases = [(0., 1., 2.), (3., 1., 2.), (1.5, 1., 2.), (0., 2., 1.), (1.5, 2., 1.), (3., 2., 1.),
+             (0., 1., 1.), (1., 1., 1.), (2., 1., 1.), (1., 1., 2.), (2., 1., 2.)]
+    x, lo, hi = (torch.tensor(column, requires_grad=True) for column in zip(*cases))
+
+    def f(x, lo, hi):
+        return (torch.clamp(x, lo, hi) * 2.5).sin()
+    monkeypatch.setenv("FJIT_TRITON_CPU", "1")
+    jf = fjit.jit(f, executors=executors)
+    _grads_match(lambda *t: f(*t).sum(), (x, lo, hi), jf=lambda *t: jf(*t).sum())
+
+
 def test_convolution_with_string_padding_keeps_torch_autograd():
     def f(x, w):
         return ((F.conv2d(x, w, padding="same") * 2 + 1).sin() * 0.5 + 1).cos().sum()

@@ -96,6 +96,10 @@ def _square(x):
 def _clamp(x, min=None, max=None):
     if min is None and max is None:
         raise NotImplementedError
+    if isinstance(min, TensorProxy) and isinstance(max, TensorProxy):
+        # Where min >= max eager's clamp gives the gradient to max alone, and to nothing where
+        # x < min == max: not what max-then-min's rules give, so torch's clamp and its backward run
+        raise NotImplementedError
     if min is not None:
         x = apply(Prim.CLAMP_MIN, x, min)
     if max is not None:
