@@ -2,7 +2,7 @@
 
     python tools/hunt_issue14.py [--executors torch|c|triton] [-n 500] [--families all]
 
-Each program runs like one example of tests/test_properties.py::test_issue14_programs_match_eager,
+Each program runs like one example of tests/ops/test_properties.py::test_issue14_programs_match_eager,
 but a failure does not stop the run: it is recorded under a key made from the exception's type and
 its message with names and numbers blanked out, keeping the shortest program of each key.  Prints
 how many programs ran and, per family of failures, the count and that shortest runnable program.
@@ -65,7 +65,9 @@ def main():
         os.environ["FJIT_TRITON_CPU"] = "1"
     if args.check:
         os.environ["FJIT_CHECK"] = "1"
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    tests = os.path.join(os.path.dirname(__file__), "..", "tests")
+    sys.path.insert(0, os.path.join(tests, "ops"))     # test_properties
+    sys.path.insert(0, tests)                          # op_samples, which it imports
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     import test_properties as tp
     from hypothesis import HealthCheck, given, seed, settings

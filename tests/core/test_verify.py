@@ -1,6 +1,6 @@
 """The structural verifier: every rule it states can fail, on a trace broken the way a buggy pass
-would break it; and every stage of real compilations passes it (tests/test_ops.py runs it on every
-stage of every op sample, and FJIT_CHECK=1 runs it after every pass)."""
+would break it; and every stage of real compilations passes it (tests/ops/test_ops.py runs it on
+every stage of every op sample, and FJIT_CHECK=1 runs it after every pass)."""
 import pytest
 import torch
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch.utils import _pytree as pytree
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -1,6 +1,6 @@
 """Check mode (FJIT_CHECK=1): every torch fallback's real output metadata is checked against the
 metadata the trace recorded from meta tensors.  (The random-program slice that runs under it is
-tests/test_properties.py::test_check_mode_random_programs.)"""
+tests/ops/test_properties.py::test_check_mode_random_programs.)"""
 import torch
 import torch.nn.functional as F
 import pytest

@@ -703,7 +703,8 @@ class Builder:
         if dt in (F32, F64):
             # not on half types: torch's kernel rounds log(sum(exp)) to the half type before the
             # subtraction, an absolute error (~0.008 in bfloat16) that later ops scale without
-            # bound, where fjit's decomposition stays in float32 (tests/test_c_executor.py)
+            # bound, where fjit's decomposition stays in float32
+            # (tests/executors/test_c_executor.py)
             ops.append("log_softmax")
         if v.exact:
             ops += ["any", "all"]
@@ -1376,7 +1377,7 @@ def test_issue14_programs_match_eager_with_triton(data):
 @given(data=st.data())
 def test_check_mode_random_programs(data):
     """FJIT_CHECK=1 on random programs: every stage agrees with the first, and every torch
-    fallback's real output metadata is the recorded one (tests/test_check_mode.py)."""
+    fallback's real output metadata is the recorded one (tests/api/test_check_mode.py)."""
     with _env("FJIT_CHECK", "1"):
         check_issue14_program(("c", "torch"), data, max_steps=4)
 

@@ -1,4 +1,5 @@
-"""Property tests of three families the op-level generator (tests/test_properties.py) does not draw:
+"""Property tests of three families the op-level generator (tests/ops/test_properties.py) does not
+draw:
 
 - number inputs that reach shapes (a scale factor, a bound, a slice length computed from a float):
   every call, with new values, gives eager's shapes and values;

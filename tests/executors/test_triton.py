@@ -10,7 +10,7 @@ import fjit
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.triton
-GOLDEN = pathlib.Path(__file__).parent / "golden"
+GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden"
 
 
 @pytest.fixture(autouse=True)
@@ -329,8 +329,8 @@ def test_compiled_launcher_falls_back_to_kernel_grid_where_it_cannot_compile():
 
 
 def test_regions_sharing_one_kernel_source_keep_their_own_output_layouts():
-    """As for C kernels (tests/test_c_executor.py): one Triton source for two regions of equal
-    size and different shapes; each region's launcher allocates its own output shape."""
+    """As for C kernels (tests/executors/test_c_executor.py): one Triton source for two regions of
+    equal size and different shapes; each region's launcher allocates its own output shape."""
     def f(a, b):
         return (a * 2 + 1).sum(0), (b * 2 + 1).sum(0)
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/: op_samples
 import op_samples
 from op_samples import OP_SAMPLES, all_names
 

@@ -14,7 +14,7 @@ In expected text, `...` stands for anything, runs of whitespace compare as one s
 `file.py:12: ` location matches any location (a pasted example runs from another file).
 Other fences (```bash, ```text on their own, unlabelled ones) are not run.
 
-    python tests/test_docs.py README.md     # what each block of a file prints and raises
+    python tests/api/test_docs.py README.md     # what each block of a file prints and raises
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import pytest
 
 import fjit
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
 TIMEOUT = 300      # per file; they take a few seconds each
 

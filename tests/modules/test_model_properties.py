@@ -2,7 +2,7 @@
 for several calls, every gradient of every call (cached calls included) judged against a float64
 run by the accuracy rule of PyTorch's compiler harness.
 
-The op-level property tests (tests/test_properties.py) draw programs of a few ops.  Some failures
+The op-level property tests (tests/ops/test_properties.py) draw programs of a few ops.  Some failures
 need a whole model: many fusion regions in one program, the same op chain applied to tensors of
 equal size and different shapes (an attention map as [windows * batch, heads, n, n] in one stage and
 [batch, heads', n, n] in another, so that two regions generate one kernel source), in-place

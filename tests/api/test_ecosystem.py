@@ -21,7 +21,7 @@ from fjit import config
 from fjit.frontend import light_imports
 from fjit.strict.locate import is_user_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @fjit.jit

@@ -1,7 +1,7 @@
 """fjit.jit(nn.Module): parameters and buffers as runtime inputs, the cache key, the wrapper's
 nn.Module behaviour, buffer write-back, sharp edges, hooks, and torch's own layers.
 
-Training equivalence over several optimizer steps lives in tests/test_module_training.py.
+Training equivalence over several optimizer steps lives in tests/modules/test_module_training.py.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import torch
 import fjit
 from fjit.executors.c import executor as c_executor
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

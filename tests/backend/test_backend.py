@@ -23,7 +23,7 @@ from fjit.dynamo.aten import ATEN_TO_TORCH
 from fjit.executors.c import executor as c_executor
 
 aten = torch.ops.aten
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 needs_cc = pytest.mark.skipif(c_executor.compiler() is None, reason="no C compiler on PATH")
 
 
