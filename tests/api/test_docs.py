@@ -1,4 +1,4 @@
-"""The docs run as written (issue 21): the ```python blocks of the README and docs/*.md, run in
+"""The docs run as written: the ```python blocks of the README and docs/*.md, run in
 order in one fresh namespace per file (in a subprocess, as a new user pasting them would), do what
 the text around them says.
 

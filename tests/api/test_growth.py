@@ -1,4 +1,4 @@
-"""Nothing grows without bound (issue 14, family 10): an evicted program takes its generated source
+"""Nothing grows without bound: an evicted program takes its generated source
 (linecache), its C kernels and any reference to the caller's tensors with it."""
 import gc
 import linecache

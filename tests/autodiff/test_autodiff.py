@@ -1,4 +1,4 @@
-"""The compiled backward (issue 9): VJP rules against gradcheck, jitted training-style functions
+"""The compiled backward: VJP rules against gradcheck, jitted training-style functions
 against eager's gradients, fused kernels in the backward, and the cases autograd makes awkward
 (non-differentiable, integer, multiple, aliasing and unused outputs, broadcasting, half types,
 double backward)."""

@@ -210,7 +210,7 @@ def test_tensors_with_the_negative_bit_are_read_by_value():
 
 
 def test_grad_runs_kernels_forward_and_backward():
-    # issue 9: an input requiring grad gets a compiled backward, fused like the forward
+    # an input requiring grad gets a compiled backward, fused like the forward
     x = torch.randn(4, requires_grad=True)
     jf = fjit.jit(lambda x: (x * 2 + 1).sin())
     jf(x).sum().backward()

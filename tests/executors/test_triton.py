@@ -80,7 +80,7 @@ def test_identical_regions_share_one_kernel():
 
 
 def test_inputs_requiring_grad_run_kernels_forward_and_backward():
-    # issue 9: an input requiring grad gets a compiled backward, fused like the forward
+    # an input requiring grad gets a compiled backward, fused like the forward
     x = torch.randn(8, requires_grad=True)
     jf = fjit.jit(lambda x: torch.sin(x) * 2)
     y = jf(x)

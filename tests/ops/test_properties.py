@@ -20,15 +20,17 @@ The failing example prints as a runnable program (the source plus how each input
 
 FJIT_HYPOTHESIS_EXAMPLES (default 150) sets the number of programs of the main property.
 
-The issue-14 property (test_issue14_programs_match_eager, at the end) adds families that once gave
+The family property (test_family_programs_match_eager, at the end) adds families that once gave
 silent wrong results: channels_last inputs, opaque ops with channels_last/transposed/column-major
 outputs followed by fused chains, no_grad/enable_grad/set_grad_enabled/autocast regions, .detach(),
 math.*/int()/round()/str() of float arguments as operands, branches, indices and sizes (each program
 is called with several float values), requires_grad inputs with gradients compared, and output
-contiguity.  Which families are drawn is FAMILIES (see ALL_FAMILIES): NEW_FAMILIES in this file, or
-FJIT_PROPERTY_FAMILIES="all" / "pymath,grad,...".  FJIT_HYPOTHESIS_NEW_EXAMPLES (default 100) sets
-its number of programs per executor; long hunts that do not stop at the first failure and sort the
-failures into families: python tools/hunt_issue14.py --executors c -n 1000 --shrink 5.
+contiguity.  Which families are drawn is FAMILIES (see ALL_FAMILIES): DEFAULT_FAMILIES, or
+FJIT_PROPERTY_FAMILIES="all" / "pymath,grad,...".  FJIT_HYPOTHESIS_FAMILY_EXAMPLES (default 100)
+sets its number of programs per executor.  Long hunts that do not stop at the first failure, and
+sort the failures into families:
+
+    python tools/hunt_family_failures.py --executors c -n 1000 --shrink 5
 """
 from __future__ import annotations
 
@@ -59,9 +61,10 @@ EXECUTORS = [pytest.param(("torch",), id="torch"),
 # costs tens of milliseconds there, so it draws fewer programs (FJIT_HYPOTHESIS_TRITON_EXAMPLES).
 TRITON_EXAMPLES = int(os.environ.get("FJIT_HYPOTHESIS_TRITON_EXAMPLES", "150"))
 
-# The issue-14 families ("no silent wrong results"): each adds what the generator draws and, for
-# the *_checks ones, what is compared.  Programs of test_issue14_programs_match_eager draw from the
-# families in FAMILIES only; the lead switches a family on here once its root cause is fixed.
+# The property families ("no silent wrong results"): each adds what the generator draws and, for
+# the *_checks ones, what is compared.  Programs of test_family_programs_match_eager draw from the
+# families in FAMILIES only; a family with known failures stays out of DEFAULT_FAMILIES until
+# they are fixed.
 #   layouts        channels_last / channels_last_3d inputs (4-d and 5-d) besides the older layouts
 #   opaque         ops without a decomposition, or with surprising output layouts (conv2d on
 #                  channels_last, pools, interpolate, batch/group norm, sdpa on transposed heads,
@@ -74,13 +77,13 @@ TRITON_EXAMPLES = int(os.environ.get("FJIT_HYPOTHESIS_TRITON_EXAMPLES", "150"))
 #   layout_checks  compare is_contiguous() and is_contiguous(channels_last[_3d]) of each output
 # FJIT_PROPERTY_FAMILIES overrides it: "all", or a comma-separated list ("" for none).
 ALL_FAMILIES = ("layouts", "opaque", "grad", "autocast", "pymath", "autograd", "layout_checks")
-NEW_FAMILIES: frozenset = frozenset(ALL_FAMILIES)   # all on: every family holds since issue 14
+DEFAULT_FAMILIES: frozenset = frozenset(ALL_FAMILIES)   # all on: every family holds
 _FAMILIES_ENV = os.environ.get("FJIT_PROPERTY_FAMILIES")
-FAMILIES = NEW_FAMILIES if _FAMILIES_ENV is None else frozenset(
+FAMILIES = DEFAULT_FAMILIES if _FAMILIES_ENV is None else frozenset(
     ALL_FAMILIES if _FAMILIES_ENV == "all" else filter(None, _FAMILIES_ENV.split(",")))
 assert FAMILIES <= set(ALL_FAMILIES), FAMILIES
-# programs per executor of the issue-14 property (its Triton run draws a third of them)
-NEW_EXAMPLES = int(os.environ.get("FJIT_HYPOTHESIS_NEW_EXAMPLES", "100"))
+# programs per executor of the family property (its Triton run draws a third of them)
+FAMILY_EXAMPLES = int(os.environ.get("FJIT_HYPOTHESIS_FAMILY_EXAMPLES", "100"))
 
 F16, F32, F64, BF16 = torch.float16, torch.float32, torch.float64, torch.bfloat16
 I32, I64, BOOL = torch.int32, torch.int64, torch.bool
@@ -366,7 +369,7 @@ MAX_NUMEL = 2048
 class Builder:
     def __init__(self, draw, lowp_approx=False, float_args=False, families=frozenset()):
         self.draw = draw
-        self.families = frozenset(families)   # the issue-14 families drawn from (FAMILIES)
+        self.families = frozenset(families)   # the property families drawn from (FAMILIES)
         self.lowp_approx = lowp_approx      # fused executors may not round half types per op
         self.float_args = float_args
         self.inputs: list[InputSpec] = []
@@ -940,7 +943,7 @@ class Builder:
         ival = self.new_input(ishape, I64, values="index", bound=size)
         return self.emit(f"{x}[{prefix}{ival.name}]", [v, ival])
 
-    # ---- the issue-14 families (FAMILIES): eager's answers where fjit once gave stale ones ----
+    # ---- the property families (FAMILIES): eager's answers where fjit once gave stale ones ----
     FAMILY_KINDS = {"opaque": ("opaque", "opaque"), "grad": ("detach",),
                     "pymath": ("pymath", "pymath")}
     CHAINS = ("({} * 2 + 1)", "({} * 2 + 1).relu()", "(torch.sigmoid({}) * 3 - 1)",
@@ -1276,7 +1279,7 @@ def test_float_scalars_do_not_recompile(executors, data):
 
 
 # --------------------------------------------------------------------------------------------------
-# The issue-14 property: grad mode, autocast, layouts of opaque ops' outputs, Python math on floats
+# The family property: grad mode, autocast, layouts of opaque ops' outputs, Python math on floats
 
 
 # floats for the later calls: finite (int() and str() of them must work), signs and zeros included
@@ -1334,8 +1337,8 @@ def assert_grads_match(actual, expected, program, args_a, args_e):
                                        msg=lambda m, n=name: f"grad of {n}: {m}")
 
 
-def check_issue14_program(executors, data, families=None, max_steps=6):
-    """One program of the issue-14 families: every call (the build-time floats, then two new
+def check_family_program(executors, data, families=None, max_steps=6):
+    """One program of the property families: every call (the build-time floats, then two new
     ones) agrees with eager in values, dtypes, shapes, requires_grad and gradients, and (with
     layout_checks) in the contiguity eager's outputs have."""
     families = FAMILIES if families is None else families
@@ -1358,18 +1361,18 @@ def check_issue14_program(executors, data, families=None, max_steps=6):
 
 
 @pytest.mark.parametrize("executors", EXECUTORS)
-@settings(max_examples=NEW_EXAMPLES, **SETTINGS)
+@settings(max_examples=FAMILY_EXAMPLES, **SETTINGS)
 @given(data=st.data())
-def test_issue14_programs_match_eager(executors, data):
-    check_issue14_program(executors, data)
+def test_family_programs_match_eager(executors, data):
+    check_family_program(executors, data)
 
 
 @pytest.mark.triton
-@settings(max_examples=max(5, NEW_EXAMPLES // 3), **SETTINGS)
+@settings(max_examples=max(5, FAMILY_EXAMPLES // 3), **SETTINGS)
 @given(data=st.data())
-def test_issue14_programs_match_eager_with_triton(data):
+def test_family_programs_match_eager_with_triton(data):
     with _env("FJIT_TRITON_CPU", "1"):      # let the Triton executor claim CPU tensors
-        check_issue14_program(("triton", "torch"), data)
+        check_family_program(("triton", "torch"), data)
 
 
 @pytest.mark.ckernels
@@ -1379,7 +1382,7 @@ def test_check_mode_random_programs(data):
     """FJIT_CHECK=1 on random programs: every stage agrees with the first, and every torch
     fallback's real output metadata is the recorded one (tests/api/test_check_mode.py)."""
     with _env("FJIT_CHECK", "1"):
-        check_issue14_program(("c", "torch"), data, max_steps=4)
+        check_family_program(("c", "torch"), data, max_steps=4)
 
 
 @contextlib.contextmanager

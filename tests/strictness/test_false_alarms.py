@@ -1,4 +1,4 @@
-"""No false alarms (issue 14, family 9): each function below is pure as far as a caller can tell,
+"""No false alarms: each function below is pure as far as a caller can tell,
 so fjit must trace it, give eager's answer, and raise or warn nothing."""
 from __future__ import annotations
 
@@ -183,8 +183,9 @@ def seeded_generators_made_inside(x):
 
 @pytest.mark.parametrize("fn", [reads_a_global_object_through_a_method,
                                 seeded_generators_made_inside], ids=lambda f: f.__name__)
-def test_the_new_detectors_leave_pure_code_alone(fn):
-    # Guards for this issue's new detectors (reached state, generators): these passed before it.
+def test_reached_state_and_generator_detectors_leave_pure_code_alone(fn):
+    # The detectors of state reached through objects and of Python/numpy generators must not flag
+    # reading a global object that is never written, nor a generator seeded inside the function.
     assert_no_alarm(fn, torch.ones(3))
 
 

@@ -1,4 +1,4 @@
-"""Issue 14, family 4: aliasing is modelled.  Writes through detach(), .data, view(dtype),
+"""Aliasing is modelled.  Writes through detach(), .data, view(dtype),
 view_as_real, unflatten, _foreach_*_ and out= reach the aliased value as in eager; reaching an input
 that way is FJ102, located at the writing line."""
 import copy

@@ -1,4 +1,4 @@
-"""Issue 14, family 5: grad-mode and autocast regions are honoured: blocks, decorators and calls
+"""Grad-mode and autocast regions are honoured: blocks, decorators and calls
 inside the function, and the state outside it at compile time and at later calls."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Issue 14, family 2: a float input's value never leaks stale.  Wherever the value leaves the
+"""A float input's value never leaks stale.  Wherever the value leaves the
 trace (math.*, str/format, int/round, a shape, a dict key, a branch) the trace specializes on it
 and the cache key guards it; a float used only in tensor arithmetic is a runtime value and never
 recompiles."""

@@ -1,4 +1,4 @@
-"""Outputs come back as eager returns them (issue 14, family 7): same types, same field values, same
+"""Outputs come back as eager returns them: same types, same field values, same
 keys in the same order, never a tracing proxy; what fjit cannot rebuild is FJ201 at compile time."""
 import collections
 import dataclasses

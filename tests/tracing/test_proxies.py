@@ -1,5 +1,6 @@
-"""Issue 14, family 1: inside a jitted function a proxy answers every question as the tensor (or
-float) it stands for would: type checks, metadata properties, attribute probes, unbound methods."""
+"""Proxies pass for what they stand for: inside a jitted function a proxy answers every question
+as the tensor (or float) it stands for would: type checks, metadata properties, attribute probes,
+unbound methods."""
 import numbers
 
 import pytest

@@ -1,9 +1,10 @@
-"""Draw many programs of the issue-14 property and sort the failures into families.
+"""Draw many random programs of the property families (tests/ops/test_properties.py) and sort the
+failures into families.
 
-    python tools/hunt_issue14.py [--executors torch|c|triton] [-n 500] [--families all]
+    python tools/hunt_family_failures.py [--executors torch|c|triton] [-n 500] [--families all]
 
-Each program runs like one example of tests/ops/test_properties.py::test_issue14_programs_match_eager,
-but a failure does not stop the run: it is recorded under a key made from the exception's type and
+Each program runs like one example of
+tests/ops/test_properties.py::test_family_programs_match_eager, but a failure does not stop the run: it is recorded under a key made from the exception's type and
 its message with names and numbers blanked out, keeping the shortest program of each key.  Prints
 how many programs ran and, per family of failures, the count and that shortest runnable program.
 """
@@ -89,7 +90,7 @@ def main():
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                tp.check_issue14_program(executors, data)
+                tp.check_family_program(executors, data)
         except UnsatisfiedAssumption:
             ran[1] += 1
             raise
@@ -118,7 +119,7 @@ def main():
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    tp.check_issue14_program(executors, data)
+                    tp.check_family_program(executors, data)
             except UnsatisfiedAssumption:
                 raise
             except Exception as exc:
