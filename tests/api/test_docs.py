@@ -1,6 +1,6 @@
-"""The docs run as written: the ```python blocks of the README and docs/*.md, run in
-order in one fresh namespace per file (in a subprocess, as a new user pasting them would), do what
-the text around them says.
+"""The docs run as written: the ```python blocks of the README and docs/*.md, run in order in one
+fresh namespace per file (in a subprocess, as a new user pasting them would), do what the text
+around them says.
 
 What the docs say, and this runner checks:
 - `# raises FJ104` on a block's first line: the block raises the fjit error with that code; every

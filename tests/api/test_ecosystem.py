@@ -1,6 +1,6 @@
 """fjit where the ecosystem expects a function: one config module, pickling and copying,
-lru_cache-style cache control, FJIT_DISABLE, a first call that imports neither Dynamo nor sympy,
-and the stand-ins that make it so giving torch's own answers."""
+lru_cache-style cache control, FJIT_DISABLE, a first call that imports neither Dynamo nor sympy, and
+the stand-ins that make it so giving torch's own answers."""
 from __future__ import annotations
 
 import copy

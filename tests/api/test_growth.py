@@ -1,5 +1,5 @@
-"""Nothing grows without bound: an evicted program takes its generated source
-(linecache), its C kernels and any reference to the caller's tensors with it."""
+"""Nothing grows without bound: an evicted program takes its generated source (linecache), its C
+kernels and any reference to the caller's tensors with it."""
 import gc
 import linecache
 import weakref

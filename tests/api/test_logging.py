@@ -1,6 +1,6 @@
-"""Logging: fjit.recompiles names the key field that changed between a miss and the
-nearest cached entry, with both values; fjit.traces logs every stage; fjit.kernels every kernel;
-FJIT_LOGS or logging itself switches them on; fjit.explain gives the history."""
+"""Logging: fjit.recompiles names the key field that changed between a miss and the nearest cached
+entry, with both values; fjit.traces logs every stage; fjit.kernels every kernel; FJIT_LOGS or
+logging itself switches them on; fjit.explain gives the history."""
 from __future__ import annotations
 
 import logging

@@ -1,5 +1,5 @@
-"""The compiled backward: VJP rules against gradcheck, jitted training-style functions
-against eager's gradients, fused kernels in the backward, and the cases autograd makes awkward
+"""The compiled backward: VJP rules against gradcheck, jitted training-style functions against
+eager's gradients, fused kernels in the backward, and the cases autograd makes awkward
 (non-differentiable, integer, multiple, aliasing and unused outputs, broadcasting, half types,
 double backward)."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""No false alarms: each function below is pure as far as a caller can tell,
-so fjit must trace it, give eager's answer, and raise or warn nothing."""
+"""No false alarms: each function below is pure as far as a caller can tell, so fjit must trace it,
+give eager's answer, and raise or warn nothing."""
 from __future__ import annotations
 
 import copy

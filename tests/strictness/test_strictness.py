@@ -1,6 +1,6 @@
-"""Strictness has no holes: every side effect and every nondeterministic value
-below is an error of the right class and code, located at the line that does it (marked
-`# <- here: <case>` in this file), never a program that silently did it once, while tracing."""
+"""Strictness has no holes: every side effect and every nondeterministic value below is an error of
+the right class and code, located at the line that does it (marked `# <- here: <case>` in this
+file), never a program that silently did it once, while tracing."""
 from __future__ import annotations
 
 import logging

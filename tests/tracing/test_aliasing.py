@@ -1,6 +1,6 @@
-"""Aliasing is modelled.  Writes through detach(), .data, view(dtype),
-view_as_real, unflatten, _foreach_*_ and out= reach the aliased value as in eager; reaching an input
-that way is FJ102, located at the writing line."""
+"""Aliasing is modelled.  Writes through detach(), .data, view(dtype), view_as_real, unflatten,
+_foreach_*_ and out= reach the aliased value as in eager; reaching an input that way is FJ102,
+located at the writing line."""
 import copy
 
 import pytest

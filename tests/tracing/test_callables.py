@@ -1,7 +1,7 @@
-"""Anything callable jits: builtins and method descriptors, functools.partial, bound
-methods and objects with `__call__` are traced to eager's answer, or refused with a located error;
-the jitted function carries the metadata `functools.wraps` copies, with fallbacks where the
-callable lacks a name."""
+"""Anything callable jits: builtins and method descriptors, functools.partial, bound methods and
+objects with `__call__` are traced to eager's answer, or refused with a located error; the jitted
+function carries the metadata `functools.wraps` copies, with fallbacks where the callable lacks a
+name."""
 from __future__ import annotations
 
 import functools

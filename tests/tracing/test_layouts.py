@@ -1,7 +1,7 @@
-"""Layouts are the real ones.  Meta kernels mispredict some opaque ops' output
-strides (CPU conv2d/conv3d/conv_transpose2d/group_norm on channels_last, SDPA on transposed heads);
-fjit observes the real layouts on the first call, retraces with them, so fused kernels read the data
-right and returned tensors keep eager's layout."""
+"""Layouts are the real ones.  Meta kernels mispredict some opaque ops' output strides (CPU
+conv2d/conv3d/conv_transpose2d/group_norm on channels_last, SDPA on transposed heads); fjit observes
+the real layouts on the first call, retraces with them, so fused kernels read the data right and
+returned tensors keep eager's layout."""
 import pytest
 import torch
 import torch.nn.functional as F

@@ -1,5 +1,5 @@
-"""Grad-mode and autocast regions are honoured: blocks, decorators and calls
-inside the function, and the state outside it at compile time and at later calls."""
+"""Grad-mode and autocast regions are honoured: blocks, decorators and calls inside the function,
+and the state outside it at compile time and at later calls."""
 import pytest
 import torch
 

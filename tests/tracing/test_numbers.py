@@ -1,7 +1,6 @@
-"""A float input's value never leaks stale.  Wherever the value leaves the
-trace (math.*, str/format, int/round, a shape, a dict key, a branch) the trace specializes on it
-and the cache key guards it; a float used only in tensor arithmetic is a runtime value and never
-recompiles."""
+"""A float input's value never leaks stale.  Wherever the value leaves the trace (math.*,
+str/format, int/round, a shape, a dict key, a branch) the trace specializes on it and the cache key
+guards it; a float used only in tensor arithmetic is a runtime value and never recompiles."""
 import math
 
 import pytest

@@ -1,5 +1,5 @@
-"""Outputs come back as eager returns them: same types, same field values, same
-keys in the same order, never a tracing proxy; what fjit cannot rebuild is FJ201 at compile time."""
+"""Outputs come back as eager returns them: same types, same field values, same keys in the same
+order, never a tracing proxy; what fjit cannot rebuild is FJ201 at compile time."""
 import collections
 import dataclasses
 import types

@@ -1,6 +1,6 @@
-"""Inputs through torch.utils._pytree: whatever torch's pytree knows is an input, its
-structure part of the cache key; mutating a rebuilt input container is FJ103; what pytree does not
-know is FJ201, naming how to register it."""
+"""Inputs through torch.utils._pytree: whatever torch's pytree knows is an input, its structure part
+of the cache key; mutating a rebuilt input container is FJ103; what pytree does not know is FJ201,
+naming how to register it."""
 from __future__ import annotations
 
 import collections

@@ -1,6 +1,6 @@
 """Random ops draw what eager draws: compiling draws nothing, the program draws in eager's order,
-generators created inside the function are re-created on every call, generators from outside
-advance on every call.  Comparisons are bitwise (torch.equal)."""
+generators created inside the function are re-created on every call, generators from outside advance
+on every call.  Comparisons are bitwise (torch.equal)."""
 import pytest
 import torch
 import torch.nn.functional as F
