@@ -1,5 +1,6 @@
 """The model zoo: small, randomly initialized configurations of real architectures from Hugging Face
-transformers, timm and torchvision, for the zoo runner (benchmarks/zoo.py) and tests/test_zoo.py.
+transformers, timm and torchvision, for the zoo runner (benchmarks/zoo.py) and
+tests/modules/test_zoo.py.
 
 Nothing is downloaded: timm and torchvision models are built with ``pretrained=False`` /
 ``weights=None``, transformers models from a ``XxxConfig(...)`` with tiny sizes (hidden 32-64, two

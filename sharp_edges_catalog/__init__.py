@@ -7,5 +7,5 @@ installed.
 Each module defines CODE, ERROR, TITLE, FIX, EXPECTED, bad(), good() and inputs(); run one with
 ``python -m fjit.sharp_edges_catalog.FJ101_global_tensor`` (from a checkout without fjit
 installed: ``python -m sharp_edges_catalog.FJ101_global_tensor``).  ``tools/gen_sharp_edges.py`` turns the
-catalog into docs/sharp_edges.md and fjit/hints.py, and tests/test_catalog.py runs it as tests.
+catalog into docs/sharp_edges.md and fjit/hints.py, and tests/strictness/test_catalog.py runs it as tests.
 """

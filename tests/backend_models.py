@@ -1,4 +1,4 @@
-"""Small models for the torch.compile backend's tests (tests/test_backend.py) and benchmark
+"""Small models for the torch.compile backend's tests (tests/backend/test_backend.py) and benchmark
 (benchmarks/bench_backend.py): an MLP, a transformer block and a conv net with BatchNorm, each with
 a factory of example inputs."""
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
 Triton reads TRITON_INTERPRET when it is first imported, so the interpreter is switched on here,
 before anything imports triton; FJIT_TRITON_CPU=0 then keeps the Triton executor off CPU tensors
-except in the tests that ask for it (tests/test_triton.py), so the rest of the suite runs at torch
-speed.
+except in the tests that ask for it (tests/executors/test_triton.py), so the rest of the suite runs
+at torch speed.
 
 FJIT_C_KERNELS=sync builds each C kernel before the compile returns, so every test knows what runs:
 the default executors' C kernels for small CPU regions (the background build users get is tested in
-tests/test_c_executor.py).
+tests/executors/test_c_executor.py).
 """
 import os
 

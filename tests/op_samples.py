@@ -1,4 +1,4 @@
-"""A registry of sample inputs per op, driving tests/test_ops.py.
+"""A registry of sample inputs per op, driving tests/ops/test_ops.py.
 
 Each `OpInfo` names one torch-level op by its qualified name ("torch.add", "torch.Tensor.to",
 "torch.nn.functional.softmax", "operator.getitem"), a callable `fn` that calls it (tensors and
@@ -178,7 +178,7 @@ _POS = dict(low=0.1, high=5.0)
 _UNIT = dict(low=-0.95, high=0.95)
 @dataclasses.dataclass(frozen=True)
 class Drawn:
-    """How tests/test_properties.py draws a unary op into its random programs."""
+    """How tests/ops/test_properties.py draws a unary op into its random programs."""
     domain: str          # the inputs it takes: any | nonbool | float | intbool
     approx: bool         # compared with a tolerance (transcendental math)
     bounded: bool        # bounded if its input is (False: may produce inf/nan)

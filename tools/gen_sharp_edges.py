@@ -284,10 +284,10 @@ What the permissive modes compile for each category is in
 
 Every entry below is a runnable module of `sharp_edges_catalog/`, shipped with the package as
 `fjit.sharp_edges_catalog` (run one with `python -m fjit.sharp_edges_catalog.FJ101_global_tensor`),
-checked by `tests/test_catalog.py`: each bad program raises exactly the error shown, and each
+checked by `tests/strictness/test_catalog.py`: each bad program raises exactly the error shown, and each
 rewrite gives the same result as eager PyTorch.  The examples run as pasted, one after the other:
 each bad program ends with the call that raises its error (its first line says which), each
-rewrite with the call that compares it with eager, and `tests/test_docs.py` runs them so.  The
+rewrite with the call that compares it with eager, and `tests/api/test_docs.py` runs them so.  The
 last section lists constructs that tracing JITs are often expected to break but that fjit
 compiles faithfully.
 """

@@ -1,0 +1,507 @@
+"""The compiled backward: VJP rules against gradcheck, jitted training-style functions against
+eager's gradients, fused kernels in the backward, and the cases autograd makes awkward
+(non-differentiable, integer, multiple, aliasing and unused outputs, broadcasting, half types,
+double backward)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fjit
+from fjit.autodiff import VJP
+from fjit.core.prims import Kind, Prim, prim_of
+
+pytestmark = pytest.mark.ckernels
+
+
+def _rand(*shape, low=-1.0, high=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed + len(shape))
+    x = torch.rand(*shape, generator=g, dtype=torch.float64) * (high - low) + low
+    return x.requires_grad_()
+
+
+def _distinct(*shape, shift=0.0):
+    """Values far apart from each other (max/min/clamp without ties or kinks near them)."""
+    n = 1
+    for s in shape:
+        n *= s
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(n)).to(torch.float64)
+    return (perm.reshape(shape) * 0.37 - n * 0.15 + shift).requires_grad_()
+
+
+def _unary(op, low=-1.0, high=1.0):
+    return lambda: (lambda x: op(x), (_rand(3, 4, low=low, high=high),))
+
+
+def _binary(op, low=-1.0, high=1.0):
+    # broadcasting: a [3, 4] against a [4]
+    return lambda: (lambda a, b: op(a, b), (_rand(3, 4, low=low, high=high),
+                                            _rand(4, low=low, high=high, seed=1)))
+
+
+def _ties_apart(op):
+    return lambda: (lambda a, b: op(a, b), (_distinct(3, 4), _distinct(4, shift=0.1)))
+
+
+# One sample per differentiable prim: a function whose trace applies the prim (the test checks
+# that it does), and float64 inputs inside the prim's domain.
+SAMPLES = {
+    Prim.ABS: lambda: (lambda x: x.abs(), (_distinct(3, 4, shift=0.1),)),
+    Prim.NEG: _unary(torch.neg), Prim.EXP: _unary(torch.exp), Prim.EXP2: _unary(torch.exp2),
+    Prim.EXPM1: _unary(torch.expm1), Prim.LOG: _unary(torch.log, 0.5, 2.0),
+    Prim.LOG2: _unary(torch.log2, 0.5, 2.0), Prim.LOG10: _unary(torch.log10, 0.5, 2.0),
+    Prim.LOG1P: _unary(torch.log1p, 0.0, 2.0), Prim.SQRT: _unary(torch.sqrt, 0.5, 2.0),
+    Prim.RSQRT: _unary(torch.rsqrt, 0.5, 2.0), Prim.SIN: _unary(torch.sin),
+    Prim.COS: _unary(torch.cos), Prim.TAN: _unary(torch.tan),
+    Prim.ASIN: _unary(torch.asin, -0.9, 0.9), Prim.ACOS: _unary(torch.acos, -0.9, 0.9),
+    Prim.ATAN: _unary(torch.atan), Prim.SINH: _unary(torch.sinh), Prim.COSH: _unary(torch.cosh),
+    Prim.TANH: _unary(torch.tanh), Prim.SIGMOID: _unary(torch.sigmoid), Prim.ERF: _unary(torch.erf),
+    Prim.RECIPROCAL: _unary(torch.reciprocal, 0.5, 2.0), Prim.CLONE: _unary(torch.clone),
+    Prim.CONTIGUOUS: _unary(lambda x: x.t().contiguous()),
+    Prim.CONVERT: _unary(lambda x: x.float().double() * x),
+    Prim.ADD: _binary(torch.add), Prim.SUB: _binary(torch.sub), Prim.MUL: _binary(torch.mul),
+    Prim.DIV: _binary(torch.div, 0.5, 2.0), Prim.POW: _binary(torch.pow, 0.5, 2.0),
+    Prim.ATAN2: _binary(torch.atan2, 0.5, 2.0),
+    Prim.MAXIMUM: _ties_apart(torch.maximum), Prim.MINIMUM: _ties_apart(torch.minimum),
+    Prim.CLAMP_MIN: _ties_apart(lambda a, b: torch.clamp(a, min=b)),
+    Prim.RELU: lambda: (torch.relu, (_distinct(3, 4, shift=0.1),)),
+    Prim.CLAMP_MAX: _ties_apart(lambda a, b: torch.clamp(a, max=b)),
+    Prim.REMAINDER: lambda: (lambda a, b: torch.remainder(a, b),
+                             (_rand(3, 4, low=0.1, high=0.9), _rand(4, low=1.5, high=2.0))),
+    Prim.FMOD: lambda: (lambda a, b: torch.fmod(a, b),
+                        (_rand(3, 4, low=2.1, high=2.9), _rand(4, low=1.0, high=1.5))),
+    Prim.WHERE: _binary(lambda a, b: torch.where(a.detach() > 0, a, b)),
+    Prim.SUM: _unary(lambda x: x.sum(1) + x.sum(0, keepdim=True).sum()),
+    Prim.AMAX: lambda: (lambda x: x.amax(1), (_distinct(3, 4),)),
+    Prim.AMIN: lambda: (lambda x: x.amin(0, keepdim=True), (_distinct(3, 4),)),
+    Prim.PERMUTE: lambda: (lambda x: x.permute(2, 0, 1), (_rand(2, 3, 4),)),
+    Prim.RESHAPE: _unary(lambda x: x.reshape(4, 3)),
+    Prim.SQUEEZE: lambda: (lambda x: x.squeeze(1), (_rand(3, 1, 4),)),
+    Prim.UNSQUEEZE: _unary(lambda x: x.unsqueeze(1)),
+    Prim.EXPAND: lambda: (lambda x: x.expand(2, 3, 4), (_rand(3, 1),)),
+    Prim.SLICE: lambda: (lambda x: x[1::2, 2], (_rand(5, 4),)),
+    Prim.CAT: lambda: (lambda a, b: torch.cat([a, b], 1), (_rand(3, 2), _rand(3, 4))),
+    Prim.INDEX_SELECT: _unary(lambda x: x[torch.tensor([2, 0, 2])]),
+    Prim.GATHER: _unary(lambda x: F.cross_entropy(x, torch.tensor([3, 1, 0]), reduction="none")),
+    Prim.MATMUL: lambda: (lambda a, b, v: (a @ b).sum(0) + v @ b[0],
+                          (_rand(2, 3, 4), _rand(1, 4, 5), _rand(4, seed=2))),
+}
+
+
+# A float32 round trip: finite differences need a step float32 can see.
+
+
+def _shared_unary_samples():
+    """The differentiable unary prims without a sample above get one from the shared op table
+    (tests/op_samples.py), in its sample range clipped to [-1, 1]: a prim added with its samples
+    there is gradchecked here."""
+    from op_samples import UNARY
+    out = {}
+    for p in VJP:
+        if p not in SAMPLES and p.block.kind is Kind.UNARY and p.value in UNARY:
+            kw = UNARY[p.value][1]
+            low, high = max(kw.get("low", -1.0), -1.0), min(kw.get("high", 1.0), 1.0)
+            out[p] = _unary(getattr(torch, p.value), low, high)
+    return out
+
+
+SAMPLES.update(_shared_unary_samples())
+TOLERANCES = {Prim.CONVERT: dict(eps=1e-2, atol=1e-3)}
+
+
+def _applies(trace, p) -> bool:
+    return any(prim_of(s) is p for b in trace.bsyms for s in (b.subsymbols or (b,)))
+
+
+def test_every_rule_has_a_gradcheck_sample():
+    assert set(VJP) <= set(SAMPLES), f"add a sample for {set(VJP) - set(SAMPLES)}"
+
+
+@pytest.mark.parametrize("p", sorted(VJP, key=lambda p: p.value), ids=lambda p: p.value)
+def test_vjp_rule_gradcheck(p):
+    sample, inputs = SAMPLES[p]()
+    # the trailing work is fused, without which fjit leaves the backward to torch autograd
+    fn = lambda *args: (sample(*args) * 1.5).sin()  # noqa: E731
+    jf = fjit.jit(fn, executors=("c", "torch"))
+    jf(*inputs)
+    assert _applies(fjit.last_traces(jf)[0], p), "the sample does not exercise the rule"
+    assert fjit.last_backward_traces(jf), "the compiled backward was not built"
+    assert torch.autograd.gradcheck(jf, inputs, **TOLERANCES.get(p, dict(eps=1e-6, atol=1e-5)))
+
+
+# -- whole functions against eager ------------------------------------------------------------------
+
+def mlp(x, w1, b1, w2, b2):
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2).square().mean()
+
+
+def softmax(x, w):
+    return (torch.softmax(x * w, -1) * torch.arange(8.0)).sum()
+
+
+def layer_norm(x, w, b):
+    return F.layer_norm(x, (8,), w, b).tanh().sum()
+
+
+def rms_norm(x, w):
+    return (F.rms_norm(x, (8,), w, eps=1e-6) * x).sum()
+
+
+def nll_head(x, w, target):
+    return F.nll_loss(F.log_softmax(F.rms_norm(x, (8,), w) @ w.new_ones(8, 5), -1), target)
+
+
+def _f32(*shape, seed=0, grad=True):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    return x.requires_grad_(grad)
+
+
+CASES = {
+    "mlp": (mlp, lambda: (_f32(4, 8, grad=False), _f32(16, 8, seed=1), _f32(16, seed=2),
+                          _f32(4, 16, seed=3), _f32(4, seed=4))),
+    "softmax": (softmax, lambda: (_f32(4, 8), _f32(8, seed=1))),
+    "layer_norm": (layer_norm, lambda: (_f32(4, 8), _f32(8, seed=1), _f32(8, seed=2))),
+    "rms_norm": (rms_norm, lambda: (_f32(4, 8), _f32(8, seed=1))),
+    "log_softmax_nll": (nll_head, lambda: (_f32(4, 8), _f32(8, seed=1), torch.tensor([0, 4, 2, 1]))),
+}
+
+
+def _grads_match(fn, inputs, jf=None, **tol):
+    jf = jf or fjit.jit(fn)
+    leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+    for _ in range(2):      # the compiling call, then the cached program
+        got = jf(*inputs)
+        got_grads = torch.autograd.grad(got, leaves, allow_unused=True, materialize_grads=True)
+    want = fn(*inputs)
+    want_grads = torch.autograd.grad(want, leaves, allow_unused=True, materialize_grads=True)
+    torch.testing.assert_close(got, want, **tol)
+    for g, w in zip(got_grads, want_grads):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, **tol)
+    return jf
+
+
+def _c_kernels(trace) -> list:
+    return re.findall(r"# C kernel (fjit_c_\w+)", str(trace))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_gradients_equal_eager_with_fused_backward(name):
+    fn, make = CASES[name]
+    jf = _grads_match(fn, make())
+    backward = fjit.last_backward_traces(jf)
+    assert backward and backward[0].stage == "autodiff_backward"
+    assert _c_kernels(backward[-1]), f"no C kernel in the backward of {name}:\n{backward[-1]}"
+    # printable and runnable, as fjit.last_traces
+    assert "def computation(" in str(backward[-1]) and callable(backward[0].python_callable())
+
+
+def test_backward_of_training_loop_matches_eager_over_steps():
+    """SGD steps on the same data: parameters updated in place between calls, no recompile."""
+    params = [_f32(16, 8, seed=1), _f32(16, seed=2), _f32(4, 16, seed=3), _f32(4, seed=4)]
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    x = _f32(4, 8, grad=False)
+    jf = fjit.jit(mlp)
+    for _ in range(3):
+        for fn, ps in ((jf, params), (mlp, ref)):
+            loss = fn(x, *ps)
+            loss.backward()
+            with torch.no_grad():
+                for p in ps:
+                    p -= 0.1 * p.grad
+                    p.grad = None
+    for p, r in zip(params, ref):
+        torch.testing.assert_close(p, r)
+    assert fjit.cache_info(jf).misses == 1
+
+
+# -- outputs and inputs autograd treats specially -----------------------------------------------------
+
+def test_outputs_nondifferentiable_integer_multiple_aliasing_and_unused():
+    def f(x, y):
+        s = (x * y).sin()
+        return s, s.argmax(-1), (x + 1).detach(), x, x.t(), y.exp()
+    x, y = _f32(3, 4), _f32(4, seed=1)
+    jf = fjit.jit(f)
+    for _ in range(2):
+        s, idx, det, same, view, unused = jf(x, y)
+        assert not idx.requires_grad and idx.dtype == torch.int64
+        assert not det.requires_grad and same.requires_grad and view.requires_grad
+        gx, gy = torch.autograd.grad(s.sum() + (same * 2).sum() + view[0].sum(), (x, y))
+    assert fjit.last_backward_traces(jf)
+    es, _, _, esame, eview, _ = f(x, y)
+    ex, ey = torch.autograd.grad(es.sum() + (esame * 2).sum() + eview[0].sum(), (x, y))
+    torch.testing.assert_close(gx, ex)
+    torch.testing.assert_close(gy, ey)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_and_promotion_give_grads_in_the_inputs_dtype(dtype):
+    def f(x, y, s):
+        return ((x * y + s).tanh() * x.float()).sum(-1, keepdim=False)   # f16 * f32 -> f32
+    x, y = _f32(3, 8).to(dtype).detach().requires_grad_(), _f32(8, seed=1)
+    _grads_match(lambda x, y: f(x, y, 0.5).sum(), (x, y), atol=1e-2, rtol=1e-2)
+
+
+def test_broadcast_reductions_keepdim_false_and_runtime_float():
+    def f(a, b, c, scale):
+        return ((a - b.mean(0)) * c / scale).amax(1).sum() + (a * c).sum((0, 2))[1]
+    jf = fjit.jit(f)
+    args = (_f32(2, 3, 4), _f32(5, 3, 4, seed=1), _f32(3, 1, seed=2))
+    for scale in (2.0, 3.0):
+        _grads_match(lambda a, b, c: f(a, b, c, scale), args, jf=lambda *t: jf(*t, scale))
+    assert fjit.cache_info(jf).misses == 1
+
+
+def test_op_without_a_rule_keeps_torch_autograd_between_fused_parts():
+    def f(x, w):
+        y = torch.cumsum((x * w).sin(), -1)      # a torch fallback: recorded, torch's backward
+        return (y.cos() * 3 + 1).sum()
+    jf = _grads_match(f, (_f32(4, 8), _f32(8, seed=1)))
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    assert "torch autograd's backward of torch.cumsum" in backward
+    assert _c_kernels(backward)
+
+
+@pytest.mark.parametrize("conv, shape, kwargs", [
+    (F.conv2d, (2, 3, 9, 9), {"stride": 2, "padding": (1, 0), "groups": 1}),
+    (F.conv2d, (2, 4, 8, 8), {"padding": 3, "groups": 4, "dilation": 1}),      # depthwise
+    (F.conv1d, (2, 4, 10), {"padding": 1, "dilation": 2}),
+    (F.conv3d, (1, 2, 4, 5, 5), {"stride": (1, 2, 1)}),
+])
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_convolution_backward_is_atens_without_a_nested_autograd_call(conv, shape, kwargs, input_grad):
+    n = len(shape) - 2
+    groups = kwargs.get("groups", 1)
+    x = _f32(*shape, grad=input_grad)
+    w = _f32(6 if groups == 1 else shape[1], shape[1] // groups, *(3,) * n, seed=1)
+    b = _f32(w.shape[0], seed=2)
+
+    def f(x, w, b):
+        y = conv(x, w, b, **kwargs)
+        return ((y * 2 + 1).sin() * 0.5).sum()
+    jf = _grads_match(f, (x, w, b))
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    assert "ATen's convolution_backward" in backward and "torch autograd's backward" not in backward
+    assert _c_kernels(backward)
+
+
+@pytest.mark.parametrize("executors", [("c", "torch"), ("triton", "torch"), ("torch",)])
+def test_clamp_between_two_tensors_differentiates_as_eager_where_the_bounds_meet_or_cross(executors, monkeypatch):
+    """Eager's clamp(x, lo, hi) sends the gradient to hi alone where lo > hi, and to nobody where
+    x < lo == hi: not what max-then-min's rules give at their ties."""
+    cases = [(0., 1., 2.), (3., 1., 2.), (1.5, 1., 2.), (0., 2., 1.), (1.5, 2., 1.), (3., 2., 1.),
+             (0., 1., 1.), (1., 1., 1.), (2., 1., 1.), (1., 1., 2.), (2., 1., 2.)]
+    x, lo, hi = (torch.tensor(column, requires_grad=True) for column in zip(*cases))
+
+    def f(x, lo, hi):
+        return (torch.clamp(x, lo, hi) * 2.5).sin()
+    monkeypatch.setenv("FJIT_TRITON_CPU", "1")
+    jf = fjit.jit(f, executors=executors)
+    _grads_match(lambda *t: f(*t).sum(), (x, lo, hi), jf=lambda *t: jf(*t).sum())
+
+
+def test_convolution_with_string_padding_keeps_torch_autograd():
+    def f(x, w):
+        return ((F.conv2d(x, w, padding="same") * 2 + 1).sin() * 0.5 + 1).cos().sum()
+    jf = _grads_match(f, (_f32(2, 3, 8, 8), _f32(4, 3, 3, 3, seed=1)))
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    assert "ATen's convolution_backward" not in backward
+
+
+def test_nothing_to_fuse_leaves_the_backward_to_torch_autograd():
+    x = _f32(4, 8)
+    jf = fjit.jit(lambda x: x.t().reshape(32), executors=("c", "torch"))   # views only
+    jf(x).sum().backward()
+    (stage,) = fjit.last_backward_traces(jf)     # what ran, and why: never empty after a backward
+    assert stage.stage.startswith("torch_autograd: ") and "because" in stage.stage
+    assert "torch_autograd" in str(stage).splitlines()[0]
+    torch.testing.assert_close(x.grad, torch.ones(4, 8))
+
+
+def test_no_grad_call_and_grad_call_get_separate_programs():
+    x = _f32(4, 8)
+    jf = fjit.jit(lambda x: (x * 2).sin().sum())
+    with torch.no_grad():
+        jf(x)
+    assert fjit.last_backward_traces(jf) == []
+    jf(x).backward()
+    assert fjit.last_backward_traces(jf)
+    torch.testing.assert_close(x.grad, 2 * torch.cos(2 * x.detach()))
+
+
+@pytest.mark.parametrize("executors", [("c", "torch"), ("torch",)])
+def test_double_backward_gives_eagers_second_derivatives_on_every_call(executors, caplog):
+    """create_graph=True through a compiled backward (gradient penalties, MAML, Hessian-vector
+    products): that call recomputes the forward with torch autograd and differentiates it."""
+    def f(x, w):
+        return ((x @ w).sin() * 2 + x.sum()).tanh()
+    jf = fjit.jit(f, executors=executors)
+    x, w = _f32(4, 3), _f32(3, 5, seed=1)
+    with caplog.at_level("DEBUG", logger="fjit.recompiles"):
+        for _ in range(3):
+            got, want = [], []
+            for fn, out in ((jf, got), (f, want)):
+                (g,) = torch.autograd.grad(fn(x, w).sum(), x, create_graph=True)
+                out += [g.detach(), *torch.autograd.grad(g.pow(2).sum(), (x, w))]
+            torch.testing.assert_close(got, want)
+    if executors == ("c", "torch"):
+        assert fjit.last_backward_traces(jf)[0].stage == "autodiff_backward"
+        assert "differentiable recompute" in caplog.text
+    v = torch.randn(4, 3)
+    hvp = torch.autograd.functional.hvp
+    torch.testing.assert_close(hvp(lambda x: jf(x, w).sum(), x.detach(), v)[1],
+                               hvp(lambda x: f(x, w).sum(), x.detach(), v)[1])
+
+
+
+def test_retain_graph_allows_a_second_backward():
+    x = _f32(4, 8)
+    def f(x):       # fused parts and a recorded op
+        return (torch.cumsum(x.sin() * 2 + 1, -1).cos() * x + 1).sum()
+    jf = fjit.jit(f)
+    out = jf(x)
+    first = torch.autograd.grad(out, x, retain_graph=True)[0]
+    second = torch.autograd.grad(out, x)[0]
+    assert fjit.last_backward_traces(jf)
+    torch.testing.assert_close(first, second)
+    torch.testing.assert_close(first, torch.autograd.grad(f(x), x)[0])
+
+
+def test_last_backward_traces_needs_a_jitted_function():
+    with pytest.raises(TypeError, match="fjit.jit"):
+        fjit.last_backward_traces(lambda x: x)
+
+
+# -- random programs -------------------------------------------------------------------------------
+
+_UNARY = [torch.sin, torch.tanh, torch.sigmoid, torch.exp, lambda t: t * t, torch.neg,
+          lambda t: F.relu(t), lambda t: t.abs() + 1, lambda t: torch.softmax(t, -1)]
+_BINARY = [torch.add, torch.sub, torch.mul, lambda a, b: a / (b.abs() + 1), torch.maximum,
+           lambda a, b: torch.where(a > b, a, b * 2)]
+
+
+@st.composite
+def _programs(draw):
+    shapes = [(3, 4), (4,), (3, 1), (1, 4)]
+    inputs = [draw(st.sampled_from(shapes)) for _ in range(draw(st.integers(1, 3)))]
+    steps = []
+    for _ in range(draw(st.integers(1, 6))):
+        if draw(st.booleans()):
+            steps.append(("u", draw(st.integers(0, len(_UNARY) - 1)), draw(st.integers(0, 99))))
+        else:
+            steps.append(("b", draw(st.integers(0, len(_BINARY) - 1)), draw(st.integers(0, 99)),
+                          draw(st.integers(0, 99))))
+    reduce_dim = draw(st.sampled_from([None, 0, -1]))
+    return inputs, steps, reduce_dim
+
+
+def _run(steps, reduce_dim, *xs):
+    values = list(xs)
+    for step in steps:
+        if step[0] == "u":
+            values.append(_UNARY[step[1]](values[step[2] % len(values)]))
+        else:
+            values.append(_BINARY[step[1]](values[step[2] % len(values)],
+                                           values[step[3] % len(values)]))
+    out = values[-1]
+    return out.sum() if reduce_dim is None else out.sum(reduce_dim).square().sum()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_programs())
+def test_random_programs_gradients_match_eager(program):
+    shapes, steps, reduce_dim = program
+    xs = [_f32(*s, seed=i) for i, s in enumerate(shapes)]
+    fn = lambda *t: _run(steps, reduce_dim, *t)  # noqa: E731
+    _grads_match(fn, xs, jf=fjit.jit(fn))
+
+
+@pytest.mark.parametrize("op", [
+    lambda a, b: a.clamp(b, None), lambda a, b: a.clamp(None, b), torch.maximum, torch.minimum,
+    lambda a, b: a.clamp(a, None)], ids=["clamp_min", "clamp_max", "maximum", "minimum", "clamp_self"])
+def test_selection_grads_at_ties_and_nans_are_eagers(op):
+    """gradcheck's smooth samples never tie or hold a NaN; torch's formulas decide there (a NaN
+    loses nothing in maximum, clamps nothing in clamp).  Found by the property test with specials."""
+    nan, inf = float("nan"), float("inf")
+    a = torch.tensor([nan, 1.0, 2.0, -inf, 3.0, inf])
+    b = torch.tensor([1.0, nan, 2.0, 0.0, 1.0, inf])
+
+    def f(x, y):
+        return op(x, y) * 2.5
+    got, want = [], []
+    for fn, out in ((fjit.jit(f, executors=("c", "torch")), got), (f, want)):
+        x, y = a.clone().requires_grad_(), b.clone().requires_grad_()
+        fn(x, y).sum().backward()
+        out += [x.grad, y.grad]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, equal_nan=True, atol=0, rtol=0)
+
+
+def test_an_input_linked_only_through_zero_derivatives_gets_zeros_not_none():
+    """eager's autograd graph reaches x through floor/sign (derivative 0): x.grad is zeros, and an
+    optimizer steps it (weight decay); a detached input stays None.  Found by the property hunt."""
+    def f(x, y):
+        return torch.floor(x * 2) + torch.sign(x) + y.detach()
+    grads = []
+    for fn in (fjit.jit(f, executors=("c", "torch")), f):
+        x, y = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+        fn(x, y).sum().backward()
+        grads.append((x.grad, y.grad))
+    (gx, gy), (ex, ey) = grads
+    assert ex is not None and ey is None
+    assert gy is None
+    torch.testing.assert_close(gx, ex)
+
+
+@pytest.mark.parametrize("executors", [("c", "torch"), ("torch",)])
+def test_relu_gradient_passes_nan_and_blocks_zero_on_every_call(executors):
+    """relu's gradient is threshold_backward's (blocked where x <= 0, so a NaN passes it), not
+    clamp_min's (which blocks a NaN and passes 0).  The compiling call ran torch ops, so only
+    cached calls showed the difference; found by the property hunt."""
+    def f(x, w, s):
+        return torch.relu(torch.einsum("ij,jk->ik", x, w) * 2 + 1) * s
+    jf = fjit.jit(f, executors=executors)
+    for s in (0.1, 2.0, -1.5):          # the compiling call, then cached calls
+        grads = []
+        for fn in (jf, f):
+            x = torch.tensor([[float("nan")], [-0.5], [0.0], [-0.25]], dtype=torch.float64,
+                             requires_grad=True)
+            fn(x, torch.tensor([[2.0]], dtype=torch.float64), s).sum().backward()
+            grads.append(x.grad)
+        torch.testing.assert_close(grads[0], grads[1], atol=0, rtol=0, equal_nan=True)
+
+
+def test_in_place_ops_on_intermediates_under_grad_as_resnets_and_mobilenets_write_them():
+    """`out += identity`, nn.ReLU(inplace=True), hardswish_/silu_ in place: legal in eager on
+    values the function computed, while inputs require grad (the in-place check's stand-ins must
+    not be leaves requiring grad, which eager refuses only for inputs)."""
+    def f(x, w):
+        h = x @ w
+        h += 1
+        g = F.hardswish(h, inplace=True) * 1.5
+        g = F.silu(g, inplace=True) + 0
+        g.relu_()
+        return g.add(1).add_(x.sum())
+    jf = fjit.jit(f)
+    for _ in range(3):
+        x, w = _f32(4, 3), _f32(3, 5)
+        got = jf(x, w)
+        gx, gw = torch.autograd.grad(got.sum(), (x, w))
+        want = f(x, w)
+        ex, ew = torch.autograd.grad(want.sum(), (x, w))
+        torch.testing.assert_close((got, gx, gw), (want, ex, ew))
+
+
+def test_cat_with_an_empty_one_dimensional_tensor_differentiates():
+    """torch.cat skips 1-D empty tensors whatever the others' rank (a key/value cache's start)."""
+    def f(x):
+        return torch.cat([torch.empty(0), x.sin()], dim=-1).sum()
+    x = _f32(2, 3)
+    (got,) = torch.autograd.grad(fjit.jit(f)(x), x)
+    torch.testing.assert_close(got, x.detach().cos())

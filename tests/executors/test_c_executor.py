@@ -1,0 +1,592 @@
+"""The C executor: small CPU regions as C kernels built by the system compiler (FJIT_C_KERNELS)."""
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import warnings
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fjit
+from fjit.executors.c import executor as c_executor
+
+pytestmark = [pytest.mark.ckernels,
+              pytest.mark.skipif(c_executor.compiler() is None, reason="no C compiler on PATH")]
+
+
+@pytest.fixture(autouse=True)
+def sync_build(monkeypatch):
+    monkeypatch.setenv("FJIT_C_KERNELS", "sync")
+
+
+@pytest.fixture
+def fresh_cache(monkeypatch, tmp_path):
+    """An empty kernel cache, so the kernel really is compiled (and the in-memory builds forgotten)."""
+    monkeypatch.setenv("FJIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(c_executor, "_BINARIES", {})
+    return tmp_path
+
+
+def _kernels(jf) -> list[str]:
+    return re.findall(r"# C kernel (fjit_c_\w+)", str(fjit.last_traces(jf)[-1]))
+
+
+def _check(fn, *args, kernels=None, exact=False):
+    jf = fjit.jit(fn)
+    got, want = jf(*args), fn(*args)
+    tolerance = {"rtol": 0, "atol": 0} if exact else {}
+    torch.testing.assert_close(got, want, equal_nan=True, **tolerance)
+    if kernels is not None:
+        assert len(_kernels(jf)) == kernels, str(fjit.last_traces(jf)[-1])
+    return jf
+
+
+def _elementwise10(x, y, s):
+    a = torch.sin((x + y) * s) - y
+    f = torch.tanh(a) * x
+    return torch.clamp(torch.abs(f / torch.sigmoid(f)), 0.0, 4.0)
+
+
+NAN, INF = float("nan"), float("inf")
+SPECIAL = torch.tensor([NAN, -INF, INF, -0.0, 0.0, 1.5, -2.5, 3e38, -1e-30, 7.0])
+
+CASES = {
+    "elementwise10": (_elementwise10, lambda: (torch.randn(4), torch.randn(4), 0.75), 1),
+    "softmax": (lambda x: torch.softmax(x, -1), lambda: (torch.randn(6, 17),), 1),
+    "log_softmax_f64": (lambda x: F.log_softmax(x, -1), lambda: (torch.randn(5, 9).double(),), 1),
+    "layer_norm": (lambda x, w, b: F.layer_norm(x, (12,), w, b), lambda: (
+        torch.randn(4, 12), torch.randn(12), torch.randn(12)), 1),
+    "rms_norm_residual": (lambda x, r, w: F.rms_norm(x + r, (16,), w, 1e-6), lambda: (
+        torch.randn(3, 16), torch.randn(3, 16), torch.randn(16)), None),
+    "variance_keepdim": (lambda x: x.var(-1, keepdim=True) + x.mean(-1, keepdim=True),
+                         lambda: (torch.randn(7, 11),), 1),
+    "full_sum_of_squares": (lambda x: (x * x).sum() + 1, lambda: (torch.randn(9, 5),), 1),
+    "prod_and_amin": (lambda x: (x * 0.5).prod(-1) + (x * 2).amin(-1), lambda: (torch.randn(3, 6),), 1),
+    "nan_propagating_max_min_clamp": (
+        lambda x, y: (torch.maximum(x, y) + torch.minimum(x, y), torch.clamp(x * 2, -1.0, 1.0),
+                      (x * 1).amax(-1)),
+        lambda: (SPECIAL.view(2, 5), SPECIAL.flip(0).view(2, 5)), None),
+    "transposed_and_broadcast": (lambda x, y: torch.exp(x) * y - x, lambda: (
+        torch.randn(8, 6).t(), torch.randn(6, 1)), 1),
+    "zero_dim_and_scalar_tensor": (lambda x, y: (x * y + 2) / 3, lambda: (
+        torch.tensor(1.5), torch.randn(5)), 1),
+    "int_wraparound": (lambda a, b: (a * b + a) * 3, lambda: (
+        torch.tensor([2**62, -2**62, 7, -1]), torch.tensor([4, 4, -3, 2**63 - 1])), 1),
+    "int8_wraparound_and_compare": (lambda a, b: ((a + b) * 3, a * 2 > b), lambda: (
+        torch.tensor([100, -100, 5, 127], dtype=torch.int8),
+        torch.tensor([100, -100, -5, 1], dtype=torch.int8)), 1),
+    "int_true_division_promotes": (lambda a, b: a / b + a, lambda: (
+        torch.tensor([7, -7, 0, 3]), torch.tensor([2, 2, 0, -4])), 1),
+    "bool_logic_and_where": (lambda x, m: torch.where(m & (x > 0), x, -x) * (~m).float(), lambda: (
+        torch.randn(10), torch.rand(10) > 0.5), 1),
+    "casts": (lambda x: ((x * 3).to(torch.int32) + 1).to(torch.float64) * 0.5 + (x != 0).float(),
+              lambda: (torch.randn(8) * 10,), 1),
+    "remainder_fmod_pow_atan2": (
+        lambda x, y: torch.remainder(x, y) + torch.fmod(x, y) + torch.pow(x.abs(), y) + torch.atan2(x, y),
+        lambda: (torch.randn(12) * 5, torch.randn(12)), 1),
+    "bf16_chain_rounds_every_op": (lambda x, y, s: torch.tanh(x * s + y) * 3 - x, lambda: (
+        torch.randn(16).bfloat16(), torch.randn(16).bfloat16(), 0.3), 1),
+    "f16_softmax_and_sum": (lambda x: (torch.softmax(x, -1), x.sum(-1) * 2), lambda: (
+        torch.randn(4, 9).half(),), None),
+    "mixed_half_and_float": (lambda x, y: (x.float() * y + 1).half() * 2, lambda: (
+        torch.randn(8).half(), torch.randn(8)), 1),
+    "round_half_even_sign": (lambda x: torch.round(x * 1) + torch.sign(x - 1),
+                             lambda: (torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, NAN, 3.0]),), 1),
+    "special_values_math": (lambda x: (torch.exp(x) + torch.log(x.abs()) + torch.sqrt(x.abs()),
+                                       torch.rsqrt(x.abs()),             # abs(-0.0) is +0.0
+                                       x.isnan(), (x * 2).isinf(), (x + 1).isfinite()),
+                            lambda: (SPECIAL,), None),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_case_matches_eager(name):
+    fn, make, kernels = CASES[name]
+    _check(fn, *make(), kernels=kernels)
+
+
+def test_signed_zeros_as_torch_keeps_them():
+    """1 / x shows the sign of a zero: maximum, minimum, clamp and amax keep their first operand
+    when the two are equal, abs and sign give +0."""
+    z, o = torch.tensor([-0.0, 0.0, -0.0]), torch.tensor([0.0, -0.0, -0.0])
+    def f(z, o):
+        return (1 / torch.maximum(z, o), 1 / torch.minimum(z, o), 1 / torch.clamp(z * 1, min=0.0),
+                1 / torch.clamp(z * 1, max=0.0), 1 / torch.sign(z), 1 / torch.abs(z),
+                1 / (z * 1).amax(), 1 / torch.stack([o, z]).amax(0))
+    _check(f, z, o, exact=True)
+
+
+def test_float32_arithmetic_is_bit_identical_to_eager():
+    """+ - * / on float32 are correctly rounded in C as in torch, and a Python float is rounded to
+    float32 before it is used, as torch's CPU kernels do (0.1 is not 0.1f)."""
+    def f(x, y, s):
+        return ((x * 0.1 + y) / 3.7 - s) * (y - x * s)
+    x, y = torch.randn(64), torch.randn(64)
+    _check(f, x, y, 0.3, kernels=1, exact=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_conversions_match_torch_bit_for_bit(dtype):
+    """Every 16-bit pattern to float and back, and floats across the whole range (subnormals,
+    ties, overflow to inf, NaN) to the half type, as torch converts them."""
+    every = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
+    samples = torch.cat([torch.randn(4000) * 10.0 ** torch.randint(-9, 6, (4000,)),
+                         every.float() * (1 + 2.0 ** -12),     # between neighbours: ties and near-ties
+                         torch.tensor([6e4, 7e4, 65520.0, 3.4e38, -1e-8, 2.0 ** -25, NAN, INF])])
+    to_float = fjit.jit(lambda h: h.float() * 1.0)
+    to_half = fjit.jit(lambda f: (f * 1.0).to(dtype))
+    for chunk in every.split(16384):
+        torch.testing.assert_close(to_float(chunk), chunk.float(), rtol=0, atol=0, equal_nan=True)
+    for chunk in samples.split(16384):
+        got, want = to_half(chunk), chunk.to(dtype)
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got[~want.isnan()].view(torch.int16), want[~want.isnan()].view(torch.int16))
+    assert _kernels(to_float) and _kernels(to_half)
+
+
+def test_half_log_softmax_is_computed_in_float32_and_rounded_once():
+    """fjit's decomposition upcasts, as torch's refs do; torch's CPU kernel rounds log(sum(exp))
+    to bfloat16 first, which is off by 4% here (eager -0.0825, exact -0.0789)."""
+    x = torch.tensor([-1.0, 1.5]).bfloat16()
+    jf = fjit.jit(lambda x: F.log_softmax(x, 0))
+    assert torch.equal(jf(x), F.log_softmax(x.float(), 0).bfloat16())
+    assert len(_kernels(jf)) == 1
+
+
+def test_runtime_float_is_an_argument_not_a_literal():
+    jf = fjit.jit(lambda x, s: x * s + s)
+    x = torch.randn(5)
+    for s in (0.5, -3.25, 1e-3):
+        torch.testing.assert_close(jf(x, s), x * s + s)
+    assert fjit.cache_info(jf).misses == 1
+    assert len(_kernels(jf)) == 1
+
+
+def test_large_tensors_fuse_and_scalar_libm_math_stays_with_torch():
+    big = torch.randn(1 << 17)
+    _check(lambda x: torch.sin(x * 2 + 1) * 3 - 1, big, kernels=1)
+    # float64's sin is a scalar libm call: at a size where that is slower than torch's vector code,
+    # sin stays a torch call between kernels
+    mid = torch.randn(c_executor.MAX_NUMEL_LIBM * 2).double()
+    jf = _check(lambda x: torch.sin(x * 2 + 1) * 3 - 1, mid, kernels=2)
+    assert "prims.sin" in str(fjit.last_traces(jf)[-1])
+
+
+def test_square_is_a_product_not_a_libm_call():
+    mid = torch.randn(c_executor.MAX_NUMEL_LIBM * 4)
+    jf = _check(lambda x: (x * 0.5).pow(2) + 1, mid, kernels=1, exact=True)
+    assert "(x0 * x0)" in _kernel_text(jf) or "v1 * v1" in _kernel_text(jf), _kernel_text(jf)
+
+
+def test_torch_level_ops_stay_whole_unless_all_their_prims_fuse():
+    """At a size where gelu's tanh stays with torch, gelu stays one torch call (not ten prims)."""
+    x = torch.randn(4, c_executor.MAX_NUMEL_LIBM)
+    jf = _check(lambda x, s: F.gelu(x, approximate="tanh") * s + 1, x, 0.5, kernels=1)
+    calls = [line for line in str(fjit.last_traces(jf)[-1]).splitlines()
+             if not line.strip().startswith("#")]
+    assert any("torch.nn.functional.gelu(" in c for c in calls), calls
+    assert not any("prims." in c for c in calls), calls
+
+
+def test_tensors_with_the_negative_bit_are_read_by_value():
+    """x.conj().imag is a view whose data holds -value: kernels read raw data, so such inputs (and
+    programs making complex values) stay with torch, and the cache keeps them apart."""
+    z = torch.randn(4, dtype=torch.complex64)
+    neg = z.conj().imag
+    assert neg.is_neg()
+    plain = neg.resolve_neg()
+    jf = fjit.jit(lambda x: x * 2 + 1)
+    assert torch.equal(jf(plain), plain * 2 + 1) and _kernels(jf)
+    assert torch.equal(jf(neg), neg * 2 + 1) and not _kernels(jf)
+    assert fjit.cache_info(jf).misses == 2
+    jf = _check(lambda z: z.conj().imag * 2 + 1, z)
+    assert not _kernels(jf)
+
+
+def test_grad_runs_kernels_forward_and_backward():
+    # an input requiring grad gets a compiled backward, fused like the forward
+    x = torch.randn(4, requires_grad=True)
+    jf = fjit.jit(lambda x: (x * 2 + 1).sin())
+    jf(x).sum().backward()
+    assert _kernels(jf) != []
+    assert re.findall(r"# C kernel (fjit_c_\w+)", str(fjit.last_backward_traces(jf)[-1]))
+    torch.testing.assert_close(x.grad, 2 * torch.cos(x.detach() * 2 + 1))
+
+
+def test_executor_choice_and_off_switch(monkeypatch):
+    x = torch.randn(4)
+    assert _kernels(_check(lambda x: x * 2 + 1, x)) != []
+    jf = fjit.jit(lambda x: x * 2 + 1, executors=("torch",))
+    jf(x)
+    assert _kernels(jf) == []
+    monkeypatch.setenv("FJIT_C_KERNELS", "0")
+    assert _kernels(_check(lambda x: x * 2 + 1, x)) == []
+    monkeypatch.setenv("FJIT_C_KERNELS", "yes please")
+    with pytest.raises(ValueError, match="FJIT_C_KERNELS='yes please' is not one of"):
+        fjit.jit(lambda x: x * 2 + 1)(x)
+    monkeypatch.setattr(c_executor, "_COMPILER", [None])
+    monkeypatch.setenv("FJIT_C_KERNELS", "sync")
+    assert _kernels(_check(lambda x: x * 2 + 1, x)) == []
+
+
+def _kernel_text(jf) -> str:
+    return "".join(re.findall(r"# C kernel.*?\n  t", str(fjit.last_traces(jf)[-1]), re.S))
+
+
+def _slow_compiler(tmp_path):
+    """A compiler that waits for the file `go` before running the real one."""
+    real = c_executor.compiler()
+    script = tmp_path / "slow-cc"
+    flag = tmp_path / "go"
+    script.write_text(f"#!/bin/sh\nwhile [ ! -e {flag} ]; do sleep 0.01; done\nexec {real} \"$@\"\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script), flag
+
+
+def test_background_build_runs_torch_until_the_kernel_is_loaded(monkeypatch, fresh_cache, tmp_path):
+    monkeypatch.setenv("FJIT_C_KERNELS", "background")
+    cc, go = _slow_compiler(tmp_path)
+    monkeypatch.setattr(c_executor, "_COMPILER", [cc])
+    x, y = torch.randn(4), torch.randn(4)
+    jf = fjit.jit(_elementwise10)
+    torch.testing.assert_close(jf(x, y, 0.5), _elementwise10(x, y, 0.5))   # returned before the build
+    (name,) = _kernels(jf)
+    binary = c_executor._BINARIES[name]
+    assert binary.fn is None and not binary.done.is_set()
+    torch.testing.assert_close(jf(x, y, 0.25), _elementwise10(x, y, 0.25))  # the torch fallback
+    go.touch()
+    assert c_executor.wait_for_builds(60)
+    assert binary.fn is not None and binary.error is None
+    torch.testing.assert_close(jf(x, y, 0.25), _elementwise10(x, y, 0.25))  # the kernel
+    assert fjit.cache_info(jf).misses == 1
+
+
+def test_every_case_is_right_while_its_kernel_is_still_building(monkeypatch, fresh_cache, tmp_path):
+    """Until a kernel is loaded its region's prims run one by one (the fallback)."""
+    monkeypatch.setenv("FJIT_C_KERNELS", "background")
+    cc, go = _slow_compiler(tmp_path)
+    monkeypatch.setattr(c_executor, "_COMPILER", [cc])
+    try:
+        for name, (fn, make, kernels) in CASES.items():
+            args = make()
+            jf = fjit.jit(fn)
+            torch.testing.assert_close(jf(*args), fn(*args), equal_nan=True, msg=name)
+            assert all(c_executor._BINARIES[k].fn is None for k in _kernels(jf)), name
+    finally:
+        go.touch()
+        assert c_executor.wait_for_builds(120)
+
+
+def test_a_kernel_no_program_refers_to_is_unloaded(fresh_cache, monkeypatch):
+    import gc
+    monkeypatch.setattr(c_executor, "_BINARIES", weakref.WeakValueDictionary())
+    jf = _check(lambda x: x * 3 + 2, torch.randn(5), kernels=1)
+    (name,) = _kernels(jf)
+    assert name in c_executor._BINARIES
+    del jf
+    gc.collect()
+    assert name not in c_executor._BINARIES
+    # loaded again from disk; `jf` keeps it loaded (a binary no function refers to is unloaded)
+    jf = _check(lambda x: x * 3 + 2, torch.randn(5), kernels=1)  # noqa: F841
+    assert c_executor._BINARIES[name].fn is not None
+
+
+def test_kernel_binaries_are_reused_from_disk(monkeypatch, fresh_cache):
+    x = torch.randn(6)
+    (name,) = _kernels(_check(lambda x: x * 3 - 1, x))
+    assert (fresh_cache / f"{name}.so").exists()
+    # a new process: nothing in memory, and no compiler to build with
+    monkeypatch.setattr(c_executor, "_BINARIES", {})
+    monkeypatch.setattr(c_executor, "_COMPILER", ["/nonexistent/cc"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jf = _check(lambda x: x * 3 - 1, x)
+    assert _kernels(jf) == [name] and c_executor._BINARIES[name].fn is not None
+
+
+def test_a_broken_binary_on_disk_is_built_again(fresh_cache):
+    """In a new process (this one has the kernel's library loaded under its name already)."""
+    x = torch.randn(6)
+    (name,) = _kernels(_check(lambda x: x * 3 - 1, x))
+    # replaced (a new file, as a build writes one), never overwritten: this process has the
+    # library mapped, and truncating a mapped file kills the process with SIGBUS when it is read
+    (fresh_cache / "broken").write_bytes(b"not a shared library")
+    os.replace(fresh_cache / "broken", fresh_cache / f"{name}.so")
+    script = ("import torch, fjit\n"
+              "f = fjit.jit(lambda x: x * 3 - 1)\n"
+              "x = torch.randn(6)\n"
+              "assert torch.equal(f(x), x * 3 - 1)\n")
+    env = dict(os.environ, FJIT_CACHE_DIR=str(fresh_cache), FJIT_C_KERNELS="sync")
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=300)
+    assert (fresh_cache / f"{name}.so").read_bytes()[:4] == b"\x7fELF"
+
+
+def test_an_unwritable_cache_directory_gives_one_temporary_directory(monkeypatch, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    monkeypatch.setenv("FJIT_CACHE_DIR", str(blocked / "kernels"))
+    monkeypatch.setattr(c_executor, "_BINARIES", {})
+    kernels_dir = c_executor.kernel_cache_dir()
+    assert kernels_dir != str(blocked / "kernels") and os.path.isdir(kernels_dir)
+    _check(lambda x: x * 4 - 1, torch.randn(3), kernels=1)
+    assert c_executor.kernel_cache_dir() == kernels_dir and len(os.listdir(kernels_dir)) == 1
+
+
+def test_a_failing_compiler_warns_once_and_results_stay_right(monkeypatch, fresh_cache, tmp_path):
+    failing = tmp_path / "broken-cc"
+    failing.write_text("#!/bin/sh\necho 'cc: fatal error: no space left' >&2\nexit 1\n")
+    failing.chmod(failing.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(c_executor, "_COMPILER", [str(failing)])
+    monkeypatch.setattr(c_executor, "_WARNED", [])
+    x = torch.randn(4)
+    with pytest.warns(RuntimeWarning, match="no space left"):
+        jf = _check(lambda x: x * 3 - 1, x)
+    (name,) = _kernels(jf)
+    assert c_executor._BINARIES[name].error is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _check(lambda x: x * 5 - 2, x)     # a second failure does not warn again
+
+
+def test_threads_share_one_build(monkeypatch, fresh_cache):
+    monkeypatch.setenv("FJIT_C_KERNELS", "background")
+    jf = fjit.jit(_elementwise10)
+    x, y = torch.randn(4), torch.randn(4)
+    errors = []
+
+    def worker(seed):
+        try:
+            for i in range(50):
+                s = (seed + i) / 50
+                torch.testing.assert_close(jf(x, y, s), _elementwise10(x, y, s))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert fjit.cache_info(jf).misses == 1
+    assert c_executor.wait_for_builds(60)
+    assert len(c_executor._BINARIES) == 1
+
+
+def test_kernel_source_holds_only_generated_names_and_numbers():
+    """Strings of the user never reach C: the source's identifiers are fjit's own."""
+    def f(x, d):
+        return x * d["scale; system(\"rm -rf /\");"] + 1
+    x = torch.randn(3)
+    jf = _check(f, x, {"scale; system(\"rm -rf /\");": 2.0}, kernels=1)
+    assert "system" not in _kernel_text(jf) and "rm -rf" not in _kernel_text(jf)
+
+
+def test_integer_division_stays_with_torch():
+    """Integer division (whose division by zero raises in torch) stays torch calls."""
+    jf = _check(lambda a, b: (a // b) + (a % b) * 2, torch.tensor([7, -7, 5]), torch.tensor([2, 3, -2]),
+                kernels=1)
+    final = str(fjit.last_traces(jf)[-1])
+    assert "prims.floor_divide(" in final and "prims.remainder(" in final
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_build_state_is_reset_in_a_forked_child(monkeypatch, fresh_cache):
+    monkeypatch.setenv("FJIT_C_KERNELS", "background")
+    jf = fjit.jit(lambda x: x * 7 + 1)
+    x = torch.randn(4)
+    jf(x)
+    pid = os.fork()
+    if pid == 0:   # the child: a build it inherited unfinished is queued again by the next call
+        signal.alarm(120)    # a hung child must fail the test, not hang it
+        ok = torch.equal(jf(x), x * 7 + 1) and c_executor.wait_for_builds(60)
+        ok = ok and all(b.fn is not None for b in c_executor._BINARIES.values())
+        os._exit(0 if ok and torch.equal(jf(x), x * 7 + 1) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_executors_are_asked_in_the_users_order(monkeypatch):
+    """executors= is an order: the first executor that can take a region takes it, and the stages
+    say which ran (Triton runs CPU tensors under TRITON_INTERPRET=1 with FJIT_TRITON_CPU on)."""
+    monkeypatch.setenv("FJIT_TRITON_CPU", "1")
+
+    def f(x):
+        return torch.exp(x) * 2 + 1
+    x = torch.randn(8)
+    for order, first in ((("c", "triton", "torch"), "c_fusion"), (("triton", "c", "torch"), "triton_fusion")):
+        jf = fjit.jit(f, executors=order)
+        torch.testing.assert_close(jf(x), f(x))
+        stages = [t.stage for t in fjit.last_traces(jf)]
+        assert first in stages, (order, stages)
+        other = "triton_fusion" if first == "c_fusion" else "c_fusion"
+        assert other not in stages, (order, stages)    # the first took the only region
+
+
+# -- kernels at every size: vector math, threads, flags -------------------------------------------
+
+def _ordered(t: torch.Tensor) -> torch.Tensor:
+    """float32 bit patterns as integers in the order of the values (ulp distance = difference)."""
+    i = t.view(torch.int32).to(torch.int64)
+    return torch.where(i < 0, -(i & 0x7FFFFFFF), i)
+
+
+def _float32_sample(step: int) -> torch.Tensor:
+    """Every `step`-th float32 bit pattern, with every special value (+-0, +-inf, NaN, the
+    smallest denormals, the largest finite values)."""
+    bits = torch.cat([torch.arange(0, 2**32, step, dtype=torch.int64), torch.tensor(
+        [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 1, 0x80000001, 0x7F7FFFFF, 0xFF7FFFFF])])
+    return (bits - (bits >= 2**31).long() * 2**32).to(torch.int32).view(torch.float32)
+
+
+def _max_ulp_against_torch(step: int) -> dict:
+    from fjit.executors.c import vecmath
+    x = _float32_sample(step)
+    out = {}
+    for prim in vecmath.ULP_BOUND:
+        op = getattr(torch, prim.name.lower())
+        jf = fjit.jit(lambda x: op(x * 1.0))            # x * 1.0 keeps every value: one kernel
+        got, want = jf(x), op(x)
+        assert len(_kernels(jf)) == 1 and f"fj_{prim.name.lower()}f" in _kernel_text(jf)
+        assert torch.equal(got.isnan(), want.isnan()), prim
+        ok = ~want.isnan()
+        out[prim] = int((_ordered(got[ok]) - _ordered(want[ok])).abs().max())
+    return out
+
+
+def test_vector_math_ulp_error_against_torch():
+    """float32 exp, log, tanh, sigmoid, erf, sin, cos in C kernels: within vecmath.ULP_BOUND ulps of
+    torch over a dense sample of float32 (NaN where torch gives NaN); sin/cos of huge arguments
+    (past vecmath's range) are recomputed with the C library."""
+    from fjit.executors.c import vecmath
+    for prim, ulps in _max_ulp_against_torch(65537).items():
+        assert ulps <= vecmath.ULP_BOUND[prim], (prim, ulps)
+
+
+@pytest.mark.slow
+def test_vector_math_ulp_error_dense_sweep():
+    """The same over every 61st float32 (70 million values): the figures in docs/design.md."""
+    from fjit.executors.c import vecmath
+    for prim, ulps in _max_ulp_against_torch(61).items():
+        assert ulps <= vecmath.ULP_BOUND[prim], (prim, ulps)
+
+
+def test_denormals_survive_in_torch_after_kernels_load():
+    """Kernels are built without -ffast-math, which could switch on flush-to-zero process-wide."""
+    jf = _check(lambda x: torch.exp(x) * 2 + x, torch.randn(64), kernels=1)
+    assert c_executor._BINARIES[_kernels(jf)[0]].fn is not None
+    tiny = torch.tensor([1e-40, -3e-42, 2.0 ** -148])
+    assert bool((tiny * 0.5 != 0).all()) and bool((tiny + 0 == tiny).all())
+    assert (torch.tensor([2.0 ** -126]) / 4).item() == 2.0 ** -128
+    assert "-ffast-math" not in c_executor.CFLAGS and "-Ofast" not in c_executor.CFLAGS
+    # and the kernels themselves keep denormal inputs and results
+    torch.testing.assert_close(jf(tiny), torch.exp(tiny) * 2 + tiny, rtol=0, atol=0)
+
+
+def test_large_regions_are_threaded_and_bit_identical_whatever_the_thread_count():
+    """Above PARALLEL_MIN elements a kernel shares rows or blocks among torch.get_num_threads()
+    threads; reductions keep a fixed lane chunking, so results do not depend on the thread count."""
+    from fjit.executors.c import codegen
+    x = torch.randn(64, 2048) * 4
+    y = torch.randn(2048)
+    fn = lambda x, y: (torch.softmax(x * 0.5, -1) + y, (x * y).sum(-1), (x * 2).amax(-1),  # noqa: E731
+                       torch.tanh(x) * y - torch.exp(-x.abs()))
+    assert x.numel() >= codegen.PARALLEL_MIN
+    jf = fjit.jit(fn)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(jf(x, y))
+    finally:
+        torch.set_num_threads(threads)
+    assert "omp parallel for" in str(fjit.last_traces(jf)[-1])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a, b)
+    torch.testing.assert_close(results[0], fn(x, y), rtol=1e-5, atol=1e-5)
+    # sums accumulate in double: at least as close to the exact sum as torch's float32 sum
+    exact = (x.double() * y.double()).sum(-1)
+    assert (results[0][1].double() - exact).abs().max() <= (fn(x, y)[1].double() - exact).abs().max()
+
+
+def test_large_float32_arithmetic_is_bit_identical_and_broadcasts_read_by_stride():
+    """+ - * / stay exact at every size, through merged loops, broadcasts and transposed inputs;
+    x ** 3 is x * x * x as in torch's kernel."""
+    x, y = torch.randn(300, 257), torch.randn(257)
+    z = torch.randn(257, 300).t()
+    fn = lambda x, y, z, s: ((x * 0.1 + y) / 3.7 - s) * (z - x * s) + x ** 3  # noqa: E731
+    jf = _check(fn, x, y, z, 0.3, kernels=1, exact=True)
+    assert "pow" not in _kernel_text(jf)
+    _check(lambda x: (x + 1) * 2, torch.randn(1 << 16)[::2], kernels=1, exact=True)
+
+
+def test_costly_row_values_are_kept_for_later_passes_and_huge_trig_arguments_use_libm():
+    """softmax's exp is computed once per element (a row buffer holds it for the last pass); a row
+    holding a sin argument past vecmath's range is computed again with the C library."""
+    x = torch.randn(8, 300)
+    jf = _check(lambda x: torch.softmax(torch.sin(x * 3.0), -1), x, kernels=1)
+    text = _kernel_text(jf)
+    assert "fj_s0[c] = " in text and "fj_bad" in text and "sinf(" in text
+    huge = x * 1e7
+    huge[3, 7] = float("inf")
+    torch.testing.assert_close(jf(huge), torch.softmax(torch.sin(huge * 3.0), -1), equal_nan=True)
+
+
+def test_regions_sharing_one_kernel_source_keep_their_own_output_layouts():
+    """Two regions can generate one C source (a flat elementwise loop over 1536 values is the same
+    for [16, 6, 4, 4] and [4, 24, 4, 4]) and share its binary, but each launcher allocates its own
+    region's outputs.  Registered under the source's name alone, one launcher served both, and one
+    region got the other's output shape back: a silently wrong result (how torchvision's swin_t
+    computed wrong gradients from its second call on)."""
+    def f(a, b):
+        return (a * 2 + 1).sum(0), (b * 2 + 1).sum(0)
+
+    a, b = torch.randn(16, 6, 4, 4), torch.randn(4, 24, 4, 4)
+    jf = fjit.jit(f)
+    for _ in range(2):
+        torch.testing.assert_close(jf(a, b), f(a, b))
+    final = str(fjit.last_traces(jf)[-1])
+    assert len(set(_kernels(jf))) == 1, final                 # one binary...
+    launchers = re.findall(r"= (fjit_c_\w+)\(", final)
+    assert len(launchers) == 2 and len(set(launchers)) == 2, final   # ...two launchers
+
+
+def _kernel_calls(trace) -> list[tuple[int, int]]:
+    """(outputs, inputs) of each C kernel call of a printed trace."""
+    calls = re.findall(r"^  (\(?[\w, ]+\)?) = (fjit_c_\w+)\(([\w, ]*)\)", str(trace), re.M)
+    return [(len(outs.strip("()").split(",")), len(args.split(","))) for outs, _, args in calls]
+
+
+def test_values_a_later_kernel_reads_are_computed_again_there_not_stored():
+    """GELU's pieces feed a matmul and, after it, another kernel: the first kernel stores only what
+    the matmul reads, and the second computes x/2, erf(x/sqrt(2)) + 1 again from x."""
+    def f(x, b, w):
+        h = x + b
+        half, e = h * 0.5, torch.erf(h * 0.7071067811865476) + 1
+        y = half * e
+        m = y @ w
+        return m, (m.sum(-1, keepdim=True) * half * e.exp() + h * 3)
+    x, b, w = torch.randn(8, 64), torch.randn(64), torch.randn(64, 64)
+    jf = _check(f, x, b, w)
+    calls = _kernel_calls(fjit.last_traces(jf)[-1])
+    assert calls and calls[0][0] == 1, (calls, str(fjit.last_traces(jf)[-1]))
+
+
+def test_a_value_still_read_after_the_later_kernel_is_not_computed_twice():
+    """h is returned, so it is stored anyway: the later kernel loads it rather than computing it."""
+    def f(x, w):
+        h = (x * 2 + 1).sin()
+        m = h @ w
+        return m, m * h + 1, h
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    jf = _check(f, x, w)
+    text = str(fjit.last_traces(jf)[-1])
+    assert len(_kernel_calls(fjit.last_traces(jf)[-1])) == 2, text
+    assert text.count("fj_sinf(") == 1, text

@@ -1,0 +1,51 @@
+"""Real architectures through both entry points, judged as the model zoo runner judges them
+(benchmarks/zoo.py, benchmarks/README.md): a few training steps of the compiled model against eager
+float32 and a float64 golden copy, every loss, output, gradient, parameter and buffer compared.
+
+The parametrized test covers the cheapest models of benchmarks/zoo_models.py that between them have
+a timm CNN with BatchNorm and in-place ReLU, a transformers decoder with grouped-query attention and
+rotary embeddings, a transformers encoder with a padded attention mask, a torchvision model and a
+ViT.  `test_full_zoo` (marker `zoo`, run with FJIT_ZOO=1) runs the whole registry.
+"""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+_MISSING = [m for m in ("timm", "transformers", "torchvision") if importlib.util.find_spec(m) is None]
+pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"needs {', '.join(_MISSING)} (the test extra)")
+
+from benchmarks.zoo import check_accuracy, run_model  # noqa: E402
+from benchmarks.zoo_models import MODELS  # noqa: E402
+
+SUBSET = [
+    "timm_resnet10t",      # timm CNN: BatchNorm (running stats written back), in-place ReLU
+    "hf_llama_gqa",        # transformers decoder: GQA (4 query / 2 KV heads), RoPE, eager attention
+    "hf_bert",             # transformers encoder: padded attention mask, classification head
+    "tv_mobilenet_v3_small",   # torchvision CNN: hard-swish, squeeze-excite, in-place activations
+    "tv_vit",              # torchvision ViT: class token, nn.MultiheadAttention
+]
+ENTRIES = ["jit", "backend"]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("name", SUBSET)
+def test_zoo_model(name, entry):
+    result = check_accuracy(MODELS[name], entry, steps=3)
+    assert result.status == "pass", f"{name} ({entry}): {result.status}: {result.reason}" + (
+        f" at {result.where}" if result.where else "")
+
+
+@pytest.mark.zoo
+def test_full_zoo():
+    failures = []
+    for name in MODELS:
+        row = run_model(name, ENTRIES, steps=3, timeout=300, timing=False, rounds=0)
+        failures += [f"{name} ({entry}): {res['status']}: {res['reason']}"
+                     for entry, res in row["results"].items() if res["status"] != "pass"]
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures)

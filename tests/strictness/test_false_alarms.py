@@ -1,0 +1,267 @@
+"""No false alarms: each function below is pure as far as a caller can tell, so fjit must trace it,
+give eager's answer, and raise or warn nothing."""
+from __future__ import annotations
+
+import copy
+import logging
+import random
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import fjit
+
+LOG = logging.getLogger("fjit.tests.false_alarms")
+
+
+def assert_no_alarm(fn, *args):
+    want = fn(*args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # a SharpEdgeWarning (or any warning) fails the test
+        got = fjit.jit(fn)(*args)
+        report = fjit.diagnose(fn, *args)
+    torch.testing.assert_close(got, want)
+    assert report.ok and report.edges == [], str(report)
+
+
+# ----------------------------------------------------------------------------- copies of inputs
+
+def copy_list_then_append(xs):
+    ys = copy.copy(xs)
+    ys.append(xs[0] * 2)
+    return ys
+
+
+def deepcopy_list_then_append(xs):
+    ys = copy.deepcopy(xs)
+    ys.append(xs[0] * 2)
+    ys[0] = ys[0] + 1
+    return ys, xs
+
+
+def copy_dict_then_setitem(d):
+    e = copy.copy(d)
+    e["z"] = d["a"] + 1
+    del e["a"]
+    return e
+
+
+def deepcopy_dict_then_update(d):
+    e = copy.deepcopy(d)
+    e.update(z=d["a"] * 3)
+    e.pop("a")
+    return e, d
+
+
+def deepcopy_nested_then_mutate(d):
+    e = copy.deepcopy(d)
+    e["xs"].append(e["a"] + 1)
+    e["xs"].sort(key=lambda t: t.shape[0])
+    return e
+
+
+COPY_CASES = [
+    (copy_list_then_append, ([torch.ones(3), torch.zeros(3)],)),
+    (deepcopy_list_then_append, ([torch.ones(3), torch.zeros(3)],)),
+    (copy_dict_then_setitem, ({"a": torch.ones(3), "b": torch.zeros(2)},)),
+    (deepcopy_dict_then_update, ({"a": torch.ones(3)},)),
+    (deepcopy_nested_then_mutate, ({"a": torch.ones(3), "xs": [torch.zeros(3)]},)),
+]
+
+
+@pytest.mark.parametrize("fn,args", COPY_CASES, ids=[f.__name__ for f, _ in COPY_CASES])
+def test_mutating_a_copy_of_an_input_container_is_not_fj103(fn, args):
+    assert_no_alarm(fn, *args)
+
+
+def test_the_callers_containers_are_untouched():
+    xs, d = [torch.ones(3)], {"a": torch.ones(3)}
+    fjit.jit(deepcopy_list_then_append)(xs)
+    fjit.jit(deepcopy_dict_then_update)(d)
+    assert len(xs) == 1 and list(d) == ["a"]
+
+
+# ----------------------------------------------------------------------------- logging queries
+
+def level_query_in_if(x):
+    if LOG.isEnabledFor(logging.DEBUG):
+        return x + 1
+    return x - 1
+
+
+def effective_level(x):
+    return x * LOG.getEffectiveLevel()
+
+
+def get_logger_by_module_name(x):
+    logger = logging.getLogger(__name__)
+    child = logger.getChild("sub")
+    if child.isEnabledFor(logging.INFO) or logger.hasHandlers():
+        return x + 2
+    return x + logging.getLevelName("INFO") == "INFO"
+
+
+def root_logger_level(x):
+    return x + logging.getLogger().getEffectiveLevel()
+
+
+LOG_CASES = [level_query_in_if, effective_level, get_logger_by_module_name, root_logger_level]
+
+
+@pytest.mark.parametrize("fn", LOG_CASES, ids=lambda f: f.__name__)
+def test_logging_level_queries_are_not_side_effects(fn):
+    assert_no_alarm(fn, torch.ones(3))
+
+
+def test_logging_below_the_effective_level_is_still_fj104():
+    # Documented choice: a logging call is a side effect whatever the level, because the level
+    # can change between calls and a compiled call would never log.
+    def debug_call(x):
+        LOG.debug("x: %s", x.shape)
+        return x + 1
+
+    LOG.setLevel(logging.WARNING)
+    with pytest.raises(fjit.SideEffectError) as info:
+        fjit.jit(debug_call)(torch.ones(3))
+    assert info.value.lineno == debug_call.__code__.co_firstlineno + 1
+
+
+# ----------------------------------------------------------------------------- nn.init on intermediates
+
+def init_zeros(x):
+    w = torch.empty(3)
+    torch.nn.init.zeros_(w)
+    return x + w
+
+
+def init_ones_then_scale(x):
+    w = torch.empty(3, 3)
+    torch.nn.init.ones_(w)
+    return x @ (w * 0.5)
+
+
+def init_eye(x):
+    w = torch.empty(3, 3)
+    torch.nn.init.eye_(w)
+    return x @ w
+
+
+INIT_CASES = [init_zeros, init_ones_then_scale, init_eye]
+
+
+@pytest.mark.parametrize("fn", INIT_CASES, ids=lambda f: f.__name__)
+def test_nn_init_on_an_intermediate(fn):
+    assert_no_alarm(fn, torch.arange(3.0))
+
+
+# ----------------------------------------------------------------------------- state that is only read
+
+class Scaler:
+    def __init__(self):
+        self.factor = 2.0
+        self.history = []
+
+    def scale(self, x):
+        return x * self.factor + len(self.history)
+
+
+SCALER = Scaler()
+
+
+def reads_a_global_object_through_a_method(x):
+    return SCALER.scale(x)
+
+
+def seeded_generators_made_inside(x):
+    # Deterministic: eager draws the same numbers on every call too.
+    r = random.Random(0)
+    g = np.random.default_rng(0)
+    return x + r.random() + float(g.normal())
+
+
+@pytest.mark.parametrize("fn", [reads_a_global_object_through_a_method,
+                                seeded_generators_made_inside], ids=lambda f: f.__name__)
+def test_reached_state_and_generator_detectors_leave_pure_code_alone(fn):
+    # The detectors of state reached through objects and of Python/numpy generators must not flag
+    # reading a global object that is never written, nor a generator seeded inside the function.
+    assert_no_alarm(fn, torch.ones(3))
+
+
+# -- dispatch-side false alarms (proxies and opaque calls) --------------------------------------
+
+def test_vmap_inside_a_jitted_function_traces_as_one_op():
+    def f(x, w):
+        rows = torch.vmap(lambda r: r * 2 + r.sum())(x)
+        dots = torch.func.vmap(torch.dot, in_dims=(0, None))(x, w)
+        return rows + dots[:, None]
+    x, w = torch.randn(3, 4), torch.randn(4)
+    jf = fjit.jit(f)
+    for _ in range(2):
+        torch.testing.assert_close(jf(x, w), f(x, w))
+    assert torch.vmap.__module__.startswith("torch")     # restored after tracing
+
+
+def test_cpu_and_to_copy_on_a_cpu_input_then_writing_the_copy():
+    def f(x):
+        y = x.to(torch.float32, copy=True)
+        y.add_(1)
+        z = x.cpu() * 2
+        return y, z
+    x = torch.randn(3)
+    x0 = x.clone()
+    got, expected = fjit.jit(f)(x), f(x.clone())
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(x, x0)
+
+
+def _library_layers():
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1),
+        torch.nn.GroupNorm(2, 4), torch.nn.SiLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+        torch.nn.Linear(4, 3)).eval()
+    encoder = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True).eval()
+    return [(conv, torch.randn(2, 3, 9, 9).to(memory_format=torch.channels_last)),
+            (encoder, torch.randn(2, 5, 16))]
+
+
+def test_functional_call_writes_its_parameter_dict_back_unchanged_no_fj103():
+    # torch.func.functional_call ends with params.update({k: params[k] ...}) of the very same
+    # objects: not a mutation of the input dict
+    for module, x in _library_layers():
+        params = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+
+        def f(params, x):
+            return torch.func.functional_call(module, params, (x,))
+        torch.testing.assert_close(fjit.jit(f)(params, x), f(params, x))
+
+
+def test_a_real_write_into_an_input_dict_is_still_fj103():
+    def f(d, x):
+        d.update({"w": x * 2})       # a new object under an existing key
+        return d["w"]
+    with pytest.raises(fjit.InputMutationError):
+        fjit.jit(f)({"w": torch.ones(2)}, torch.ones(2))
+
+
+def test_library_layers_under_autocast_from_the_caller():
+    for module, x in _library_layers():
+        params = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+
+        def f(params, x):
+            return torch.func.functional_call(module, params, (x,))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got, expected = fjit.jit(f)(params, x), f(params, x)
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got.float(), expected.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_torch_device_made_inside_the_function():
+    """torch.device(type='cpu') is a value: the tracer's function mode must not turn its 'cpu'
+    into the meta device (found by the torch.compile backend's FX graphs)."""
+    def f(x):
+        return x.to(torch.device(type="cpu")) + torch.ones(2, device=torch.device("cpu"))
+    x = torch.ones(2)
+    torch.testing.assert_close(fjit.jit(f)(x), f(x))

@@ -1,0 +1,96 @@
+"""Layouts are the real ones.  Meta kernels mispredict some opaque ops' output strides (CPU
+conv2d/conv3d/conv_transpose2d/group_norm on channels_last, SDPA on transposed heads); fjit observes
+the real layouts on the first call, retraces with them, so fused kernels read the data right and
+returned tensors keep eager's layout."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fjit
+
+CL = torch.channels_last
+EXECUTORS = [("torch",), ("c", "torch")]
+
+
+def _cl(*shape):
+    return torch.randn(*shape).to(memory_format=CL)
+
+
+CASES = {
+    "conv2d_cl": (lambda x, w: (F.conv2d(x, w) * 2 + 1).relu(), lambda: (_cl(2, 3, 4, 5), torch.randn(6, 3, 3, 3))),
+    "conv2d_cl_weight": (lambda x, w: F.conv2d(x, w) * 2 - 1,
+                         lambda: (torch.randn(2, 3, 4, 5), torch.randn(6, 3, 3, 3).to(memory_format=CL))),
+    "group_norm_cl": (lambda x, w: F.group_norm(x, 3) * w[0, 0] + 1, lambda: (_cl(2, 6, 4, 5), torch.randn(2, 2))),
+    "conv_then_group_norm": (lambda x, w: F.group_norm(F.conv2d(x, w), 2).sigmoid() * 3,
+                             lambda: (_cl(2, 3, 6, 6), torch.randn(4, 3, 3, 3))),
+    "sdpa_transposed_heads": (lambda q, k: F.scaled_dot_product_attention(q, k, k) * 2 + q,
+                              lambda: (torch.randn(2, 5, 4, 8).transpose(1, 2), torch.randn(2, 5, 4, 8).transpose(1, 2))),
+    "conv3d_cl3d": (lambda x, w: F.conv3d(x, w).exp() - 1,
+                    lambda: (torch.randn(2, 3, 4, 5, 6).to(memory_format=torch.channels_last_3d), torch.randn(4, 3, 1, 1, 1))),
+    "conv_transpose": (lambda x, w: F.conv_transpose2d(x, w) * 0.5 + 1, lambda: (_cl(2, 3, 4, 5), torch.randn(3, 2, 3, 3))),
+}
+
+
+@pytest.mark.parametrize("executors", EXECUTORS, ids=lambda e: "-".join(e))
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_values_and_layouts_follow_the_real_kernels(name, executors):
+    f, make = CASES[name]
+    args = make()
+    jf = fjit.jit(f, executors=executors)
+    expected = f(*args)
+    for _ in range(3):        # the compiling call and cached calls alike
+        got = jf(*args)
+        torch.testing.assert_close(got, expected)
+        assert got.stride() == expected.stride()
+        assert got.is_contiguous(memory_format=CL) == expected.is_contiguous(memory_format=CL)
+
+
+def test_layout_questions_in_user_code_get_the_real_answer():
+    def f(x, w):
+        y = F.conv2d(x, w)
+        return y * 2 if y.is_contiguous(memory_format=CL) else y - 100
+    x, w = _cl(2, 3, 5, 5), torch.randn(4, 3, 3, 3)
+    torch.testing.assert_close(fjit.jit(f)(x, w), f(x, w))
+
+
+def test_check_mode_sees_no_layout_disagreement(monkeypatch):
+    monkeypatch.setenv("FJIT_CHECK", "1")
+    f, make = CASES["conv_then_group_norm"]
+    args = make()
+    torch.testing.assert_close(fjit.jit(f)(*args), f(*args))
+
+
+def test_first_call_observation_draws_random_numbers_once():
+    def f(x, w):
+        return F.dropout(F.conv2d(x, w), 0.5, training=True) + torch.rand(1)
+    x, w = _cl(2, 3, 5, 5), torch.randn(4, 3, 3, 3)
+    torch.manual_seed(0)
+    expected, after_eager = f(x, w), torch.rand(3)
+    torch.manual_seed(0)
+    got, after = fjit.jit(f)(x, w), torch.rand(3)
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(after, after_eager)
+
+
+def test_programs_without_opaque_ops_are_traced_once(monkeypatch):
+    import fjit.pipeline
+    traced = []
+    real = fjit.pipeline.trace_function
+    monkeypatch.setattr(fjit.pipeline, "trace_function", lambda *a, **k: traced.append(1) or real(*a, **k))
+    fjit.jit(lambda x: x * 2 + 1)(torch.randn(3))
+    assert len(traced) == 1      # no opaque op: no observation run, no retrace
+    fjit.jit(lambda x, w: F.conv2d(x, w) + 1)(_cl(2, 3, 5, 5), torch.randn(4, 3, 3, 3))
+    assert len(traced) == 3      # conv2d's meta layout was wrong: traced again with the real one
+
+
+def test_an_observed_layout_applies_only_to_a_value_of_the_shape_it_was_seen_with():
+    """A retrace that takes another path (a layout-dependent decomposition: timm's Twins) can give
+    an observed value's name to another value; its strides are not that value's (a rank-3 value
+    got rank-4 strides)."""
+    from fjit.frontend.record import observed_strides
+
+    class Ctx:
+        observed_strides = {"t3": ((2, 3, 4, 5), (60, 1, 15, 3))}
+    assert observed_strides(Ctx, "t3", (2, 3, 4, 5)) == (60, 1, 15, 3)
+    assert observed_strides(Ctx, "t3", (2, 3, 20)) is None
+    assert observed_strides(Ctx, "t4", (2, 3, 4, 5)) is None
