@@ -1,6 +1,6 @@
 """The coverage table: for every prim, which parts its block has (decomposition, VJP, C and Triton
 expressions, ATen overloads) and, for each part it lacks, the block's note saying why.  Printed by
-`python -m fjit.core.prims`; tests/test_prims.py fails on a missing part without a note."""
+`python -m fjit.core.prims`; tests/core/test_prims.py fails on a missing part without a note."""
 from __future__ import annotations
 
 from fjit.core.prims import ROWS, Block, Kind, Prim

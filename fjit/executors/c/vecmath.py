@@ -13,7 +13,7 @@ doubles), which is accurate for |x| <= FJ_TRIG_LIMIT; a chunk of elements that h
 argument is recomputed with the C library's sinf/cosf (the kernel keeps a flag, see codegen).
 
 Measured maximum errors against torch's CPU results over a dense float32 sample (every value in
-tests/test_c_executor.py::test_vector_math_ulp_error_against_torch, all special values included):
+tests/executors/test_c_executor.py::test_vector_math_ulp_error_against_torch, all special values included):
 see ULP_BOUND, which that test asserts.  Every function maps NaN to NaN, +-inf and signed zeros as
 torch does, and keeps denormal inputs and results (no flush to zero).
 """

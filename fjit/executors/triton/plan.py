@@ -11,7 +11,7 @@ Strategies for a region with reductions, a row of `width` elements per row (`row
 | > PERSISTENT_MAX, few rows, one level of sum/max/min, row outputs only | split: (rows, S) programs reduce a segment each into a workspace, a second kernel combines the S partials per row | 1 x LOOP_BLOCK, then 1 x S | 8, then by S |
 
 A persistent tile of up to PERSISTENT_MAX elements at 16 warps holds 16 elements of each live
-value per thread: no register spills for the programs the tests sweep (tests/test_gpu_compile.py
+value per thread: no register spills for the programs the tests sweep (tests/executors/test_gpu_compile.py
 compiles them for sm_90 and sm_80 and checks ptxas's report).
 
 Index arithmetic (render.collapse): a tensor's offset is the sum of its strides times the indices
