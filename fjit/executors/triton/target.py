@@ -102,7 +102,7 @@ def _worker(args):
     return job["key"], _compile_here(job, workdir)
 
 
-def _child_main(workers: int) -> None:
+def child_main(workers: int) -> None:
     """In the child: compile the jobs read from stdin, with `workers` processes; JSON to stdout."""
     import concurrent.futures
     import multiprocessing
@@ -142,8 +142,8 @@ def check(jobs: list[Job], cache_dir: str, workers: int | None = None) -> list[d
             os.path.abspath(__file__)))))
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         out = subprocess.run(
-            [sys.executable, "-c", f"from fjit.executors.triton.target import _child_main; "
-             f"_child_main({workers})"],
+            [sys.executable, "-c", f"from fjit.executors.triton.target import child_main; "
+             f"child_main({workers})"],
             input=json.dumps({"jobs": list(todo.values()), "workdir": cache_dir}),
             capture_output=True, text=True, env=env, check=False)
         if out.returncode != 0:
