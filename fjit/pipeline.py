@@ -51,7 +51,7 @@ class Compilation:
 
 
 def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: TraceMode,
-            executors: tuple) -> Compilation:
+                 executors: tuple) -> Compilation:
     """Trace `fn` on this call and compile it for `executors` (a tuple of config.Executor)."""
     with light_imports():
         result, traces, first, executors = _trace_with_real_layouts(fn, args, kwargs, leaves, mode,

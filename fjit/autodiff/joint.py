@@ -31,8 +31,7 @@ from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Var, fl
 from fjit.core.trace import Trace
 from fjit.autodiff.function import convolution_vjp, record, torch_vjp
 from fjit.autodiff.rules import NONDIFF, VJP, fit, full, has_rule
-from fjit.core.prims import Prim, prim_of
-from fjit.core.prims import apply
+from fjit.core.prims import Prim, apply, prim_of
 
 RECORD = Symbol("fjit_autodiff.record", record, frozenset({Tag.FALLBACK, Tag.RANDOM}))
 TORCH_VJP = Symbol("fjit_autodiff.torch_vjp", torch_vjp, frozenset({Tag.FALLBACK}))

@@ -18,6 +18,7 @@ over every dimension but the channel dimension (1), and it is not part of autogr
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -45,28 +46,24 @@ def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, trai
     return out, _stat_writes(dispatch, (running_mean, mean), (running_var, var), momentum=momentum)
 
 
-_UPDATED_STATISTICS: list = []
-
-
+@functools.cache
 def _updated_statistics():
     """torch.ops.fjit.batch_norm_statistics(x, running_mean, running_var, momentum): the new
     running statistics, computed by ATen's own update (batch_norm_update_stats, what eager's batch
     norm runs in place) on copies: eager's values exactly, in one pass over x that is three times
     faster than var_mean over the same dims.  Registered on first use (torch.library's custom op
     gives it the shape rule the tracer needs)."""
-    if not _UPDATED_STATISTICS:
-        @torch.library.custom_op("fjit::batch_norm_statistics", mutates_args=())
-        def batch_norm_statistics(x: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor,
-                                  momentum: float) -> tuple[torch.Tensor, torch.Tensor]:
-            mean, var = running_mean.clone(), running_var.clone()
-            torch.batch_norm_update_stats(x, mean, var, momentum)
-            return mean, var
+    @torch.library.custom_op("fjit::batch_norm_statistics", mutates_args=())
+    def batch_norm_statistics(x: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor,
+                              momentum: float) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, var = running_mean.clone(), running_var.clone()
+        torch.batch_norm_update_stats(x, mean, var, momentum)
+        return mean, var
 
-        @batch_norm_statistics.register_fake
-        def _(x, running_mean, running_var, momentum):
-            return torch.empty_like(running_mean), torch.empty_like(running_var)
-        _UPDATED_STATISTICS.append(torch.ops.fjit.batch_norm_statistics.default)
-    return _UPDATED_STATISTICS[0]
+    @batch_norm_statistics.register_fake
+    def _(x, running_mean, running_var, momentum):
+        return torch.empty_like(running_mean), torch.empty_like(running_var)
+    return torch.ops.fjit.batch_norm_statistics.default
 
 
 def _instance_norm_parts(dispatch, x, running_mean, running_var, weight, bias, use_input_stats,

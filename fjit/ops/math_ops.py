@@ -1,12 +1,13 @@
 """Torch-level math ops (elementwise, casts, reductions) as decompositions into prims.
 
-The torch callables that are exactly one prim are registered from the prim blocks (fjit/core/prims/:
-a block's torch names get the generic unary or binary decomposition here, its own decompositions
-are registered as they are); this module writes the composite ops (square, clamp, gelu, mean, var,
-max, any, casts, ...).  A decomposition takes the op's arguments (proxies for tensors) and calls prims.  It raises
-NotImplementedError for a case it does not cover, and the op then stays a single opaque call (the
-torch executor runs it either way; the prims are what the fusion pass and the Triton executor see).
-The dispatcher checks every decomposition's result metadata against torch's meta result.
+The torch callables that are exactly one prim are registered from the prim blocks
+(fjit/core/prims/: a block's torch names get the generic unary or binary decomposition here, its
+own decompositions are registered as they are); this module writes the composite ops (square,
+clamp, gelu, mean, var, max, any, casts, ...).  A decomposition takes the op's arguments (proxies
+for tensors) and calls prims.  It raises NotImplementedError for a case it does not cover, and the
+op then stays a single opaque call (the torch executor runs it either way; the prims are what the
+fusion pass and the Triton executor see).  The dispatcher checks every decomposition's result
+metadata against torch's meta result.
 """
 from __future__ import annotations
 

@@ -19,6 +19,8 @@ from fjit.core.trace import Trace
 
 # The widest row a reduction region takes by default (a generator without looped kernels).
 MAX_ROW = 1 << 16
+# The most prims a kernel computes again rather than loading their values (see _rematerialize).
+MAX_REMATERIALIZED = 12
 
 
 @dataclasses.dataclass
@@ -177,13 +179,11 @@ def _rematerialize(items: list, trace: Trace, kernels: set) -> bool:
     x/sqrt(2) and 1 + erf(x/sqrt(2)), three tensors of the activation's size, for the next kernel
     to read).  Only values nothing after the later kernel reads, computed without a row value, in
     chains of at most MAX_REMATERIALIZED prims.  True if any region changed."""
-    read_after: list = [set() for _ in items]
-    later = {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}
-    for k in range(len(items) - 1, -1, -1):
-        read_after[k] = set(later)
-        item = items[k]
-        bsyms = item.bsyms if isinstance(item, Region) else (item,)
-        later.update(v.name for b in bsyms for v in b.inputs())
+    last_read = {v.name: len(items) for v in flatten_values(trace.output) if isinstance(v, Var)}
+    for k, item in enumerate(items):
+        for b in item.bsyms if isinstance(item, Region) else (item,):
+            for v in b.inputs():
+                last_read[v.name] = max(last_read.get(v.name, -1), k)
     producer: dict = {}          # name -> (its region, its prim), for full-domain elementwise values
     position = {id(b): (k, j) for k, r in enumerate(items) if isinstance(r, Region)
                 for j, b in enumerate(r.bsyms)}
@@ -197,7 +197,7 @@ def _rematerialize(items: list, trace: Trace, kernels: set) -> bool:
             if made is None or made[0].domain != item.domain:
                 continue
             chain = _chain(made[0], v.name, producer)
-            if chain is None or any(o.name in read_after[k] for c in chain for o in c.outputs()):
+            if chain is None or any(last_read.get(o.name, -1) > k for c in chain for o in c.outputs()):
                 continue
             new = [c for c in chain if c not in copied]
             if len(copied) + len(new) <= MAX_REMATERIALIZED:
@@ -210,9 +210,6 @@ def _rematerialize(items: list, trace: Trace, kernels: set) -> bool:
             if b.sym.has(Tag.ELEMENTWISE) and out.name not in item.row_vars and out.name not in producer:
                 producer[out.name] = (item, b)
     return changed
-
-
-MAX_REMATERIALIZED = 12
 
 
 def _chain(region: Region, name: str, producer: dict) -> list | None:
