@@ -35,7 +35,7 @@ class ProgramCache:
         self.hits = 0
         self.misses = 0
         self.fast_call = _no_fast_path   # read without a lock: one attribute, atomic
-        self._fast = None                # (key function, fast cache, arity) of the fast path
+        self._fast = None    # (key function, guards function, fast cache, arity) of the fast path
         self._fast_declined = None       # an arity whose calls had no fast path
 
     def key_and_leaves(self, args: tuple, kwargs: dict) -> tuple[tuple, list]:
@@ -69,16 +69,16 @@ class ProgramCache:
             if made is None:                 # e.g. a container argument: the general path only
                 self._fast_declined = len(args)
                 return
-            call, key_of, cache = made
-            fast = self._fast = (key_of, cache, len(args))
+            call, key_of, guards_of, cache = made
+            fast = self._fast = (key_of, guards_of, cache, len(args))
             self.fast_call = call
-        key_of, cache, _ = fast
+        key_of, guards_of, cache, _ = fast
         key = key_of(*args)
         if key is None:          # typed differently from the signature the fast path was made for
             return
         if len(cache) >= CACHE_SIZE:
             cache.clear()
-        cache[key] = program
+        cache[key] = (program, guards_of(*args))
 
     def _drop_fast_path(self) -> None:
         self._fast = None

@@ -11,6 +11,7 @@ test or a notebook may change them between compilations; FJIT_LOGS is read when 
 | FJIT_LOGS | recompiles,traces,kernels (any of them, or all) | turns on fjit's loggers, to stderr |
 | FJIT_CHECK | 1 | check mode: every stage runs and is compared with the first; torch fallbacks' real layouts are checked |
 | FJIT_C_KERNELS | background (default), sync, 0 | when C kernels are built: in a background thread, before the compile returns, or never |
+| FJIT_MEASURE | auto (default), 0, all | whether a training program times its compiled backward against torch autograd's on its second call and keeps the faster (fjit/program_choice.py): programs of at least 32 ops, never, or every one |
 | FJIT_TRITON_CPU | 0 | with TRITON_INTERPRET=1, keep CPU tensors away from the Triton interpreter |
 | FJIT_TRITON_DUMP_TARGET | a directory | every Triton kernel built is also written there as generated for a GPU, for `python -m fjit.executors.triton.target DIR` (compiles them for sm_90/sm_80, reports spills) |
 | FJIT_TRITON_LAUNCH | compiled (default), jit | on a GPU: call each kernel compiled once through a pre-bound launcher, or through `kernel[grid]` |
@@ -70,6 +71,13 @@ class CKernels(enum.Enum):
     OFF = "0"                   # never: the C executor claims nothing
 
 
+class Measure(enum.Enum):
+    """FJIT_MEASURE: which training programs time the joint backward against torch autograd's."""
+    AUTO = "auto"       # programs of at least program_choice.MIN_OPS ops (a real model's)
+    NEVER = "0"         # the joint program always runs where it is built (deterministic choice)
+    ALL = "all"         # every program with a joint backward (tests)
+
+
 class LogTopic(enum.Enum):
     """FJIT_LOGS: the loggers it turns on (logger fjit.<value>)."""
     RECOMPILES = "recompiles"   # why a call compiled again: the key field that changed
@@ -80,7 +88,8 @@ class LogTopic(enum.Enum):
 _E = TypeVar("_E", bound=enum.Enum)
 
 # Spellings accepted besides an enum's values (an environment variable cannot say None).
-_ALIASES = {CKernels: {"off": CKernels.OFF}, CacheMode: {"none": CacheMode.NONE}}
+_ALIASES = {CKernels: {"off": CKernels.OFF}, CacheMode: {"none": CacheMode.NONE},
+            Measure: {"off": Measure.NEVER, "never": Measure.NEVER}}
 _NOT_YET = {"symbolic": "'symbolic' is not implemented yet"}
 
 
@@ -121,6 +130,11 @@ def c_kernels() -> CKernels:
     """FJIT_C_KERNELS: background (default), sync or 0."""
     return parse(CKernels, os.environ.get("FJIT_C_KERNELS", "background"),
                  "fjit: FJIT_C_KERNELS")
+
+
+def measure() -> Measure:
+    """FJIT_MEASURE (see the table above)."""
+    return parse(Measure, os.environ.get("FJIT_MEASURE", "auto"), "FJIT_MEASURE")
 
 
 def triton_on_cpu() -> bool:

@@ -18,6 +18,7 @@ import torch.utils._pytree as pytree
 
 import fjit.autodiff as autodiff
 import fjit.config as config
+import fjit.program_choice as program_choice
 from fjit.config import Executor, TraceMode
 from fjit.core.ir import Tag, TensorVar
 from fjit.core.trace import Trace
@@ -62,7 +63,10 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
         lowering = _lowering(cleaned, leaves, executors)
         joint = autodiff.compile_with_backward(cleaned, leaves, lowering)
         if isinstance(joint, autodiff.Compiled):
+            autograd_traces = traces
             traces, program, backward = joint.forward_traces, joint.program, joint.backward_traces
+            if program_choice.wants_measuring(len(cleaned.bsyms)):
+                program = _measured_choice(joint, autograd_traces, executors, leaves)
         else:
             program = torch_executor.compile_trace(traces[-1])
             backward = [] if joint is None else [autodiff.autograd_stage(traces[-1], joint)]
@@ -140,6 +144,22 @@ def _restoring_modes_on_error(program):
 
 
 # -- the backward's joint program ---------------------------------------------------------------
+
+def _measured_choice(joint: autodiff.Compiled, traces: list[Trace], executors: tuple,
+                     leaves: list) -> program_choice.MeasuredChoice:
+    """The joint program, or torch autograd over `traces` (the plain forward's stages) if that
+    measures faster on the second call (fjit/program_choice.py)."""
+    final = traces[-1]
+    autograd = torch_executor.compile_trace(final)
+    timed = (joint.program.flat(), torch_executor.compile_trace(final.with_stage(final.stage,
+                                                                                 rebuild=None)))
+
+    def autograd_traces(reason: str) -> tuple[list, list]:
+        return list(traces), [autodiff.autograd_stage(final, reason)]
+    return program_choice.MeasuredChoice(joint.program, autograd, timed, final.bsyms,
+                                         joint.forward_traces, joint.backward_traces,
+                                         autograd_traces)
+
 
 def _backward_context(trace: Trace, counter: int) -> TraceContext:
     """A trace context recording the backward of `trace`, naming values from t<counter> on."""

@@ -1064,6 +1064,15 @@ op("torch.Tensor.matmul", lambda a, b: a.matmul(b), (F32,), lambda m: [(m((3, 4)
 op("torch.mm", lambda a, b: torch.mm(a, b), (F32, BF16, I64),
    lambda m: [(m((3, 4)), m((4, 5))), (m((3, 4), nc=True), m((4, 5))), (m((1, 4)), m((4, 1))),
               (m((3, 0)), m((0, 2)))])
+op("torch.addmm", lambda c, a, b: torch.addmm(c, a, b), (F32, BF16, I64),
+   lambda m: [(m((5,)), m((3, 4)), m((4, 5))), (m((3, 5)), m((3, 4), nc=True), m((4, 5))),
+              (m((1, 5)), m((3, 0)), m((0, 5))), (m(()), m((2, 4)), m((4, 3)))])
+op("torch.addmm", lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), (F32,),
+   lambda m: [(m((5,)), m((3, 4)), m((4, 5)))], variant="beta_alpha")
+op("torch.addmm", lambda c, a, b: torch.addmm(c, a, b, beta=0), (F32,),
+   lambda m: [(m.specials()[:5], m((3, 4)), m((4, 5)))], variant="beta0")
+op("torch.Tensor.addmm", lambda c, a, b: c.addmm(a, b), (F32,),
+   lambda m: [(m((3, 5)), m((3, 4)), m((4, 5)))])
 op("torch.bmm", lambda a, b: torch.bmm(a, b), (F32, BF16, I64),
    lambda m: [(m((2, 3, 4)), m((2, 4, 5))), (m((2, 3, 4), nc=True), m((2, 4, 5), nc=True)),
               (m((0, 3, 4)), m((0, 4, 2)))])

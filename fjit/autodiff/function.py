@@ -11,6 +11,7 @@ after their last use (the generated program deletes dead values).
 """
 from __future__ import annotations
 
+import copy
 import itertools
 
 import torch
@@ -89,6 +90,12 @@ class Plan:
         self.template = output_template
         self.rebuild = rebuild
         self.index = {n: k for k, n in enumerate(names)}
+
+    def flat(self) -> "Plan":
+        """This plan returning its outputs' structure of tensors and numbers, not rebuilt."""
+        plan = copy.copy(self)
+        plan.rebuild = None
+        return plan
 
     def __call__(self, *leaves):
         box = []

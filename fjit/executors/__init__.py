@@ -26,7 +26,7 @@ from fjit.core.trace import Trace
 from fjit.runtime import register_kernel
 
 __all__ = ["Executor", "KernelExecutor", "kernel_executor", "fusing_executor", "kernel_inputs_usable",
-           "kernel_bsym", "kernel_cache_dir"]   # Executor (the `executors=` option) lives in fjit.config
+           "kernel_bsym", "kernel_cache_dir", "wait_for_kernels"]   # Executor (the `executors=` option) lives in fjit.config
 
 
 class KernelExecutor(Protocol):
@@ -58,6 +58,14 @@ def kernel_executor(option: Executor) -> KernelExecutor | None:
         except ImportError:
             _LOADED[option] = None
     return _LOADED[option]
+
+
+def wait_for_kernels() -> None:
+    """Block until the kernels the loaded executors are building in the background are built."""
+    for executor in list(_LOADED.values()):
+        wait = getattr(executor, "wait_for_builds", None)
+        if wait is not None:
+            wait()
 
 
 def fusing_executor(executors: tuple, device: torch.device) -> KernelExecutor | None:

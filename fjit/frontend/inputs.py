@@ -71,11 +71,15 @@ _FAST_CONSTANTS = (int, bool, str, type(None))
 
 
 def fast_path(args: tuple, specialized: frozenset):
-    """(call, key, cache) generated for calls typed like `args`, or None if they do not qualify.
-    `call(*args)` looks the program up in `cache` (a dict of its own, so one generation's keys
-    never meet another's programs) and returns its result, or MISS (other arity, other types, or
-    no program yet); `key(*args)` is the key to store a program under, or None for arguments
-    typed differently."""
+    """(call, key, guards, cache) generated for calls typed like `args`, or None if they do not
+    qualify.  `call(*args)` looks the program up in `cache` (a dict of its own, so one
+    generation's keys never meet another's programs) and returns its result, or MISS (other arity,
+    other types, or no program yet); `key(*args)` is the key to store a program under, or None for
+    arguments typed differently; `guards(*args)` is what `cache` files beside the program.
+
+    Where every argument is a tensor, the program last found is checked first by one C call
+    (`_TensorGuards`: type, dispatch keys, dtype, device, sizes, strides, requires_grad, the
+    negative bit), with grad mode and autocast, before any key is built."""
     checks, key, leaves = [], ["_grad()", "_autocast()"], []
     for i, a in enumerate(args):
         t = type(a)
@@ -94,6 +98,8 @@ def fast_path(args: tuple, specialized: frozenset):
             key.append(name)
         else:
             return None
+    monomorphic = _TensorGuards is not None and args and len(leaves) == len(args) and \
+        all(type(a) in _TENSOR_TYPES for a in args)
     params = ", ".join(f"a{i}" for i in range(len(args)))
     guard = " or ".join(checks) or "False"
     source = (f"def call(*args):\n"
@@ -103,23 +109,44 @@ def fast_path(args: tuple, specialized: frozenset):
               "def call(*args):\n"
               "    if args:\n"
               "        return MISS\n")
+    if monomorphic:
+        source += (f"    m = last[0]\n"
+                   f"    if m is not None and m[0] is _grad() and not _amp() and m[1].check({params}):\n"
+                   f"        return m[2]({params})\n")
     source += (f"    if {guard}:\n"
               f"        return MISS\n"
-              f"    program = cache.get(({', '.join(key)},))\n"
-              f"    if program is None:\n"
+              f"    k = ({', '.join(key)},)\n"
+              f"    hit = cache.get(k)\n"
+              f"    if hit is None:\n"
               f"        return MISS\n"
-              f"    return program({', '.join(leaves)})\n"
+              f"    if hit[1] is not None and k[1] is False:\n"
+              f"        last[0] = (k[0], hit[1], hit[0])\n"
+              f"    return hit[0]({', '.join(leaves)})\n"
               f"def key({params}):\n"
               f"    if {guard}:\n"
               f"        return None\n"
-              f"    return ({', '.join(key)},)\n")
+              f"    return ({', '.join(key)},)\n"
+              f"def guards({params}):\n"
+              f"    return _guards({params}) if {monomorphic} else None\n")
     cache: dict = {}
     namespace = {"_strided": torch.strided, "_grad": torch.is_grad_enabled,
-                 "_autocast": autocast_key, "MISS": MISS, "cache": cache}
+                 "_autocast": autocast_key, "_amp": torch._C._is_any_autocast_enabled,
+                 "MISS": MISS, "cache": cache, "last": [None], "_guards": _tensor_guards}
     namespace.update({f"_c{i}": type(a) for i, a in enumerate(args)
                       if type(a) in _FAST_CONSTANTS or type(a) in _TENSOR_TYPES})
     exec(compile(source, "<fjit fast path>", "exec"), namespace)
-    return namespace["call"], namespace["key"], cache
+    return namespace["call"], namespace["key"], namespace["guards"], cache
+
+
+try:     # torch's C++ check of a tensor's metadata (what Dynamo's guards are made of)
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:     # pragma: no cover - a torch without it keeps the key path
+    _TensorGuards = None
+
+
+def _tensor_guards(*tensors):
+    return _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                         dynamic_dims_strides=[list(t.stride()) for t in tensors])
 
 
 def _walk(x, parts, leaves, specialized, where):

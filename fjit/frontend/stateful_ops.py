@@ -18,7 +18,6 @@ over every dimension but the channel dimension (1), and it is not part of autogr
 """
 from __future__ import annotations
 
-import functools
 import inspect
 
 import torch
@@ -36,34 +35,21 @@ def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, trai
     if not all(isinstance(t, TensorProxy) for t in (x, *stats)) or \
             isinstance(momentum, (NumberProxy, TensorProxy)) or momentum is None:
         return None   # a captured tensor (FJ101) or a momentum fjit cannot read: the normal path
+    if running_mean is not None and running_var is not None and x.dtype == running_mean.dtype \
+            == running_var.dtype and x.dtype.is_floating_point:
+        # ATen's functional batch norm: eager's kernel, which normalizes and computes the new
+        # running statistics in one pass (what functionalization turns eager's op into).  It gets
+        # copies of the statistics: torch autograd saves them, and the buffers are written after.
+        copies = [dispatch(torch.clone, (s,), {}) for s in (running_mean, running_var)]
+        out, _, _, mean, var = dispatch(torch.ops.aten._native_batch_norm_legit_functional.default,
+                                        (x, weight, bias, *copies, True, float(momentum),
+                                         float(eps)), {})
+        return out, [(running_mean, mean), (running_var, var)]
     out = dispatch(F.batch_norm, (x, None, None, weight, bias), {"training": True, "eps": eps})
     detached = dispatch(torch.Tensor.detach, (x,), {})
-    if running_mean is not None and running_var is not None and x.dtype == running_mean.dtype:
-        mean, var = dispatch(_updated_statistics(), (detached, running_mean, running_var, momentum), {})
-        return out, [(running_mean, mean), (running_var, var)]
     dims = [0, *range(2, len(x.shape))]
     var, mean = dispatch(torch.var_mean, (detached, dims), {"correction": 1})
     return out, _stat_writes(dispatch, (running_mean, mean), (running_var, var), momentum=momentum)
-
-
-@functools.cache
-def _updated_statistics():
-    """torch.ops.fjit.batch_norm_statistics(x, running_mean, running_var, momentum): the new
-    running statistics, computed by ATen's own update (batch_norm_update_stats, what eager's batch
-    norm runs in place) on copies: eager's values exactly, in one pass over x that is three times
-    faster than var_mean over the same dims.  Registered on first use (torch.library's custom op
-    gives it the shape rule the tracer needs)."""
-    @torch.library.custom_op("fjit::batch_norm_statistics", mutates_args=())
-    def batch_norm_statistics(x: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor,
-                              momentum: float) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, var = running_mean.clone(), running_var.clone()
-        torch.batch_norm_update_stats(x, mean, var, momentum)
-        return mean, var
-
-    @batch_norm_statistics.register_fake
-    def _(x, running_mean, running_var, momentum):
-        return torch.empty_like(running_mean), torch.empty_like(running_var)
-    return torch.ops.fjit.batch_norm_statistics.default
 
 
 def _instance_norm_parts(dispatch, x, running_mean, running_var, weight, bias, use_input_stats,

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from fjit.core.prims import Prim, apply, torch_callables
 from fjit.core.prims.toolkit import reduced_dims
+from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.ops.math_ops import downcast, no_empty_reduction, register, upcast
 
 
@@ -82,6 +83,19 @@ def _linear(x, weight, bias=None):
 @register(*torch_callables("matmul"), *torch_callables("mm"), *torch_callables("bmm"), torch.Tensor.__matmul__)
 def _matmul(a, b):
     return apply(Prim.MATMUL, a, b)
+
+
+@register(*torch_callables("addmm"))
+def _addmm(bias, a, b, *, beta=1, alpha=1):
+    # transformers' Conv1D (GPT-2) is addmm(bias, x, w): a matmul and an add the kernels fuse, and
+    # whose backward is prims' (a recorded op costs a nested autograd call per backward)
+    if isinstance(beta, (NumberProxy, TensorProxy)) or isinstance(alpha, (NumberProxy, TensorProxy)) \
+            or beta == 0 or a.ndim != 2 or b.ndim != 2:
+        raise NotImplementedError   # beta=0 ignores NaN in bias: one torch call
+    out = apply(Prim.MATMUL, a, b)
+    if alpha != 1:
+        out = apply(Prim.MUL, out, alpha)
+    return apply(Prim.ADD, out, bias if beta == 1 else apply(Prim.MUL, bias, beta))
 
 
 @register(torch.Tensor.__rmatmul__)

@@ -189,6 +189,34 @@ def test_fast_path_of_another_arity_never_serves_a_program():
         torch.testing.assert_close(jf(*args), f(*args))
 
 
+def test_fast_path_check_of_the_last_program_sees_every_key_field():
+    """The last program found is checked first by one C call; a call differing from it in any
+    field of the key (size, stride, dtype, requires_grad, negative bit, grad mode, autocast) gets
+    the program compiled for it, never the last one."""
+    jf = fjit.jit(lambda x: x * 2 + 1)
+    x = torch.randn(4, 3)
+    variants = [lambda: x, lambda: torch.randn(3, 4), lambda: x.t(), lambda: x.double(),
+                lambda: x.clone().requires_grad_(), lambda: torch.randn(4, 3)._neg_view(),
+                lambda: x[:, :2], lambda: torch.nn.Parameter(x.clone())]
+    for _ in range(3):                 # every variant after every other: the check is exercised
+        for make in variants:
+            t = make()
+            for grad in (True, False):
+                with torch.set_grad_enabled(grad):
+                    out = jf(t)
+                    want = t * 2 + 1
+                assert out.shape == want.shape and out.dtype == want.dtype
+                assert out.requires_grad == want.requires_grad
+                torch.testing.assert_close(out.detach(), want.detach())
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                assert jf(t).dtype == (t * 2 + 1).dtype
+    jf2 = fjit.jit(lambda a, b: a @ b)
+    a = torch.randn(3, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert jf2(a, a.t()).dtype == torch.bfloat16
+    assert jf2(a, a.t()).dtype == torch.float32
+
+
 def test_float_on_the_left_of_a_comparison_does_not_recompile():
     jf = fjit.jit(lambda x, s: s < x)
     x = torch.randn(5)

@@ -258,3 +258,74 @@ def test_batch_norm_running_statistics_are_eagers_bit_for_bit(dims):
         jm(x).square().sum().backward()
     for name in ("running_mean", "running_var", "num_batches_tracked"):
         assert torch.equal(getattr(eager[1], name), getattr(compiled[1], name)), name
+
+
+# -- the measured choice between the joint program and torch autograd (fjit/program_choice.py) --
+
+class DropoutMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(12, 32), nn.Linear(32, 5)
+
+    def forward(self, x):
+        return self.fc2(F.dropout(F.gelu(self.fc1(x)), 0.3, training=True)).tanh()
+
+
+@pytest.mark.parametrize("autograd_wins", [False, True])
+def test_measured_choice_keeps_eager_results_and_random_draws(monkeypatch, autograd_wins):
+    """Whichever form the second call's measurement keeps, every step's loss and gradients are
+    eager's, dropout draws what eager draws (the measuring runs are rewound), and the traces show
+    the form that runs."""
+    import fjit.program_choice as program_choice
+    monkeypatch.setenv("FJIT_MEASURE", "all")
+    monkeypatch.setattr(program_choice, "MARGIN", 1e9 if autograd_wins else 0.0)
+    torch.manual_seed(0)
+    model = DropoutMLP()
+    eager = copy.deepcopy(model)
+    jitted = fjit.jit(model)
+    x = torch.randn(6, 12)
+    for step in range(4):
+        for m, call in ((eager, eager), (model, jitted)):
+            torch.manual_seed(step)
+            m.zero_grad()
+            loss = call(x).square().sum()
+            loss.backward()
+            if m is eager:
+                want, want_grads = loss, [p.grad.clone() for p in eager.parameters()]
+        torch.testing.assert_close(loss, want)
+        for p, g in zip(model.parameters(), want_grads):
+            torch.testing.assert_close(p.grad, g)
+    stage = fjit.last_backward_traces(jitted)[-1].stage
+    if autograd_wins:
+        assert stage.startswith("torch_autograd") and "measured on the second call" in stage
+        assert not any("C kernel" in str(t) for t in fjit.last_traces(jitted))
+    else:
+        assert not stage.startswith("torch_autograd")
+
+
+def test_measured_choice_is_skipped_for_an_input_with_a_gradient_hook(monkeypatch):
+    """Measuring runs backwards that a hook on an input would see: such a program keeps the joint
+    form, and the hook runs once per real backward."""
+    import fjit.program_choice as program_choice
+    monkeypatch.setenv("FJIT_MEASURE", "all")
+    monkeypatch.setattr(program_choice, "MARGIN", 1e9)
+    model = MLP()
+    seen = []
+    model.fc1.weight.register_hook(lambda g: seen.append(1))
+    jitted = fjit.jit(model)
+    x = torch.randn(4, 12)
+    for _ in range(3):
+        jitted(x).sum().backward()
+    assert len(seen) == 3
+    assert not fjit.last_backward_traces(jitted)[-1].stage.startswith("torch_autograd")
+
+
+def test_fjit_measure_0_never_measures(monkeypatch):
+    import fjit.program_choice as program_choice
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    monkeypatch.setattr(program_choice, "MARGIN", 1e9)
+    jitted = fjit.jit(MLP())
+    x = torch.randn(4, 12)
+    for _ in range(3):
+        jitted(x).sum().backward()
+    assert not fjit.last_backward_traces(jitted)[-1].stage.startswith("torch_autograd")
