@@ -35,6 +35,9 @@ class ProgramCache:
         self.hits = 0
         self.misses = 0
         self.fast_call = _no_fast_path   # read without a lock: one attribute, atomic
+        # (arity, grad mode, tensor guards, program) of the all-tensor call the fast path served
+        # last: JittedFunction.__call__ checks it before anything else
+        self.last = None
         self._fast = None    # (key function, guards function, fast cache, arity) of the fast path
         self._fast_declined = None       # an arity whose calls had no fast path
 
@@ -65,7 +68,7 @@ class ProgramCache:
         if fast is None or len(args) != fast[2]:
             if self._fast_declined == len(args):
                 return
-            made = fast_path(args, self.specialized)
+            made = fast_path(args, self.specialized, self._remember)
             if made is None:                 # e.g. a container argument: the general path only
                 self._fast_declined = len(args)
                 return
@@ -78,9 +81,14 @@ class ProgramCache:
             return
         if len(cache) >= CACHE_SIZE:
             cache.clear()
+            self.last = None
         cache[key] = (program, guards_of(*args))
 
+    def _remember(self, last: tuple) -> None:
+        self.last = last
+
     def _drop_fast_path(self) -> None:
+        self.last = None
         self._fast = None
         self.fast_call = _no_fast_path
         self._fast_declined = None

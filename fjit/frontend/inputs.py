@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import keyword
 import re
+from typing import Callable
 
 import torch
 import torch.utils._pytree as pytree
@@ -70,16 +71,17 @@ MISS = object()
 _FAST_CONSTANTS = (int, bool, str, type(None))
 
 
-def fast_path(args: tuple, specialized: frozenset):
+def fast_path(args: tuple, specialized: frozenset, remember: Callable[[tuple], None]):
     """(call, key, guards, cache) generated for calls typed like `args`, or None if they do not
     qualify.  `call(*args)` looks the program up in `cache` (a dict of its own, so one
     generation's keys never meet another's programs) and returns its result, or MISS (other arity,
     other types, or no program yet); `key(*args)` is the key to store a program under, or None for
     arguments typed differently; `guards(*args)` is what `cache` files beside the program.
 
-    Where every argument is a tensor, the program last found is checked first by one C call
-    (`_TensorGuards`: type, dispatch keys, dtype, device, sizes, strides, requires_grad, the
-    negative bit), with grad mode and autocast, before any key is built."""
+    Where every argument is a tensor, a program found is passed to `remember` as (arity, grad
+    mode, guards, program): the caller checks it first on the next call, by one C call
+    (`_TensorGuards`: type, dispatch keys (autocast's among them), dtype, device, sizes, strides,
+    requires_grad, the negative bit) and grad mode, before any key is built."""
     checks, key, leaves = [], ["_grad()", "_autocast()"], []
     for i, a in enumerate(args):
         t = type(a)
@@ -109,10 +111,6 @@ def fast_path(args: tuple, specialized: frozenset):
               "def call(*args):\n"
               "    if args:\n"
               "        return MISS\n")
-    if monomorphic:
-        source += (f"    m = last[0]\n"
-                   f"    if m is not None and m[0] is _grad() and not _amp() and m[1].check({params}):\n"
-                   f"        return m[2]({params})\n")
     source += (f"    if {guard}:\n"
               f"        return MISS\n"
               f"    k = ({', '.join(key)},)\n"
@@ -120,7 +118,7 @@ def fast_path(args: tuple, specialized: frozenset):
               f"    if hit is None:\n"
               f"        return MISS\n"
               f"    if hit[1] is not None and k[1] is False:\n"
-              f"        last[0] = (k[0], hit[1], hit[0])\n"
+              f"        remember(({len(args)}, k[0], hit[1], hit[0]))\n"
               f"    return hit[0]({', '.join(leaves)})\n"
               f"def key({params}):\n"
               f"    if {guard}:\n"
@@ -130,8 +128,8 @@ def fast_path(args: tuple, specialized: frozenset):
               f"    return _guards({params}) if {monomorphic} else None\n")
     cache: dict = {}
     namespace = {"_strided": torch.strided, "_grad": torch.is_grad_enabled,
-                 "_autocast": autocast_key, "_amp": torch._C._is_any_autocast_enabled,
-                 "MISS": MISS, "cache": cache, "last": [None], "_guards": _tensor_guards}
+                 "_autocast": autocast_key, "MISS": MISS, "cache": cache, "remember": remember,
+                 "_guards": _tensor_guards}
     namespace.update({f"_c{i}": type(a) for i, a in enumerate(args)
                       if type(a) in _FAST_CONSTANTS or type(a) in _TENSOR_TYPES})
     exec(compile(source, "<fjit fast path>", "exec"), namespace)

@@ -8,12 +8,14 @@ region has at least PARALLEL_MIN elements.  A region with reductions is a loop o
 among threads the same way) and one loop over the row per reduction level, recomputing the cheap
 elementwise values rather than storing them; each reduction keeps LANES partial accumulators (lane
 = element index mod LANES) combined pairwise in a fixed order, so a result never depends on the
-thread count and the loop vectorizes without reassociating anything.
+thread count and the loop vectorizes without reassociating anything; a float32 sum adds blocks of
+SUM_BLOCK elements in float lanes, folded into double lanes.
 
 Shapes and strides are literals (a trace is specialized to them), so the source is the cache key.
 Values are computed in the dtype torch computes them in: a Python number is rounded to that dtype
 first (`x * 0.1` on float32 is `x * (float)0.1`, as torch's CPU kernels do), integers wrap (the
-kernel is built with -fwrapv), max/min propagate NaN.  Float sums and products accumulate in double.
+kernel is built with -fwrapv), max/min propagate NaN.  Float products and float64 sums accumulate
+in double, float32 sums in blocks of float lanes (SUM_BLOCK).
 float32 exp, log, tanh, sigmoid, erf, sin and cos use the vectorizable forms of vecmath.py (their
 measured error against torch is in vecmath.ULP_BOUND); the other transcendental functions, and all
 of float64's, are the C library's scalar ones.
@@ -57,6 +59,10 @@ supported = functools.partial(render.supported, lang=C)
 PARALLEL_MIN = 1 << 15
 BLOCK = 1 << 13
 LANES = 16
+# A float32 sum adds blocks of SUM_BLOCK elements in LANES float lanes (64 roundings a lane), folded
+# into double lanes: |error| <= 64 * 2^-24 * sum|x| at any row length, at float32 vector width
+# (tests/executors/test_c_executor.py measures it, and torch's cascade sum, against float64).
+SUM_BLOCK = 1024
 # Bytes of a row's costly values (exp, tanh, libm calls) a reduction region keeps in per-thread
 # stack buffers for its later passes, instead of computing them again (softmax's exp).
 SCRATCH_BYTES = 1 << 16
@@ -327,20 +333,33 @@ class CEmitter(render.RegionEmitter):
                 row_lines += [f"{init.split()[0]} {acc}[{LANES}];",
                               f"for (int l = 0; l < {LANES}; l++) {acc}[l] = {init.split('= ')[1]}"]
                 accs.append((b, acc))
-            # LANES partial accumulators, lane = c % LANES: blocks of LANES, then the tail
+            # LANES partial accumulators, lane = c % LANES: blocks of LANES, then the tail (a
+            # float32 sum's in float lanes per SUM_BLOCK elements, folded into double lanes)
+            blocked = {acc for b, acc in accs if self.float_lanes(b)}
             row_lines += ["{", "    int64_t c0 = 0;"]
+            if blocked:
+                row_lines += [f"    while (c0 + {LANES} <= {width}) {{",
+                              f"    int64_t cb = c0 + {SUM_BLOCK} < {width} ? c0 + {SUM_BLOCK} : {width};"]
+                for acc in sorted(blocked):
+                    row_lines += [f"    float {acc}_b[{LANES}];",
+                                  f"    for (int l = 0; l < {LANES}; l++) {acc}_b[l] = 0;"]
+            end = "cb" if blocked else width
             # (the lane loop must not be unrolled before the vectorizer sees it: unrolled, its
             # NaN-propagating max/min stay scalar)
-            for head, tail in (([f"for (; c0 + {LANES} <= {width}; c0 += {LANES}) {{",
+            for head, tail in (([f"for (; c0 + {LANES} <= {end}; c0 += {LANES}) {{",
                                  "#pragma GCC unroll 1",
                                  f"for (int64_t l = 0; l < {LANES}; l++) {{"], ["}", "}"]),
                                ([f"for (int64_t l = 0; c0 + l < {width}; l++) {{"], ["}"])):
                 loop, local = self.element_code(p, row_names, p, ["int64_t c = c0 + l;"])
                 for b, acc in accs:
-                    loop.append(self.accumulate(b, f"{acc}[l]", local[b.args[0].name][0]))
+                    lane = f"{acc}_b[l]" if acc in blocked and tail == ["}", "}"] else f"{acc}[l]"
+                    loop.append(self.accumulate(b, lane, local[b.args[0].name][0]))
                 row_lines += [_indent(x) for x in head]
                 row_lines += ["        " + x for x in loop]
                 row_lines += ["    " + x for x in tail]
+                if blocked and tail == ["}", "}"]:
+                    row_lines += [f"    for (int l = 0; l < {LANES}; l++) {acc}[l] += {acc}_b[l];"
+                                  for acc in sorted(blocked)] + ["    }"]
             row_lines.append("}")
             for b, acc in accs:
                 o = b.outputs()[0]
@@ -353,6 +372,10 @@ class CEmitter(render.RegionEmitter):
                 row_lines.append(f"out{k}[{self.offset(v, rows_only=True)}] = "
                                  f"{self.store(v, row_names)};")
         return row_lines
+
+    def float_lanes(self, b: BoundSymbol) -> bool:
+        """A sum of float32 values (float16/bfloat16 ones are held as float32): float lanes."""
+        return prim_of(b) is Prim.SUM and held(b.args[0].dtype) == torch.float32
 
     def accumulator(self, b: BoundSymbol) -> tuple[str, str]:
         p, o = prim_of(b), b.outputs()[0]
