@@ -72,7 +72,7 @@ class JittedFunction(Generic[P, R]):
 
     def __call__(self, *args, **kwargs):
         cache = self._cache
-        last = cache.last
+        last = cache.last[0]
         if last is not None and not kwargs and len(args) == last[0] and last[1] is _grad() and \
                 last[2].check(*args):
             cache.hits += 1
@@ -120,6 +120,7 @@ class JittedFunction(Generic[P, R]):
                                              self._executors)
             self._last_traces = compiled.traces
             self._last_backward_traces = compiled.backward_traces
+            cache.last_compiled = (compiled.traces, compiled.backward_traces)
             logs.log_traces(self.__qualname__, compiled.traces)
             cache.store(args, kwargs, key, compiled.program, compiled.specialized)
             return compiled.program, compiled
@@ -218,14 +219,22 @@ def _jitted(jf, name: str) -> JittedFunction:
 
 def last_traces(jf: JittedFunction) -> list[Trace]:
     """Every stage of `jf`'s last compilation, first to last."""
-    return list(_jitted(jf, "last_traces")._last_traces)
+    return list(_traces_of(_jitted(jf, "last_traces"))[0])
 
 
 def last_backward_traces(jf: JittedFunction) -> list[Trace]:
     """Every stage of the compiled backward of `jf`'s last compilation, first to last; empty when
     that compilation has none (no input required grad under grad mode, or torch autograd runs the
     forward program's ops because nothing in them would be fused)."""
-    return list(_jitted(jf, "last_backward_traces")._last_backward_traces)
+    return list(_traces_of(_jitted(jf, "last_backward_traces"))[1])
+
+
+def _traces_of(jf: JittedFunction) -> tuple[list, list]:
+    """Its own last compilation's stages, or, when it has compiled nothing itself (a module wrapper
+    whose programs an equal module's wrapper compiled), those of its cache's last compilation."""
+    if jf._last_traces:
+        return jf._last_traces, jf._last_backward_traces
+    return jf._cache.last_compiled
 
 
 def cache_info(jf: JittedFunction) -> CacheInfo:

@@ -35,9 +35,13 @@ class ProgramCache:
         self.hits = 0
         self.misses = 0
         self.fast_call = _no_fast_path   # read without a lock: one attribute, atomic
-        # (arity, grad mode, tensor guards, program) of the all-tensor call the fast path served
-        # last: JittedFunction.__call__ checks it before anything else
-        self.last = None
+        # [(arity, grad mode, tensor guards, program)] of the all-tensor call the fast path served
+        # last: JittedFunction.__call__ checks it before anything else.  A list the fast path
+        # writes into, not a method of this cache: that would be a reference cycle, and a cache
+        # shared between module wrappers lives exactly as long as they do (a weak registry).
+        self.last: list = [None]
+        # (forward stages, backward stages) of the last compilation filed here
+        self.last_compiled: tuple[list, list] = ([], [])
         self._fast = None    # (key function, guards function, fast cache, arity) of the fast path
         self._fast_declined = None       # an arity whose calls had no fast path
 
@@ -68,7 +72,7 @@ class ProgramCache:
         if fast is None or len(args) != fast[2]:
             if self._fast_declined == len(args):
                 return
-            made = fast_path(args, self.specialized, self._remember)
+            made = fast_path(args, self.specialized, self.last)
             if made is None:                 # e.g. a container argument: the general path only
                 self._fast_declined = len(args)
                 return
@@ -81,14 +85,11 @@ class ProgramCache:
             return
         if len(cache) >= CACHE_SIZE:
             cache.clear()
-            self.last = None
+            self.last[0] = None
         cache[key] = (program, guards_of(*args))
 
-    def _remember(self, last: tuple) -> None:
-        self.last = last
-
     def _drop_fast_path(self) -> None:
-        self.last = None
+        self.last[0] = None
         self._fast = None
         self.fast_call = _no_fast_path
         self._fast_declined = None
@@ -96,6 +97,7 @@ class ProgramCache:
     def clear(self, statistics: bool = False) -> None:
         """Forget every program (and with `statistics`, the hit and miss counts too)."""
         self.programs.clear()
+        self.last_compiled = ([], [])
         self.specialized = frozenset()
         self._drop_fast_path()
         if statistics:

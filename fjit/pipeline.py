@@ -30,10 +30,10 @@ from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.frontend.rng import rng_preserved, rng_snapshot
 from fjit.frontend.tracer import trace_function
 from fjit.ops import TRACE_NAMESPACE
-from fjit.passes.basic import constant_fold, cse, dce, free_dead_values, reuse_buffers
+from fjit.passes.basic import constant_fold, cse, dce, free_dead_values, reuse_buffers, simplify_views
 from fjit.passes.verify import verify
 
-CLEANUP = (dce, cse, constant_fold, dce)
+CLEANUP = (dce, cse, constant_fold, simplify_views, dce)
 _NOT_RUN = object()      # the first call's result was not computed while compiling
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import keyword
 import re
-from typing import Callable
 
 import torch
 import torch.utils._pytree as pytree
@@ -71,15 +70,15 @@ MISS = object()
 _FAST_CONSTANTS = (int, bool, str, type(None))
 
 
-def fast_path(args: tuple, specialized: frozenset, remember: Callable[[tuple], None]):
+def fast_path(args: tuple, specialized: frozenset, last: list):
     """(call, key, guards, cache) generated for calls typed like `args`, or None if they do not
     qualify.  `call(*args)` looks the program up in `cache` (a dict of its own, so one
     generation's keys never meet another's programs) and returns its result, or MISS (other arity,
     other types, or no program yet); `key(*args)` is the key to store a program under, or None for
     arguments typed differently; `guards(*args)` is what `cache` files beside the program.
 
-    Where every argument is a tensor, a program found is passed to `remember` as (arity, grad
-    mode, guards, program): the caller checks it first on the next call, by one C call
+    Where every argument is a tensor, a program found is put in `last[0]` as (arity, grad mode,
+    guards, program): the caller checks it first on the next call, by one C call
     (`_TensorGuards`: type, dispatch keys (autocast's among them), dtype, device, sizes, strides,
     requires_grad, the negative bit) and grad mode, before any key is built."""
     checks, key, leaves = [], ["_grad()", "_autocast()"], []
@@ -118,7 +117,7 @@ def fast_path(args: tuple, specialized: frozenset, remember: Callable[[tuple], N
               f"    if hit is None:\n"
               f"        return MISS\n"
               f"    if hit[1] is not None and k[1] is False:\n"
-              f"        remember(({len(args)}, k[0], hit[1], hit[0]))\n"
+              f"        last[0] = ({len(args)}, k[0], hit[1], hit[0])\n"
               f"    return hit[0]({', '.join(leaves)})\n"
               f"def key({params}):\n"
               f"    if {guard}:\n"
@@ -128,7 +127,7 @@ def fast_path(args: tuple, specialized: frozenset, remember: Callable[[tuple], N
               f"    return _guards({params}) if {monomorphic} else None\n")
     cache: dict = {}
     namespace = {"_strided": torch.strided, "_grad": torch.is_grad_enabled,
-                 "_autocast": autocast_key, "MISS": MISS, "cache": cache, "remember": remember,
+                 "_autocast": autocast_key, "MISS": MISS, "cache": cache, "last": last,
                  "_guards": _tensor_guards}
     namespace.update({f"_c{i}": type(a) for i, a in enumerate(args)
                       if type(a) in _FAST_CONSTANTS or type(a) in _TENSOR_TYPES})

@@ -1,14 +1,18 @@
-"""Trace -> Trace passes: dead code elimination, common subexpression elimination and constant
-folding (the cleanup), then, for the final program, running elementwise ops in place on buffers
+"""Trace -> Trace passes: dead code elimination, common subexpression elimination, constant
+folding and the removal of view prims that change nothing (the cleanup), then, for the final program, running elementwise ops in place on buffers
 nothing reads later and freeing each intermediate after its last use.  Each pass stamps its name on
 the trace it returns."""
 from __future__ import annotations
 
 import torch
 
-from fjit.core.prims import COMMUTATIVE, INPLACE_TWIN
+from fjit.core.prims import COMMUTATIVE, INPLACE_TWIN, Prim, prim_of
 from fjit.core.ir import DEL, BoundSymbol, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.trace import Trace
+
+
+# view prims that are the identity when their output has their input's shape and strides
+_VIEWS = frozenset({Prim.PERMUTE, Prim.RESHAPE, Prim.SLICE, Prim.EXPAND, Prim.CONTIGUOUS})
 
 
 def _output_vars(trace: Trace) -> set[str]:
@@ -34,6 +38,38 @@ def _rename(mapping: dict, b: BoundSymbol) -> BoundSymbol:
     args, kwargs = map_values(sub, (b.args, b.kwargs))
     return b.replace(args=args, kwargs=kwargs,
                      subsymbols=tuple(_rename(mapping, s) for s in b.subsymbols))
+
+
+def simplify_views(trace: Trace) -> Trace:
+    """Drop view prims that change nothing (a permute by the identity, a reshape to the same shape, a
+    full slice, contiguous of a contiguous value: the output has its input's shape and strides)
+    and compose chains of permutes (a permute of a permute is one permute of the first's input,
+    with the same strides; two that undo each other are nothing).  The backward writes many: a
+    linear layer's weight is permuted in the forward and permuted back for its gradient."""
+    mapping: dict = {}
+    permuted: dict = {}      # name -> (the input of its chain of permutes, the composed order)
+    out = []
+    for b in trace.bsyms:
+        b = _rename(mapping, b)
+        p = prim_of(b)
+        if p is None or b.subsymbols or not b.args or not isinstance(b.args[0], TensorVar) \
+                or not isinstance(b.output, TensorVar):
+            out.append(b)
+            continue
+        x, y = b.args[0], b.output
+        if p is Prim.PERMUTE and x.name in permuted:
+            root, first = permuted[x.name]
+            order = tuple(first[i] for i in b.args[1])
+            b = b.replace(args=(root, order))
+            x = root
+        if p in _VIEWS and (tuple(x.shape), x.strides, x.dtype) == (tuple(y.shape), y.strides, y.dtype):
+            mapping[y.name] = x
+            continue
+        if p is Prim.PERMUTE:
+            permuted[y.name] = (b.args[0], tuple(b.args[1]))
+        out.append(b)
+    output = map_values(lambda v: mapping.get(v.name, v) if isinstance(v, Var) else v, trace.output)
+    return trace.with_stage("simplify_views", out, output=output)
 
 
 def _hashable(x):

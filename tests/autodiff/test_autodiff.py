@@ -505,3 +505,27 @@ def test_cat_with_an_empty_one_dimensional_tensor_differentiates():
     x = _f32(2, 3)
     (got,) = torch.autograd.grad(fjit.jit(f)(x), x)
     torch.testing.assert_close(got, x.detach().cos())
+
+
+def test_backward_keeps_no_view_that_changes_nothing_and_pads_slices_back():
+    """A linear layer's weight is permuted in the forward and back for its gradient, reshapes go
+    to the shape a value already has: the cleanup drops such views (passes.basic.simplify_views),
+    and a slice's gradient is one zero padding rather than a copy of zeros and a scatter."""
+    x, w1, w2 = _f32(4, 6, 8), _f32(10, 8, seed=1), _f32(3, 5, seed=2)
+
+    def f(x, w1, w2):
+        h = F.linear(x, w1).tanh()[:, 1:5, 2:7]
+        return (F.linear(h, w2) * 2 + 1).sin().sum()
+    jf = _grads_match(f, (x.requires_grad_(), w1.requires_grad_(), w2.requires_grad_()))
+    backward = fjit.last_backward_traces(jf)[-1]
+    made = {}
+    for b in backward.bsyms:
+        p = prim_of(b)
+        if p in (Prim.PERMUTE, Prim.RESHAPE, Prim.SLICE, Prim.EXPAND, Prim.CONTIGUOUS) and not b.subsymbols:
+            x_in, y = b.args[0], b.output
+            assert (tuple(x_in.shape), x_in.strides) != (tuple(y.shape), y.strides), str(b)
+            assert not (p is Prim.PERMUTE and made.get(x_in.name) is Prim.PERMUTE), str(b)
+        for v in b.outputs():
+            made[v.name] = p
+    text = str(backward)
+    assert "torch.nn.functional.pad" in text and "setitem" not in text

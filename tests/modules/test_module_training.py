@@ -263,9 +263,11 @@ def test_batch_norm_running_statistics_are_eagers_bit_for_bit(dims):
 # -- the measured choice between the joint program and torch autograd (fjit/program_choice.py) --
 
 class DropoutMLP(nn.Module):
-    def __init__(self):
+    # each test its own width: wrappers of equal modules share programs, and a shared program
+    # has made its choice already
+    def __init__(self, width: int):
         super().__init__()
-        self.fc1, self.fc2 = nn.Linear(12, 32), nn.Linear(32, 5)
+        self.fc1, self.fc2 = nn.Linear(12, width), nn.Linear(width, 5)
 
     def forward(self, x):
         return self.fc2(F.dropout(F.gelu(self.fc1(x)), 0.3, training=True)).tanh()
@@ -280,7 +282,7 @@ def test_measured_choice_keeps_eager_results_and_random_draws(monkeypatch, autog
     monkeypatch.setenv("FJIT_MEASURE", "all")
     monkeypatch.setattr(program_choice, "MARGIN", 1e9 if autograd_wins else 0.0)
     torch.manual_seed(0)
-    model = DropoutMLP()
+    model = DropoutMLP(33 if autograd_wins else 34)
     eager = copy.deepcopy(model)
     jitted = fjit.jit(model)
     x = torch.randn(6, 12)
@@ -309,7 +311,7 @@ def test_measured_choice_is_skipped_for_an_input_with_a_gradient_hook(monkeypatc
     import fjit.program_choice as program_choice
     monkeypatch.setenv("FJIT_MEASURE", "all")
     monkeypatch.setattr(program_choice, "MARGIN", 1e9)
-    model = MLP()
+    model = DropoutMLP(35)
     seen = []
     model.fc1.weight.register_hook(lambda g: seen.append(1))
     jitted = fjit.jit(model)
@@ -324,7 +326,7 @@ def test_fjit_measure_0_never_measures(monkeypatch):
     import fjit.program_choice as program_choice
     monkeypatch.setenv("FJIT_MEASURE", "0")
     monkeypatch.setattr(program_choice, "MARGIN", 1e9)
-    jitted = fjit.jit(MLP())
+    jitted = fjit.jit(DropoutMLP(36))
     x = torch.randn(4, 12)
     for _ in range(3):
         jitted(x).sum().backward()

@@ -35,11 +35,38 @@ def _permute_vjp(b, g, value):
 
 
 def _slice_vjp(b, g, value):
-    """Scatter into zeros: a functional setitem on a value the backward owns."""
+    """g padded with zeros to x's shape (one pass) where the index is slices of step 1 (and an
+    Ellipsis); otherwise scattered into zeros by a functional setitem."""
     x, index = b.args[:2]
+    pads = _zero_padding(index, tuple(x.shape))
+    if pads is not None:
+        return [(x, torch.nn.functional.pad(full(g, b.output), pads))]
     z = apply(Prim.EXPAND, zeros_like(g), tuple(x.shape)).contiguous()
     z[index] = g
     return [(x, z)]
+
+
+def _zero_padding(index, shape: tuple) -> tuple | None:
+    """F.pad's (left, right) amounts, last dim first, that undo x[index]; None unless every entry
+    is a slice of step 1 with int or None bounds (or one Ellipsis)."""
+    index = index if isinstance(index, tuple) else (index,)
+    if sum(i is Ellipsis for i in index) > 1:
+        return None
+    if Ellipsis in index:
+        k = index.index(Ellipsis)
+        index = index[:k] + (slice(None),) * (len(shape) - len(index) + 1) + index[k + 1:]
+    index = index + (slice(None),) * (len(shape) - len(index))
+    if len(index) != len(shape):
+        return None
+    pads = []
+    for i, size in zip(index, shape):
+        if not (isinstance(i, slice) and i.step in (None, 1) and
+                all(v is None or type(v) is int for v in (i.start, i.stop))):
+            return None
+        start, stop, _ = i.indices(size)
+        stop = max(stop, start)
+        pads.append((start, size - stop))
+    return tuple(v for pair in reversed(pads) for v in pair)
 
 
 define("CONVERT", Kind.CAST, value="convert_element_type", aliases=True,
