@@ -41,6 +41,14 @@ def setitem(x, index, value):
     return out
 
 
+def unversioned(t):
+    """t's data under a version counter of its own (`Tensor.data`): what torch autograd saves of it
+    is not invalidated by a later in-place write to t.  Batch norm's running statistics go to
+    ATen's functional batch norm this way: its backward saves them (and never reads them in
+    training), and the module's buffers are written after the call."""
+    return t.data
+
+
 def functional_inplace(op, x, *args, **kwargs):
     """Out-of-place version of any in-place op: apply it to a copy."""
     out = x.clone()
@@ -71,7 +79,7 @@ def retain_grad(t):
     t.retain_grad()
 
 
-fjit_ops = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem,
+fjit_ops = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem, unversioned=unversioned,
                                  functional_inplace=functional_inplace, generator=generator,
                                  register_hook=register_hook, retain_grad=retain_grad)
 

@@ -59,6 +59,8 @@ def qualified_name(func) -> str:
         return f"torch.Tensor.{owner.__name__}.__get__"
     if name is None:
         return repr(func)
+    if isinstance(func, torch._ops.OpOverload):     # torch.ops.aten.add.Tensor
+        return f"torch.ops.{func.namespace}.{func._opname}.{func._overloadname}"
     if getattr(torch.Tensor, name, None) is func:
         return f"torch.Tensor.{name}"
     for prefix, module in _MODULES.items():

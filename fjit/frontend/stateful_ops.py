@@ -23,7 +23,13 @@ import inspect
 import torch
 import torch.nn.functional as F
 
+from fjit.core.ir import Symbol
+from fjit.frontend.context import current
 from fjit.frontend.proxies import NumberProxy, TensorProxy
+from fjit.frontend.record import trace_call
+from fjit.runtime import unversioned
+
+UNVERSIONED = Symbol("fjit_ops.unversioned", unversioned, frozenset())
 
 
 def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, training, momentum,
@@ -38,9 +44,11 @@ def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, trai
     if running_mean is not None and running_var is not None and x.dtype == running_mean.dtype \
             == running_var.dtype and x.dtype.is_floating_point:
         # ATen's functional batch norm: eager's kernel, which normalizes and computes the new
-        # running statistics in one pass (what functionalization turns eager's op into).  It gets
-        # copies of the statistics: torch autograd saves them, and the buffers are written after.
-        copies = [dispatch(torch.clone, (s,), {}) for s in (running_mean, running_var)]
+        # running statistics in one pass (what functionalization turns eager's op into).  Torch
+        # autograd saves the statistics it is given and the buffers are written after the call:
+        # it gets them under version counters of their own (fjit_ops.unversioned, no copy).
+        copies = [trace_call(current(), UNVERSIONED, unversioned, (s,), {})
+                  for s in (running_mean, running_var)]
         out, _, _, mean, var = dispatch(torch.ops.aten._native_batch_norm_legit_functional.default,
                                         (x, weight, bias, *copies, True, float(momentum),
                                          float(eps)), {})

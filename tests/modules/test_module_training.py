@@ -331,3 +331,32 @@ def test_fjit_measure_0_never_measures(monkeypatch):
     for _ in range(3):
         jitted(x).sum().backward()
     assert not fjit.last_backward_traces(jitted)[-1].stage.startswith("torch_autograd")
+
+
+def test_batch_norm_training_is_one_aten_pass_with_eagers_statistics():
+    """Batch norm in training mode is ATen's functional batch norm: one pass gives the output and
+    the new running statistics, bit for bit eager's, with no copy of the statistics (autograd gets
+    them under version counters of their own, so writing the buffers after the call is no error),
+    with and without grad."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6), nn.ReLU(inplace=True),
+                          nn.Conv2d(6, 4, 3), nn.BatchNorm2d(4, momentum=0.3))
+    ref = copy.deepcopy(model)
+    jm = fjit.jit(model)
+    for step in range(3):
+        x = torch.randn(4, 3, 9, 9)
+        for m, call in ((ref, ref), (model, jm)):
+            m.zero_grad()
+            call(x).square().sum().backward()
+        for (name, a), b in zip(model.state_dict().items(), ref.state_dict().values()):
+            assert torch.equal(a, b), (step, name)
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+    text = str(fjit.last_traces(jm)[-1])
+    assert text.count("torch.ops.aten._native_batch_norm_legit_functional.default(") == 2
+    assert "torch.clone" not in text and "var_mean" not in text
+    with torch.no_grad():
+        x = torch.randn(4, 3, 9, 9)
+        torch.testing.assert_close(jm(x), ref(x))
+    for a, b in zip(model.buffers(), ref.buffers()):
+        assert torch.equal(a, b)
