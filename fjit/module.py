@@ -254,11 +254,10 @@ class FjitModule(torch.nn.Module):
             raise FjitError(f"fjit.jit({type(module).__qualname__}): the module's configuration "
                             f"changes while it is traced")
         if written:
-            layout = self._fj_layout
+            # one foreach call for every buffer (a ResNet's batch norms write three each)
+            position = self._fj_layout.buffer_position
             with torch.no_grad():
-                for name, value in written.items():
-                    state[layout.n_state - len(layout.buffer_names) +
-                          layout.buffer_names.index(name)].copy_(value)
+                torch._foreach_copy_([state[position[name]] for name in written], list(written.values()))
         return out
 
     # -- what a jitted function answers ------------------------------------------------------------

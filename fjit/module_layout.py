@@ -219,6 +219,9 @@ class Layout:
                     names.append(f"{prefix}.{n}" if prefix else n)
                     slots.append((i, kind, n))
         self.n_state = len(slots)
+        # buffer name -> its position in the state the reader returns (for the write-back)
+        first = self.n_state - len(self.buffer_names)
+        self.buffer_position = {n: first + k for k, n in enumerate(self.buffer_names)}
         self.key = structure_key(root)
         self.read = _generate_reader(root, modules, index, slots)
 

@@ -77,10 +77,11 @@ def fast_path(args: tuple, specialized: frozenset, last: list):
     other types, or no program yet); `key(*args)` is the key to store a program under, or None for
     arguments typed differently; `guards(*args)` is what `cache` files beside the program.
 
-    Where every argument is a tensor, a program found is put in `last[0]` as (arity, grad mode,
-    guards, program): the caller checks it first on the next call, by one C call
+    The program found last is checked first on the next call, its tensors by one C call
     (`_TensorGuards`: type, dispatch keys (autocast's among them), dtype, device, sizes, strides,
-    requires_grad, the negative bit) and grad mode, before any key is built."""
+    requires_grad, the negative bit), with grad mode and the constants, before any key is built:
+    where every argument is a tensor the caller checks it, from `last[0]` = (arity, grad mode,
+    guards, program); otherwise this function, from a slot of its own."""
     checks, key, leaves = [], ["_grad()", "_autocast()"], []
     for i, a in enumerate(args):
         t = type(a)
@@ -99,8 +100,14 @@ def fast_path(args: tuple, specialized: frozenset, last: list):
             key.append(name)
         else:
             return None
-    monomorphic = _TensorGuards is not None and args and len(leaves) == len(args) and \
-        all(type(a) in _TENSOR_TYPES for a in args)
+    tensors = [f"a{i}" for i, a in enumerate(args) if type(a) in _TENSOR_TYPES]
+    consts = [f"a{i}" for i, a in enumerate(args) if type(a) in _FAST_CONSTANTS]
+    # guarded: the tensors by one C call, the constants by equality, floats (runtime values) by
+    # type; not where a float is part of the key
+    guarded = _TensorGuards is not None and bool(tensors) and \
+        not any(type(a) is float and k in specialized for k, a in enumerate(
+            x for x in args if type(x) in _TENSOR_TYPES or type(x) is float))
+    only_tensors = guarded and len(tensors) == len(args)
     params = ", ".join(f"a{i}" for i in range(len(args)))
     guard = " or ".join(checks) or "False"
     source = (f"def call(*args):\n"
@@ -110,25 +117,34 @@ def fast_path(args: tuple, specialized: frozenset, last: list):
               "def call(*args):\n"
               "    if args:\n"
               "        return MISS\n")
+    const_tuple = f"({', '.join(consts)},)" if consts else "()"
+    if guarded and not only_tensors:      # the caller checks an all-tensor signature itself
+        types = " and ".join(f"type(a{i}) is {'float' if type(a) is float else f'_c{i}'}"
+                             for i, a in enumerate(args) if type(a) not in _TENSOR_TYPES)
+        source += (f"    m = mixed[0]\n"
+                   f"    if m is not None and m[0] is _grad() and {types} and {const_tuple} == m[1] "
+                   f"and m[2].check({', '.join(tensors)}):\n"
+                   f"        return m[3]({', '.join(leaves)})\n")
+    remember = (f"        last[0] = ({len(args)}, k[0], hit[1], hit[0])\n" if only_tensors else
+                f"        mixed[0] = (k[0], {const_tuple}, hit[1], hit[0])\n")
     source += (f"    if {guard}:\n"
               f"        return MISS\n"
               f"    k = ({', '.join(key)},)\n"
               f"    hit = cache.get(k)\n"
               f"    if hit is None:\n"
               f"        return MISS\n"
-              f"    if hit[1] is not None and k[1] is False:\n"
-              f"        last[0] = ({len(args)}, k[0], hit[1], hit[0])\n"
+              f"    if hit[1] is not None and k[1] is False:\n" + remember +
               f"    return hit[0]({', '.join(leaves)})\n"
               f"def key({params}):\n"
               f"    if {guard}:\n"
               f"        return None\n"
               f"    return ({', '.join(key)},)\n"
               f"def guards({params}):\n"
-              f"    return _guards({params}) if {monomorphic} else None\n")
+              f"    return _guards({', '.join(tensors)}) if {guarded} else None\n")
     cache: dict = {}
     namespace = {"_strided": torch.strided, "_grad": torch.is_grad_enabled,
                  "_autocast": autocast_key, "MISS": MISS, "cache": cache, "last": last,
-                 "_guards": _tensor_guards}
+                 "mixed": [None], "_guards": _tensor_guards}
     namespace.update({f"_c{i}": type(a) for i, a in enumerate(args)
                       if type(a) in _FAST_CONSTANTS or type(a) in _TENSOR_TYPES})
     exec(compile(source, "<fjit fast path>", "exec"), namespace)

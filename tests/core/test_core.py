@@ -210,6 +210,15 @@ def test_fast_path_check_of_the_last_program_sees_every_key_field():
                 torch.testing.assert_close(out.detach(), want.detach())
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 assert jf(t).dtype == (t * 2 + 1).dtype
+    # tensors mixed with constants and floats: the fast path's own check of its last program
+    jf3 = fjit.jit(lambda x, n, s, name: x * n + s if name == "a" else x - n)
+    for _ in range(2):
+        for args in [(x, 2, 0.5, "a"), (x, 3, 0.5, "a"), (x, 2, 0.25, "b"), (x, True, 0.5, "a"),
+                     (x.double(), 2, 0.5, "a"), (x.t(), 2, 0.5, "a"), (x, 2.0, 0.5, "a")]:
+            want = args[0] * args[1] + args[2] if args[3] == "a" else args[0] - args[1]
+            out = jf3(*args)
+            assert out.dtype == want.dtype and out.shape == want.shape, args
+            torch.testing.assert_close(out, want)
     jf2 = fjit.jit(lambda a, b: a @ b)
     a = torch.randn(3, 4)
     with torch.autocast("cpu", dtype=torch.bfloat16):
