@@ -70,6 +70,9 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
         else:
             program = torch_executor.compile_trace(traces[-1])
             backward = [] if joint is None else [autodiff.autograd_stage(traces[-1], joint)]
+            if joint is None and any(b.sym.has(Tag.KERNEL) for b in traces[-1].bsyms) and \
+                    program_choice.wants_measuring_forward(leaves):
+                program = _measured_forward(program, result.trace, traces, leaves)
         if any(b.sym.has(Tag.MODE) for b in traces[-1].bsyms):
             program = _restoring_modes_on_error(program)
         if config.check_mode():
@@ -144,6 +147,18 @@ def _restoring_modes_on_error(program):
 
 
 # -- the backward's joint program ---------------------------------------------------------------
+
+def _measured_forward(program, trace: Trace, traces: list[Trace], leaves: list):
+    """The program with kernels, or its torch calls alone if they measure faster on the second
+    call (fjit/program_choice.py)."""
+    plain = lower(trace, (Executor.TORCH,), leaves)
+    torch_calls = torch_executor.compile_trace(plain[-1])
+
+    def plain_traces(reason: str) -> tuple[list, list]:
+        return plain[:-1] + [plain[-1].with_stage(f"torch_executor: {reason}")], []
+    return program_choice.MeasuredChoice(program, torch_calls, (program, torch_calls),
+                                         plain[-1].bsyms, traces, [], plain_traces, training=False)
+
 
 def _measured_choice(joint: autodiff.Compiled, traces: list[Trace], executors: tuple,
                      leaves: list) -> program_choice.MeasuredChoice:

@@ -1,20 +1,24 @@
-"""Measured choice between a training program's two correct forms: the joint program (a compiled
-forward and a compiled, fused backward) and torch autograd over the forward's torch calls.
+"""Measured choice between two correct forms of a program, kept per compiled program:
+- training: the joint program (a compiled forward and a compiled, fused backward) or torch
+  autograd over the forward's torch calls;
+- a forward with kernels: the kernels' program or the same program's torch calls alone.
 
-Which one trains faster depends on the machine and the model: a fused backward saves memory
-passes, but it runs as a Python program of ATen calls and kernel launches, where autograd's engine
-walks its graph in C++, and ATen's own backward kernels (layer norm's, GELU's) are hard to beat
-one by one.  So, as an autotuner does, a program big enough for the difference to matter
-(MIN_OPS top-level ops; FJIT_MEASURE in fjit/config.py) runs both on its second call, on that
-call's own inputs: each form does a forward and a backward with cotangents of ones to the inputs
-that require grad (torch.autograd.grad: no `.grad` is touched), ROUNDS times interleaved, and the
-faster by the minimum time is kept, with a margin in the joint program's favour.
+Which one is faster depends on the machine, the model and the sizes: a fused backward saves memory
+passes, but runs as a Python program of ATen calls and kernel launches, where autograd's engine
+walks its graph in C++, and ATen's own kernels (layer norm's, softmax's, their backwards) are hard
+to beat one by one, most of all on tensors that stream from memory.  So, as an autotuner does, a
+program big enough for the difference to matter (training: MIN_OPS top-level ops; a forward:
+MIN_NUMEL input elements; FJIT_MEASURE in fjit/config.py) runs both on its second call, on that
+call's own inputs, ROUNDS times interleaved after a warm-up, and keeps the faster by the minimum
+time, with a margin in favour of the compiled form.  In training each run is a forward and a
+backward with cotangents of ones to the inputs that require grad (torch.autograd.grad: no `.grad`
+is touched).
 
 Measuring runs the program more than once, so random draws are rewound after each run (the call
 itself then draws what eager draws) and it waits for the kernels still building.  It is skipped
 where running a backward would be seen: an input with a gradient hook of its own.  The decision
 is made once; `fjit.last_traces` and `fjit.last_backward_traces` then show the form that runs,
-with the two timings in the stage line of torch autograd's.
+with the two timings in its stage line.
 """
 from __future__ import annotations
 
@@ -29,14 +33,24 @@ from fjit.config import Measure
 from fjit.executors import wait_for_kernels
 from fjit.frontend.rng import rng_preserved
 
-MIN_OPS = 32          # top-level ops of the forward trace that make a program worth measuring
+MIN_OPS = 32          # top-level ops of the forward trace that make a training program worth it
+MIN_NUMEL = 1 << 20   # input elements that make a forward's kernels worth measuring
 ROUNDS = 3
 MARGIN = 0.97         # torch autograd must take less than this fraction of the joint's time
+FORWARD_MARGIN = 1.0  # a forward's torch calls, of the kernels' program's
 
 
 def wants_measuring(n_ops: int) -> bool:
+    """Whether a training program of `n_ops` top-level ops measures its two forms."""
     mode = config.measure()
     return mode is Measure.ALL or (mode is Measure.AUTO and n_ops >= MIN_OPS)
+
+
+def wants_measuring_forward(leaves: list) -> bool:
+    """Whether a forward program with kernels, called on `leaves`, measures its two forms."""
+    mode = config.measure()
+    return mode is Measure.ALL or (mode is Measure.AUTO and sum(
+        x.numel() for x in leaves if isinstance(x, torch.Tensor)) >= MIN_NUMEL)
 
 
 class MeasuredChoice:
@@ -45,9 +59,11 @@ class MeasuredChoice:
 
     def __init__(self, joint: Callable, autograd: Callable, timed: tuple[Callable, Callable],
                  bsyms: list, forward_traces: list, backward_traces: list,
-                 autograd_traces: Callable[[str], tuple[list, list]]):
+                 autograd_traces: Callable[[str], tuple[list, list]], training: bool = True):
         self.run = joint
+        # (in a forward: `joint` is the kernels' program, `autograd` the torch calls')
         self.joint, self.autograd = joint, autograd
+        self.training = training
         self.timed = timed                   # (joint, autograd) returning flat outputs
         self.bsyms = bsyms                   # the forward's ops: the generators they draw from
         # the compilation's trace lists, which fjit.last_traces/last_backward_traces show:
@@ -61,14 +77,14 @@ class MeasuredChoice:
     def __call__(self, *leaves):
         if not self.decided:
             self.calls += 1
-            if self.calls >= 2 and torch.is_grad_enabled():
+            if self.calls >= 2 and (torch.is_grad_enabled() or not self.training):
                 self.decide(leaves)
         return self.run(*leaves)
 
     def decide(self, leaves) -> None:
         self.decided = True
         wanted = [x for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad]
-        if not wanted or any(_has_hooks(x) for x in wanted):
+        if self.training and (not wanted or any(_has_hooks(x) for x in wanted)):
             return
         wait_for_kernels()
         best = [float("inf"), float("inf")]
@@ -77,15 +93,17 @@ class MeasuredChoice:
                 for k, program in enumerate(self.timed):
                     rewind()
                     start = time.perf_counter()
-                    _forward_backward(program, leaves, wanted)
+                    _forward_backward(program, leaves, wanted if self.training else [])
                     if r:
                         best[k] = min(best[k], time.perf_counter() - start)
         self.times = (best[0], best[1])
-        if best[1] < MARGIN * best[0]:
+        if best[1] < (MARGIN if self.training else FORWARD_MARGIN) * best[0]:
             self.run = self.autograd
+            what = ("torch autograd's forward and backward", "the compiled joint program's") \
+                if self.training else ("its torch calls", "the program with kernels")
             forward, backward = self.autograd_traces(
-                f"measured on the second call, torch autograd's forward and backward took "
-                f"{best[1] * 1e3:.3g} ms and the compiled joint program's {best[0] * 1e3:.3g} ms")
+                f"measured on the second call, {what[0]} took {best[1] * 1e3:.3g} ms and "
+                f"{what[1]} {best[0] * 1e3:.3g} ms")
             self.forward_traces[:] = forward
             self.backward_traces[:] = backward
 
@@ -97,5 +115,5 @@ def _has_hooks(t: torch.Tensor) -> bool:
 def _forward_backward(program: Callable, leaves, wanted: list) -> None:
     out = [t for t in pytree.tree_leaves(program(*leaves))
            if isinstance(t, torch.Tensor) and t.requires_grad]
-    if out:
+    if out and wanted:
         torch.autograd.grad(out, wanted, [torch.ones_like(t) for t in out], allow_unused=True)

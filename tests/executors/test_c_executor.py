@@ -612,3 +612,24 @@ def test_a_value_still_read_after_the_later_kernel_is_not_computed_twice():
     text = str(fjit.last_traces(jf)[-1])
     assert len(_kernel_calls(fjit.last_traces(jf)[-1])) == 2, text
     assert text.count("fj_sinf(") == 1, text
+
+
+@pytest.mark.parametrize("torch_wins", [False, True])
+def test_a_forward_with_kernels_keeps_the_faster_of_kernels_and_torch_calls(monkeypatch, torch_wins):
+    """A forward program with kernels measures them against its torch calls alone on its second
+    call (fjit/program_choice.py) and keeps the faster: every call's result is eager's either way,
+    random draws included, and the last traces show the form that runs."""
+    import fjit.program_choice as program_choice
+    monkeypatch.setenv("FJIT_MEASURE", "all")
+    monkeypatch.setattr(program_choice, "FORWARD_MARGIN", 1e9 if torch_wins else 0.0)
+    fn = lambda x, w: F.dropout(torch.nn.functional.layer_norm(x, (x.shape[-1],), w) * 2, 0.25)  # noqa: E731
+    x, w = torch.randn(64, 300 + torch_wins), torch.randn(300 + torch_wins)
+    jf = fjit.jit(fn)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        got = jf(x, w)
+        torch.manual_seed(seed)
+        torch.testing.assert_close(got, fn(x, w))
+    text = str(fjit.last_traces(jf)[-1])
+    assert ("C kernel" in text) is not torch_wins
+    assert ("measured on the second call" in fjit.last_traces(jf)[-1].stage) is torch_wins
