@@ -15,8 +15,9 @@ backward with cotangents of ones to the inputs that require grad (torch.autograd
 is touched).
 
 Measuring runs the program more than once, so random draws are rewound after each run (the call
-itself then draws what eager draws) and it waits for the kernels still building.  It is skipped
-where running a backward would be seen: an input with a gradient hook of its own.  The decision
+itself then draws what eager draws), each run starts from detached copies of the inputs (its
+backward never reaches the caller's graph), and it waits for the kernels still building.  It is
+skipped where running a backward would be seen: an input with a gradient hook of its own.  The decision
 is made once; `fjit.last_traces` and `fjit.last_backward_traces` then show the form that runs,
 with the two timings in its stage line.
 """
@@ -86,6 +87,11 @@ class MeasuredChoice:
         wanted = [x for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad]
         if self.training and (not wanted or any(_has_hooks(x) for x in wanted)):
             return
+        # The runs start from leaves of their own: their backwards never reach the caller's graph
+        # (an input computed under autograd, as a backend piece's are, has history of its own).
+        leaves = [x.detach().requires_grad_() if isinstance(x, torch.Tensor) and x.requires_grad
+                  else x for x in leaves]
+        wanted = [x for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad]
         wait_for_kernels()
         best = [float("inf"), float("inf")]
         with rng_preserved(self.bsyms) as rewind:
