@@ -6,20 +6,20 @@
 Which one is faster depends on the machine, the model and the sizes: a fused backward saves memory
 passes, but runs as a Python program of ATen calls and kernel launches, where autograd's engine
 walks its graph in C++, and ATen's own kernels (layer norm's, softmax's, their backwards) are hard
-to beat one by one, most of all on tensors that stream from memory.  So, as an autotuner does, a
+to beat one by one, most of all on tensors that stream from memory. So, as an autotuner does, a
 program big enough for the difference to matter (training: MIN_OPS top-level ops; a forward:
 MIN_NUMEL input elements; FJIT_MEASURE in fjit/config.py) runs both on its second call, on that
-call's own inputs, ROUNDS times interleaved after a warm-up, and keeps the faster by the minimum
-time, with a margin in favour of the compiled form.  In training each run is a forward and a
-backward with cotangents of ones to the inputs that require grad (torch.autograd.grad: no `.grad`
-is touched).
+call's own inputs, ROUNDS times interleaved after a warm-up (once where a warm-up run takes over
+LONG_RUN), and keeps the faster by the minimum time, with a margin in favour of the compiled form.
+In training each run is a forward and a backward with cotangents of ones to the inputs that require
+grad (torch.autograd.grad: no `.grad` is touched).
 
 Measuring runs the program more than once, so random draws are rewound after each run (the call
 itself then draws what eager draws), each run starts from detached copies of the inputs (its
 backward never reaches the caller's graph), and it waits for the kernels still building.  It is
-skipped where running a backward would be seen: an input with a gradient hook of its own.  The decision
-is made once; `fjit.last_traces` and `fjit.last_backward_traces` then show the form that runs,
-with the two timings in its stage line.
+skipped where running a backward would be seen: an input with a gradient hook of its own.  The
+decision is made once; `fjit.last_traces` and `fjit.last_backward_traces` then show the form that
+runs, with the two timings in its stage line.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from fjit.frontend.rng import rng_preserved
 MIN_OPS = 32          # top-level ops of the forward trace that make a training program worth it
 MIN_NUMEL = 1 << 20   # input elements that make a forward's kernels worth measuring
 ROUNDS = 3
+LONG_RUN = 0.25       # seconds: a form whose warm-up run takes longer is timed in one round
 MARGIN = 0.97         # torch autograd must take less than this fraction of the joint's time
 FORWARD_MARGIN = 1.0  # a forward's torch calls, of the kernels' program's
 
@@ -94,14 +95,22 @@ class MeasuredChoice:
         wanted = [x for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad]
         wait_for_kernels()
         best = [float("inf"), float("inf")]
+        rounds, warm = ROUNDS, [0.0, 0.0]
         with rng_preserved(self.bsyms) as rewind:
-            for r in range(ROUNDS + 1):            # round 0 warms both up
+            r = 0
+            while r <= rounds:                     # round 0 warms both up
                 for k, program in enumerate(self.timed):
                     rewind()
                     start = time.perf_counter()
                     _forward_backward(program, leaves, wanted if self.training else [])
+                    elapsed = time.perf_counter() - start
                     if r:
-                        best[k] = min(best[k], time.perf_counter() - start)
+                        best[k] = min(best[k], elapsed)
+                    else:
+                        warm[k] = elapsed
+                if r == 0 and max(warm) > LONG_RUN:
+                    rounds = 1      # a big model's step: one timed round, not a long second call
+                r += 1
         self.times = (best[0], best[1])
         if best[1] < (MARGIN if self.training else FORWARD_MARGIN) * best[0]:
             self.run = self.autograd

@@ -273,16 +273,18 @@ class DropoutMLP(nn.Module):
         return self.fc2(F.dropout(F.gelu(self.fc1(x)), 0.3, training=True)).tanh()
 
 
+@pytest.mark.parametrize("long_run", [False, True])     # True: one timed round (a big model's)
 @pytest.mark.parametrize("autograd_wins", [False, True])
-def test_measured_choice_keeps_eager_results_and_random_draws(monkeypatch, autograd_wins):
+def test_measured_choice_keeps_eager_results_and_random_draws(monkeypatch, autograd_wins, long_run):
     """Whichever form the second call's measurement keeps, every step's loss and gradients are
     eager's, dropout draws what eager draws (the measuring runs are rewound), and the traces show
     the form that runs."""
     import fjit.program_choice as program_choice
     monkeypatch.setenv("FJIT_MEASURE", "all")
     monkeypatch.setattr(program_choice, "MARGIN", 1e9 if autograd_wins else 0.0)
+    monkeypatch.setattr(program_choice, "LONG_RUN", 0.0 if long_run else 1e9)
     torch.manual_seed(0)
-    model = DropoutMLP(33 if autograd_wins else 34)
+    model = DropoutMLP(33 + 4 * long_run if autograd_wins else 34 + 4 * long_run)
     eager = copy.deepcopy(model)
     jitted = fjit.jit(model)
     x = torch.randn(6, 12)
