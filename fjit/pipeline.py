@@ -66,7 +66,7 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
             autograd_traces = traces
             traces, program, backward = joint.forward_traces, joint.program, joint.backward_traces
             if program_choice.wants_measuring(len(cleaned.bsyms)):
-                program = _measured_choice(joint, autograd_traces, executors, leaves)
+                program = _measured_choice(joint, autograd_traces)
         else:
             program = torch_executor.compile_trace(traces[-1])
             backward = [] if joint is None else [autodiff.autograd_stage(traces[-1], joint)]
@@ -160,8 +160,7 @@ def _measured_forward(program, trace: Trace, traces: list[Trace], leaves: list):
                                          plain[-1].bsyms, traces, [], plain_traces, training=False)
 
 
-def _measured_choice(joint: autodiff.Compiled, traces: list[Trace], executors: tuple,
-                     leaves: list) -> program_choice.MeasuredChoice:
+def _measured_choice(joint: autodiff.Compiled, traces: list[Trace]) -> program_choice.MeasuredChoice:
     """The joint program, or torch autograd over `traces` (the plain forward's stages) if that
     measures faster on the second call (fjit/program_choice.py)."""
     final = traces[-1]

@@ -56,15 +56,14 @@ def wants_measuring_forward(leaves: list) -> bool:
 
 
 class MeasuredChoice:
-    """The program a cache keeps for a training call: the joint program until its second call,
-    which measures both forms and keeps the faster from then on."""
+    """The program a cache keeps: the compiled form (the joint program, or a forward's kernels'
+    program) until its second call, which measures both forms and keeps the faster from then on."""
 
     def __init__(self, joint: Callable, autograd: Callable, timed: tuple[Callable, Callable],
                  bsyms: list, forward_traces: list, backward_traces: list,
                  autograd_traces: Callable[[str], tuple[list, list]], training: bool = True):
         self.run = joint
-        # (in a forward: `joint` is the kernels' program, `autograd` the torch calls')
-        self.joint, self.autograd = joint, autograd
+        self.autograd = autograd             # (in a forward: the torch calls' program)
         self.training = training
         self.timed = timed                   # (joint, autograd) returning flat outputs
         self.bsyms = bsyms                   # the forward's ops: the generators they draw from
@@ -94,23 +93,19 @@ class MeasuredChoice:
                   else x for x in leaves]
         wanted = [x for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad]
         wait_for_kernels()
-        best = [float("inf"), float("inf")]
-        rounds, warm = ROUNDS, [0.0, 0.0]
+        grads = wanted if self.training else []
         with rng_preserved(self.bsyms) as rewind:
-            r = 0
-            while r <= rounds:                     # round 0 warms both up
+            def seconds(program) -> float:
+                rewind()
+                start = time.perf_counter()
+                _forward_backward(program, leaves, grads)
+                return time.perf_counter() - start
+            warm = [seconds(program) for program in self.timed]        # a warm-up run each
+            best = [float("inf"), float("inf")]
+            # a big model's step is timed in one round, not made a long second call
+            for _ in range(1 if max(warm) > LONG_RUN else ROUNDS):
                 for k, program in enumerate(self.timed):
-                    rewind()
-                    start = time.perf_counter()
-                    _forward_backward(program, leaves, wanted if self.training else [])
-                    elapsed = time.perf_counter() - start
-                    if r:
-                        best[k] = min(best[k], elapsed)
-                    else:
-                        warm[k] = elapsed
-                if r == 0 and max(warm) > LONG_RUN:
-                    rounds = 1      # a big model's step: one timed round, not a long second call
-                r += 1
+                    best[k] = min(best[k], seconds(program))
         self.times = (best[0], best[1])
         if best[1] < (MARGIN if self.training else FORWARD_MARGIN) * best[0]:
             self.run = self.autograd

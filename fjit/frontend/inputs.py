@@ -140,7 +140,7 @@ def fast_path(args: tuple, specialized: frozenset, last: list):
               f"        return None\n"
               f"    return ({', '.join(key)},)\n"
               f"def guards({params}):\n"
-              f"    return _guards({', '.join(tensors)}) if {guarded} else None\n")
+              f"    return {f'_guards({chr(44).join(tensors)})' if guarded else 'None'}\n")
     cache: dict = {}
     namespace = {"_strided": torch.strided, "_grad": torch.is_grad_enabled,
                  "_autocast": autocast_key, "MISS": MISS, "cache": cache, "last": last,

@@ -5,13 +5,15 @@ running statistics.
 statistics *and* updates `running_mean`/`running_var` in place, inside one ATen kernel.  Traced as
 one opaque torch call, that write would happen at run time on whatever tensors the program was
 given, unseen by the trace: a silent mutation of an input, and a program whose passes believe the
-statistics unchanged.  So the op is split in two, at the torch level, the way functionalization
-splits it: the pure op (batch statistics only, no running statistics) and the new statistics as
-ordinary traced ops.  The dispatcher then writes the new statistics into the argument handles like
-any in-place op: functionalized on values the function created or was allowed to update (an
-`fjit.jit(module)`'s buffers, written back after the call by fjit/module.py), FJ102 on an input.
+statistics unchanged.  So the op is traced as functionalization writes it: ATen's functional
+batch norm (`_native_batch_norm_legit_functional`: eager's kernel, one pass giving the output and
+the new statistics as values; where the statistics' dtype differs from the input's, the pure op
+and the statistics as ordinary traced ops).  The dispatcher then writes the new statistics into the
+argument handles like any in-place op: functionalized on values the function created or was
+allowed to update (an `fjit.jit(module)`'s buffers, written back after the call by
+fjit/module.py), FJ102 on an input.
 
-The update is eager's (ATen's batch_norm_update_stats):
+The update is eager's:
     running_mean = momentum * mean + (1 - momentum) * running_mean
     running_var  = momentum * var_unbiased + (1 - momentum) * running_var
 over every dimension but the channel dimension (1), and it is not part of autograd's graph.
@@ -47,10 +49,10 @@ def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, trai
         # running statistics in one pass (what functionalization turns eager's op into).  Torch
         # autograd saves the statistics it is given and the buffers are written after the call:
         # it gets them under version counters of their own (fjit_ops.unversioned, no copy).
-        copies = [trace_call(current(), UNVERSIONED, unversioned, (s,), {})
+        running = [trace_call(current(), UNVERSIONED, unversioned, (s,), {})
                   for s in (running_mean, running_var)]
         out, _, _, mean, var = dispatch(torch.ops.aten._native_batch_norm_legit_functional.default,
-                                        (x, weight, bias, *copies, True, float(momentum),
+                                        (x, weight, bias, *running, True, float(momentum),
                                          float(eps)), {})
         return out, [(running_mean, mean), (running_var, var)]
     out = dispatch(F.batch_norm, (x, None, None, weight, bias), {"training": True, "eps": eps})

@@ -1,7 +1,7 @@
 """Trace -> Trace passes: dead code elimination, common subexpression elimination, constant
-folding and the removal of view prims that change nothing (the cleanup), then, for the final program, running elementwise ops in place on buffers
-nothing reads later and freeing each intermediate after its last use.  Each pass stamps its name on
-the trace it returns."""
+folding and the removal of view prims that change nothing (the cleanup), then, for the final
+program, running elementwise ops in place on buffers nothing reads later and freeing each
+intermediate after its last use.  Each pass stamps its name on the trace it returns."""
 from __future__ import annotations
 
 import torch
