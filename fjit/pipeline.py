@@ -21,6 +21,7 @@ import fjit.config as config
 import fjit.program_choice as program_choice
 from fjit.config import Executor, TraceMode
 from fjit.core.ir import Tag, TensorVar
+from fjit.core.meta import suggests_channels_last
 from fjit.core.trace import Trace
 from fjit.executors import fusing_executor, kernel_executor, torch_executor
 from fjit.frontend.context import AMP_DEVICES, Mode, TraceContext, autocast_state
@@ -65,14 +66,16 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
         if isinstance(joint, autodiff.Compiled):
             autograd_traces = traces
             traces, program, backward = joint.forward_traces, joint.program, joint.backward_traces
-            if program_choice.wants_measuring(len(cleaned.bsyms)):
-                program = _measured_choice(joint, autograd_traces)
         else:
+            autograd_traces = None
             program = torch_executor.compile_trace(traces[-1])
             backward = [] if joint is None else [autodiff.autograd_stage(traces[-1], joint)]
-            if joint is None and any(b.sym.has(Tag.KERNEL) for b in traces[-1].bsyms) and \
-                    program_choice.wants_measuring_forward(leaves):
-                program = _measured_forward(program, result.trace, traces, leaves)
+        if joint is not None and program_choice.wants_measuring(len(cleaned.bsyms)):
+            channels_last = _channels_last_traces(fn, args, kwargs, leaves, mode, result.trace)
+            program = _measured_choice(joint, autograd_traces or traces, backward, channels_last)
+        elif joint is None and any(b.sym.has(Tag.KERNEL) for b in traces[-1].bsyms) and \
+                program_choice.wants_measuring_forward(leaves):
+            program = _measured_forward(program, result.trace, traces, leaves)
         if any(b.sym.has(Tag.MODE) for b in traces[-1].bsyms):
             program = _restoring_modes_on_error(program)
         if config.check_mode():
@@ -156,23 +159,78 @@ def _measured_forward(program, trace: Trace, traces: list[Trace], leaves: list):
 
     def plain_traces(reason: str) -> tuple[list, list]:
         return plain[:-1] + [plain[-1].with_stage(f"torch_executor: {reason}")], []
-    return program_choice.MeasuredChoice(program, torch_calls, (program, torch_calls),
-                                         plain[-1].bsyms, traces, [], plain_traces, training=False)
+    forms = [program_choice.Form("the program with kernels", program, program),
+             program_choice.Form("its torch calls", torch_calls, torch_calls, plain_traces,
+                                 "FORWARD_MARGIN")]
+    return program_choice.MeasuredChoice(forms, plain[-1].bsyms, traces, [], training=False)
 
 
-def _measured_choice(joint: autodiff.Compiled, traces: list[Trace]) -> program_choice.MeasuredChoice:
-    """The joint program, or torch autograd over `traces` (the plain forward's stages) if that
-    measures faster on the second call (fjit/program_choice.py)."""
-    final = traces[-1]
-    autograd = torch_executor.compile_trace(final)
-    timed = (joint.program.flat(), torch_executor.compile_trace(final.with_stage(final.stage,
-                                                                                 rebuild=None)))
+def _measured_choice(joint, traces: list[Trace], backward: list[Trace],
+                     channels_last: list[Trace] | None):
+    """The program that measures its training forms on the second call and keeps the fastest
+    (fjit/program_choice.py): the joint program where there is one (`joint` is autodiff.Compiled;
+    else the reason there is none), torch autograd over `traces` (the plain forward's stages, whose
+    backward stage list is `backward` where there is no joint program), and torch autograd over
+    the channels-last stages where there are some.  With one form, that form's program."""
+    forms = []
+    if isinstance(joint, autodiff.Compiled):
+        forms.append(program_choice.Form("the compiled joint program", joint.program,
+                                         joint.program.flat()))
+        shown = (joint.forward_traces, joint.backward_traces)
+    else:
+        shown = (traces, backward)
+    for stages, what, margin in ((traces, "torch autograd's forward and backward", "MARGIN"),
+                                 (channels_last, "torch autograd over channels-last convolutions",
+                                  "CHANNELS_LAST_MARGIN")):
+        if stages is None:
+            continue
+        final = stages[-1]
 
-    def autograd_traces(reason: str) -> tuple[list, list]:
-        return list(traces), [autodiff.autograd_stage(final, reason)]
-    return program_choice.MeasuredChoice(joint.program, autograd, timed, final.bsyms,
-                                         joint.forward_traces, joint.backward_traces,
-                                         autograd_traces)
+        def shows(reason: str, stages=stages, final=final) -> tuple[list, list]:
+            return list(stages), [autodiff.autograd_stage(final, reason)]
+        forms.append(program_choice.Form(
+            what, torch_executor.compile_trace(final),
+            torch_executor.compile_trace(final.with_stage(final.stage, rebuild=None)), shows, margin))
+    if len(forms) == 1:
+        return forms[0].run
+    return program_choice.MeasuredChoice(forms, traces[-1].bsyms, *shown)
+
+
+def _channels_last_traces(fn, args, kwargs, leaves, mode, first: Trace) -> list[Trace] | None:
+    """The stages of `fn` traced again with its 2-D CPU convolutions' inputs made channels-last,
+    for torch calls alone (what torch autograd runs), its outputs laid out as `first`'s (this
+    call's trace); None where it has no such convolution, or where tracing it so fails or its
+    real layouts are not the recorded ones (it is a faster form at best: `first`'s program
+    runs either way)."""
+    if mode is not TraceMode.ERROR or not any(_nchw_convolution(b) for b in first.bsyms):
+        return None
+    observed: dict = {}
+    for _ in range(3):    # as _trace_with_real_layouts: a layout a meta kernel got wrong, retraced
+        try:
+            result = trace_function(fn, args, kwargs, leaves, mode, TRACE_NAMESPACE, observed,
+                                    channels_last_of=first)
+        except Exception:       # noqa: BLE001 -- a layout the function cannot take: no such form
+            return None
+        traces = lower(result.trace, (Executor.TORCH,), leaves)
+        with torch.no_grad(), rng_preserved(traces[0].bsyms):
+            _, wrong = torch_executor.run_observing_layouts(traces[0], leaves)
+        if not wrong:
+            return traces
+        observed.update(wrong)
+    # What is still wrong is only strides of dims of size 1, which address nothing, or the form
+    # is dropped (check mode compares those strides too).
+    recorded = {v.name: v for b in traces[0].bsyms for v in b.outputs()}
+    if config.check_mode() or any(
+            any(n > 1 and s != t for n, s, t in zip(shape, strides, recorded[name].strides))
+            for name, (shape, strides) in wrong.items()):
+        return None
+    return traces
+
+
+def _nchw_convolution(b) -> bool:
+    x = b.args[0] if b.args else None
+    return b.sym.fn is torch.conv2d and isinstance(x, TensorVar) and x.ndim == 4 and \
+        x.device.type == "cpu" and x.dtype.is_floating_point and not suggests_channels_last(x)
 
 
 def _backward_context(trace: Trace, counter: int) -> TraceContext:

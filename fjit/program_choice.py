@@ -1,17 +1,21 @@
-"""Measured choice between two correct forms of a program, kept per compiled program:
-- training: the joint program (a compiled forward and a compiled, fused backward) or torch
-  autograd over the forward's torch calls;
+"""Measured choice between correct forms of a program, kept per compiled program:
+- training: the joint program (a compiled forward and a compiled, fused backward), torch autograd
+  over the forward's torch calls, and, for a CPU program with 2-D convolutions, torch autograd over
+  the same function traced with its convolutions' inputs in channels-last layout;
 - a forward with kernels: the kernels' program or the same program's torch calls alone.
 
 Which one is faster depends on the machine, the model and the sizes: a fused backward saves memory
 passes, but runs as a Python program of ATen calls and kernel launches, where autograd's engine
 walks its graph in C++, and ATen's own kernels (layer norm's, softmax's, their backwards) are hard
-to beat one by one, most of all on tensors that stream from memory. So, as an autotuner does, a
-program big enough for the difference to matter (training: MIN_OPS top-level ops; a forward:
-MIN_NUMEL input elements; FJIT_MEASURE in fjit/config.py) runs both on its second call, on that
-call's own inputs, ROUNDS times interleaved after a warm-up (once where a warm-up run takes over
-LONG_RUN), and keeps the faster by the minimum time, with a margin in favour of the compiled form.
-In training each run is a forward and a backward with cotangents of ones to the inputs that require
+to beat one by one, most of all on tensors that stream from memory.  On this repository's CPU
+machines, oneDNN's depthwise and grouped convolutions run much faster on channels-last data (an
+eager MobileNetV3 step in that layout takes 0.82x the time), where a ResNet's dense ones run
+slower (1.04-1.13x).  So, as an autotuner does, a program big
+enough for the difference to matter (training: MIN_OPS top-level ops; a forward: MIN_NUMEL input
+elements; FJIT_MEASURE in fjit/config.py) runs every form on its second call, on that call's own
+inputs, ROUNDS times interleaved after a warm-up (once where a warm-up run takes over LONG_RUN),
+and keeps the fastest by the minimum time, with margins in favour of the earlier forms.  In
+training each run is a forward and a backward with cotangents of ones to the inputs that require
 grad (torch.autograd.grad: no `.grad` is touched).
 
 Measuring runs the program more than once, so random draws are rewound after each run (the call
@@ -19,10 +23,11 @@ itself then draws what eager draws), each run starts from detached copies of the
 backward never reaches the caller's graph), and it waits for the kernels still building.  It is
 skipped where running a backward would be seen: an input with a gradient hook of its own.  The
 decision is made once; `fjit.last_traces` and `fjit.last_backward_traces` then show the form that
-runs, with the two timings in its stage line.
+runs, with every form's timing in its stage line.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable
 
@@ -40,6 +45,7 @@ ROUNDS = 3
 LONG_RUN = 0.25       # seconds: a form whose warm-up run takes longer is timed in one round
 MARGIN = 0.97         # torch autograd must take less than this fraction of the joint's time
 FORWARD_MARGIN = 1.0  # a forward's torch calls, of the kernels' program's
+CHANNELS_LAST_MARGIN = 0.96   # channels-last convolutions, of the form kept before them
 
 
 def wants_measuring(n_ops: int) -> bool:
@@ -55,25 +61,35 @@ def wants_measuring_forward(leaves: list) -> bool:
         x.numel() for x in leaves if isinstance(x, torch.Tensor)) >= MIN_NUMEL)
 
 
-class MeasuredChoice:
-    """The program a cache keeps: the compiled form (the joint program, or a forward's kernels'
-    program) until its second call, which measures both forms and keeps the faster from then on."""
+@dataclasses.dataclass
+class Form:
+    """One correct way to run a program."""
+    what: str                  # how a stage line names it ("torch autograd's forward and backward")
+    run: Callable              # what a call runs
+    timed: Callable            # the same program returning its flat outputs: what measuring runs
+    # reason -> (forward stages, backward stages) shown once it is kept; None: the compilation's own
+    stages: Callable[[str], tuple[list, list]] | None = None
+    margin: str = "MARGIN"     # the module constant it must beat the form kept so far by
 
-    def __init__(self, joint: Callable, autograd: Callable, timed: tuple[Callable, Callable],
-                 bsyms: list, forward_traces: list, backward_traces: list,
-                 autograd_traces: Callable[[str], tuple[list, list]], training: bool = True):
-        self.run = joint
-        self.autograd = autograd             # (in a forward: the torch calls' program)
+
+class MeasuredChoice:
+    """The program a cache keeps: its first form until its second call, which measures every form
+    and keeps the fastest from then on.  The forms are tried in order: a later form replaces the
+    one kept so far only if it takes less than its margin's fraction of that one's time, so the
+    earlier forms (the compiled program first) win ties."""
+
+    def __init__(self, forms: list[Form], bsyms: list, forward_traces: list, backward_traces: list,
+                 training: bool = True):
+        self.forms = forms
+        self.run = forms[0].run
         self.training = training
-        self.timed = timed                   # (joint, autograd) returning flat outputs
         self.bsyms = bsyms                   # the forward's ops: the generators they draw from
         # the compilation's trace lists, which fjit.last_traces/last_backward_traces show:
-        # replaced in place by torch autograd's when that form is kept
+        # replaced in place by the kept form's stages
         self.forward_traces, self.backward_traces = forward_traces, backward_traces
-        self.autograd_traces = autograd_traces   # reason -> (forward stages, backward stages)
         self.calls = 0
         self.decided = False
-        self.times: tuple[float, float] | None = None
+        self.times: list[float] | None = None
 
     def __call__(self, *leaves):
         if not self.decided:
@@ -100,20 +116,25 @@ class MeasuredChoice:
                 start = time.perf_counter()
                 _forward_backward(program, leaves, grads)
                 return time.perf_counter() - start
-            warm = [seconds(program) for program in self.timed]        # a warm-up run each
-            best = [float("inf"), float("inf")]
+            warm = [seconds(form.timed) for form in self.forms]        # a warm-up run each
+            best = [float("inf")] * len(self.forms)
             # a big model's step is timed in one round, not made a long second call
             for _ in range(1 if max(warm) > LONG_RUN else ROUNDS):
-                for k, program in enumerate(self.timed):
-                    best[k] = min(best[k], seconds(program))
-        self.times = (best[0], best[1])
-        if best[1] < (MARGIN if self.training else FORWARD_MARGIN) * best[0]:
-            self.run = self.autograd
-            what = ("torch autograd's forward and backward", "the compiled joint program's") \
-                if self.training else ("its torch calls", "the program with kernels")
-            forward, backward = self.autograd_traces(
-                f"measured on the second call, {what[0]} took {best[1] * 1e3:.3g} ms and "
-                f"{what[1]} {best[0] * 1e3:.3g} ms")
+                for k, form in enumerate(self.forms):
+                    best[k] = min(best[k], seconds(form.timed))
+        self.times = best
+        kept = 0
+        for k in range(1, len(self.forms)):
+            if best[k] < globals()[self.forms[k].margin] * best[kept]:
+                kept = k
+        if kept:
+            form = self.forms[kept]
+            self.run = form.run
+            others = ", ".join(f"{f.what} {t * 1e3:.3g} ms" for f, t in zip(self.forms, best)
+                               if f is not form)
+            forward, backward = form.stages(
+                f"measured on the second call, {form.what} took {best[kept] * 1e3:.3g} ms "
+                f"and {others}")
             self.forward_traces[:] = forward
             self.backward_traces[:] = backward
 

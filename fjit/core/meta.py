@@ -1,6 +1,9 @@
 """Running torch ops on meta tensors: how fjit gets every op's exact output metadata (shape,
 dtype, strides, type promotion, broadcasting) from torch itself.
 
+A CPU convolution's real layout can differ from its meta kernel's, which does not know the CPU
+backends' rule (suggests_channels_last).
+
 An op's meta result depends only on its arguments' metadata and Python values, and torch's Python
 meta kernels cost 0.1-0.5 ms a call; so each result is remembered as a recipe per (func, argument
 metadata) -- a new tensor, one of the inputs, or a view of one -- and rebuilt for the next call
@@ -101,3 +104,23 @@ def _rebuild(o: _Out, inputs: list) -> torch.Tensor:
 def clear_memo() -> None:
     """Forget every remembered meta result (the benchmarks measure truly cold compiles with it)."""
     _META_RESULTS.clear()
+
+
+def channels_last_strides(shape) -> tuple:
+    """A dense 4-D layout with the channels innermost."""
+    n, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
+
+
+def suggests_channels_last(v: TensorVar) -> bool:
+    """ATen's suggest_memory_format() of a 4-D value is channels_last: its strides are ordered as
+    channels-last ones (c10's is_channels_last_strides_2d, ambiguous cases contiguous)."""
+    sizes, strides = v.shape, v.strides
+    if strides[1] == 0:
+        return False
+    least = 0
+    for d in (1, 3, 2, 0):
+        if sizes[d] == 0 or strides[d] < least or (d == 0 and least == strides[1]):
+            return False
+        least = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
+    return True

@@ -105,6 +105,8 @@ class TracePrinter:
             return "..."
         if isinstance(x, torch.dtype):
             return str(x)    # "torch.float32"
+        if isinstance(x, torch.memory_format):
+            return str(x)    # "torch.channels_last"
         if isinstance(x, torch.device):
             return f"torch.device({x.type!r}{'' if x.index is None else ', ' + str(x.index)})"
         if t is slice:

@@ -84,6 +84,7 @@ class TraceContext:
         self.input_labels: dict[int, str] = {}  # id(input handle) -> how the user names it
         self.raised: SharpEdge | None = None
         self.observed_strides: dict[str, tuple] = {}   # var name -> (shape, real strides) of an opaque op
+        self.channels_last_convs = False   # 2-D convolutions take channels-last inputs (dispatch.py)
         # The grad mode and autocast state the ops recorded so far run under (the caller's at
         # first); the dispatcher records a mode change when the traced code enters a region.
         self.grad_mode = torch.is_grad_enabled()

@@ -133,8 +133,11 @@ def _guard_numbers_reaching_metadata(func, sym, args, kwargs, to_meta, numbers, 
             return
 
 
-def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, decomposition=None):
-    """Record `func(*args, **kwargs)` as `sym`; returns proxies shaped like func's result."""
+def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, decomposition=None,
+               real_strides=None):
+    """Record `func(*args, **kwargs)` as `sym`; returns proxies shaped like func's result.
+    `real_strides(shape)`: the real kernel's output layout, where it is known and the meta
+    kernel's is not it (a CPU convolution on channels-last data)."""
     leaves = flatten_values((args, kwargs))
     if func is torch.device:     # a value, not an op (reached through the tracer's function mode)
         return func(*args, **kwargs)
@@ -211,8 +214,8 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         # An opaque op's strides are its meta kernel's guess, which can differ from its real
         # kernel's (CPU conv2d on channels_last); a layout observed on the first call wins.
         name = ctx.new_name()
-        return TensorVar(name, m.shape, m.dtype, default_device,
-                         observed_strides(ctx, name, m.shape) or m.stride(), m.requires_grad)
+        known = observed_strides(ctx, name, m.shape) or (real_strides and real_strides(m.shape))
+        return TensorVar(name, m.shape, m.dtype, default_device, known or m.stride(), m.requires_grad)
 
     subsymbols = ()
     if decomposition is not None:

@@ -13,8 +13,10 @@ import dataclasses
 import inspect
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
 from torch.overrides import TorchFunctionMode
 
+from fjit.core.ir import TensorVar, flatten_values, map_values
 from fjit.core.trace import Trace
 from fjit.errors import error_for
 from fjit.frontend.context import Mode, TraceContext
@@ -23,7 +25,7 @@ from fjit.frontend.inputs import make_proxies
 from fjit.frontend.leaks import undo_reach_leaks
 from fjit.frontend.modes import record_mode_changes
 from fjit.frontend.outputs import output_structure
-from fjit.frontend.proxies import InputDict, InputList
+from fjit.frontend.proxies import InputDict, InputList, TensorProxy
 from fjit.frontend.rng import generators_traced
 from fjit.strict.bindings import scan_bindings
 from fjit.strict.callables import code_location
@@ -43,12 +45,22 @@ class TraceResult:
     edges: list                # sharp edges found (permissive modes)
 
 
+class LayoutMismatch(Exception):
+    """A channels-last trace whose outputs cannot be laid out as the first trace's."""
+
+
 def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
-                   namespace: dict, observed_strides: dict | None = None) -> TraceResult:
+                   namespace: dict, observed_strides: dict | None = None,
+                   channels_last_of: Trace | None = None) -> TraceResult:
     """Trace `fn` on proxies of `args`.  `observed_strides` (var name -> (shape, strides)) corrects the
-    layouts that opaque ops' meta kernels predicted wrongly on an earlier trace of this call."""
+    layouts that opaque ops' meta kernels predicted wrongly on an earlier trace of this call.
+
+    `channels_last_of`: a trace of this call, traced again with its 2-D convolutions' inputs made
+    channels-last (frontend/dispatch.py) and its outputs laid out as that trace's are where those
+    are contiguous (LayoutMismatch where they cannot be)."""
     ctx = TraceContext(fn, mode, dispatch, namespace)
     ctx.observed_strides = observed_strides or {}
+    ctx.channels_last_convs = channels_last_of is not None
     scan = scan_bindings(fn)
     ctx.tensor_origins, bindings = scan.origins, scan.bindings
     names = _positional_names(fn, len(args))
@@ -71,9 +83,34 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
             record_mode_changes(ctx)     # a mode the function set and left set stays set
             where = ctx.return_location or code_location(fn) or user_location()
             output, rebuild = output_structure(ctx, result, where)
+            if channels_last_of is not None:
+                output = _laid_out_as(output, channels_last_of.output)
         trace = Trace(ctx.fn_name, list(ctx.inputs), list(ctx.scopes[0]), output, dict(ctx.consts),
                       stage="traced", bindings=bindings, namespace=namespace, rebuild=rebuild)
     return TraceResult(trace, frozenset(ctx.specialized), list(ctx.edges))
+
+
+def _laid_out_as(output, expected):
+    """`output` with each tensor made contiguous where the same output of `expected` (the first
+    trace's) is contiguous and this one is not: a caller's `.view` works on eager's layout."""
+    got, want = flatten_values(output), flatten_values(expected)
+    if len(got) != len(want):
+        raise LayoutMismatch("the outputs differ")
+    fixed: dict = {}
+    for v, w in zip(got, want):
+        if not isinstance(v, TensorVar) or v.name in fixed:
+            continue
+        if not isinstance(w, TensorVar) or v.shape != w.shape:
+            raise LayoutMismatch("the outputs differ")
+        if not _same_layout(v.shape, v.strides, w.strides):
+            if not _same_layout(w.shape, w.strides, make_contiguous_strides_for(w.shape)):
+                raise LayoutMismatch(f"output {w.name} is neither contiguous nor laid out the same")
+            fixed[v.name] = dispatch(torch.Tensor.contiguous, (TensorProxy(v),), {}).ir
+    return map_values(lambda x: fixed.get(x.name, x) if isinstance(x, TensorVar) else x, output)
+
+
+def _same_layout(shape, a, b) -> bool:
+    return all(size == 1 or s == t for size, s, t in zip(shape, a, b))
 
 
 _CHAIN_HEAD, _CHAIN_TAIL = 2, 5     # frames shown from the traced function's end and the error's

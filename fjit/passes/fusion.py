@@ -234,12 +234,22 @@ def _chain(region: Region, name: str, producer: dict) -> list | None:
 
 
 def _connect(items: list, trace: Trace) -> None:
-    """Fill each region's external inputs and the outputs anything after it reads."""
+    """Fill each region's external inputs and the outputs anything after it reads.  A value that
+    a later region recomputes (_rematerialize) is stored, if anything reads it, only by the region
+    that computed it first: one definition per name."""
+    first: dict = {}
+    for item in items:
+        if isinstance(item, Region):
+            for b in item.bsyms:
+                for v in b.outputs():
+                    first.setdefault(v.name, item)
     needed_later: set = {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}
     for item in reversed(items):
         if isinstance(item, Region):
             made = {v.name for b in item.bsyms for v in b.outputs()}
-            item.outputs = [v for b in item.bsyms for v in b.outputs() if v.name in needed_later]
+            own = {n for n in made if first[n] is item}
+            item.outputs = [v for b in item.bsyms for v in b.outputs()
+                            if v.name in needed_later and v.name in own]
             seen, inputs = set(), []
             for b in item.bsyms:
                 for v in b.inputs():
@@ -247,7 +257,7 @@ def _connect(items: list, trace: Trace) -> None:
                         seen.add(v.name)
                         inputs.append(v)
             item.inputs = inputs
-            needed_later -= made
+            needed_later -= own
             needed_later.update(v.name for v in inputs)
         else:
             needed_later.update(v.name for v in item.inputs())

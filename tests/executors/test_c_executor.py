@@ -601,6 +601,24 @@ def test_values_a_later_kernel_reads_are_computed_again_there_not_stored():
     assert calls and calls[0][0] == 1, (calls, str(fjit.last_traces(jf)[-1]))
 
 
+def test_a_recomputed_value_that_a_later_recomputation_reads_is_defined_once(monkeypatch):
+    """Residual blocks (RegNet's eval forward): the second kernel computes relu(a + b) again
+    rather than loading it, and the third computes the second's output again, reading
+    relu(a + b): the value is stored by the kernel that computed it first, never defined twice
+    (check mode verifies every stage is SSA and agrees with the first)."""
+    monkeypatch.setenv("FJIT_CHECK", "1")
+
+    def f(a, b, w):
+        h1 = torch.relu(a + b)
+        h2 = torch.relu(torch.conv2d(h1, w, padding=1) + h1)
+        return torch.relu(torch.conv2d(h2, w, padding=1) + h2)
+    a, b, w = torch.randn(2, 4, 5, 5), torch.randn(2, 4, 5, 5), torch.randn(4, 4, 3, 3)
+    jf = _check(f, a, b, w)
+    names = re.findall(r"^  \(?([\w, ]+?)\)? = ", str(fjit.last_traces(jf)[-1]), re.M)
+    defined = [n.strip() for group in names for n in group.split(",")]
+    assert len(defined) == len(set(defined)), str(fjit.last_traces(jf)[-1])
+
+
 def test_a_value_still_read_after_the_later_kernel_is_not_computed_twice():
     """h is returned, so it is stored anyway: the later kernel loads it rather than computing it."""
     def f(x, w):

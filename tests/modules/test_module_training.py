@@ -335,6 +335,94 @@ def test_fjit_measure_0_never_measures(monkeypatch):
     assert not fjit.last_backward_traces(jitted)[-1].stage.startswith("torch_autograd")
 
 
+class DepthwiseNet(nn.Module):
+    """MobileNet-like: a stem, depthwise and pointwise convolutions with batch norm, a squeeze-
+    excite gate on a 1x1 map (convolutions whose input is both layouts), max pooling, and a
+    feature map returned beside the logits (eager gives it contiguous)."""
+
+    def __init__(self, width: int, blocks: int = 4):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 2, 1), nn.BatchNorm2d(width), nn.ReLU(inplace=True))
+        self.blocks = nn.ModuleList(nn.Sequential(
+            nn.Conv2d(width, width, 3, padding=1, groups=width), nn.BatchNorm2d(width), nn.Hardswish(),
+            nn.Conv2d(width, width, 1), nn.BatchNorm2d(width)) for _ in range(blocks))
+        self.gate = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(width, 4, 1), nn.ReLU(),
+                                  nn.Conv2d(4, width, 1), nn.Hardsigmoid())
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(self.stem(x), 3, 2, 1)
+        for block in self.blocks:
+            x = x + block(x)
+        features = x * self.gate(x)
+        return self.head(features.mean((2, 3))), features
+
+
+@pytest.mark.parametrize("channels_last_wins", [False, True])
+def test_channels_last_form_keeps_eagers_results_and_layouts(monkeypatch, channels_last_wins):
+    """A CPU training program with 2-D convolutions measures, beside its other forms, torch
+    autograd over the function traced with channels-last convolution inputs.  Whichever is kept,
+    every step's outputs, gradients and batch-norm statistics are eager's (up to the convolution
+    algorithm's rounding), the outputs have eager's layouts (a caller may `.view` them), and the
+    traces show the form that runs."""
+    import fjit.program_choice as program_choice
+    monkeypatch.setenv("FJIT_MEASURE", "all")
+    monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", 1e9 if channels_last_wins else 0.0)
+    torch.manual_seed(0)
+    model = DepthwiseNet(12 + channels_last_wins)
+    eager = copy.deepcopy(model)
+    jitted = fjit.jit(model)
+    for step in range(4):
+        x = torch.randn(4, 3, 24, 24)
+        results = []
+        for m, call in ((eager, eager), (model, jitted)):
+            m.zero_grad()
+            logits, features = call(x)
+            (logits.square().sum() + features.sum()).backward()
+            results.append((logits, features))
+        (want, want_features), (got, got_features) = results
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got_features, want_features, rtol=1e-4, atol=1e-4)
+        assert got_features.stride() == want_features.stride()
+        got_features.view(4, -1)
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            scale = q.grad.abs().max().item() + 1.0
+            torch.testing.assert_close(p.grad / scale, q.grad / scale, rtol=1e-4, atol=1e-4, msg=name)
+        for (name, a), b in zip(model.state_dict().items(), eager.state_dict().values()):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+    forward = str(fjit.last_traces(jitted)[-1])
+    stage = fjit.last_backward_traces(jitted)[-1].stage
+    assert ("memory_format=torch.channels_last" in forward) is channels_last_wins
+    assert ("channels-last convolutions took" in stage) is channels_last_wins
+
+
+def test_channels_last_form_is_not_offered_where_an_output_layout_cannot_be_eagers(monkeypatch):
+    """An output that eager gives neither contiguous nor as the channels-last trace does (a
+    permuted feature map) drops the channels-last form: the program keeps eager's layouts."""
+    import fjit.program_choice as program_choice
+    monkeypatch.setenv("FJIT_MEASURE", "all")
+    monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", 1e9)
+    torch.manual_seed(0)
+    class Permuted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = nn.Sequential(*[nn.Conv2d(6, 6, 3, padding=1, groups=3) for _ in range(12)])
+
+        def forward(self, x):
+            return self.convs(x).transpose(1, 2)[:, :, ::2]
+
+    model = Permuted()
+    eager = copy.deepcopy(model)
+    jitted = fjit.jit(model)
+    for _ in range(3):
+        x = torch.randn(2, 6, 8, 8)
+        got, want = jitted(x), eager(x)
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got, want)
+        got.sum().backward()
+    assert "memory_format=torch.channels_last" not in str(fjit.last_traces(jitted)[-1])
+
+
 def test_batch_norm_training_is_one_aten_pass_with_eagers_statistics():
     """Batch norm in training mode is ATen's functional batch norm: one pass gives the output and
     the new running statistics, bit for bit eager's, with no copy of the statistics (autograd gets

@@ -94,3 +94,30 @@ def test_an_observed_layout_applies_only_to_a_value_of_the_shape_it_was_seen_wit
     assert observed_strides(Ctx, "t3", (2, 3, 4, 5)) == (60, 1, 15, 3)
     assert observed_strides(Ctx, "t3", (2, 3, 20)) is None
     assert observed_strides(Ctx, "t4", (2, 3, 4, 5)) is None
+
+
+def test_suggests_channels_last_is_atens_rule_for_a_cpu_convolutions_result():
+    """The channels-last form of a program (fjit/program_choice.py) records a CPU convolution's
+    layout by ATen's rule, which its meta kernel does not follow: channels-last where the input
+    or the weight suggests it, including the ambiguous shapes (one channel, one pixel) and
+    permuted layouts that are neither."""
+    import itertools
+    from fjit.core.ir import TensorVar
+    from fjit.core.meta import channels_last_strides, suggests_channels_last
+
+    def var(t):
+        return TensorVar("v", t.shape, t.dtype, t.device, t.stride())
+    checked = 0
+    for n, c, h, w in itertools.product((1, 2), (1, 3), (1, 4), (1, 5)):
+        base = torch.randn(n, c, h, w)
+        for x in (base, base.to(memory_format=CL), base.transpose(2, 3).contiguous().transpose(2, 3),
+                  base.transpose(0, 1).contiguous().transpose(0, 1)):
+            for weight in (torch.randn(4, c, 1, 1), torch.randn(4, c, 2, 1).to(memory_format=CL)):
+                if weight.shape[2] > h:
+                    continue
+                y = F.conv2d(x, weight)
+                cl = suggests_channels_last(var(x)) or suggests_channels_last(var(weight))
+                want = channels_last_strides(y.shape) if cl else torch.empty(y.shape).stride()
+                assert y.stride() == tuple(want), (x.shape, x.stride(), weight.stride())
+                checked += 1
+    assert checked > 80
