@@ -34,9 +34,9 @@ from fjit.errors import FjitError, UnsupportedOpError, located
 from fjit.frontend.context import current
 from fjit.frontend.leaks import holds_proxy, proxies_in, undo_proxy_writes
 from fjit.frontend.proxies import TensorProxy
-from fjit.module_layout import (Layout, backward_hook_owner, changed_config, config_bindings,
-                                forward_hooks, forward_signature, state_swapped,
-                                structure_key)
+from fjit.module_layout import (GLOBAL_FORWARD_HOOKS, Layout, backward_hook_owner, changed_config,
+                                config_bindings, forward_hooks, forward_signature,
+                                keyword_positions, state_swapped, structure_key)
 from fjit.strict.bindings import module_tensor_origins
 from fjit.strict.locate import user_location
 from fjit.strict.reach import snapshot, user_class
@@ -233,10 +233,26 @@ class FjitModule(torch.nn.Module):
         jitted.share_programs(_SHARED_CACHES, (layout.key, tuple(sorted(options.items()))))
         self.__dict__["_fj_layout"] = layout
         self.__dict__["_fj_jitted"] = jitted
+        self.__dict__["_fj_positions"] = {}     # (positional count, keyword names) -> plan
+
+    def _fj_positional(self, module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The call with its keyword arguments passed by position where module_layout's
+        keyword_positions allows (the layout's read, done first, rebinds the wrapper when a hook
+        is added, which empties the plans; a global hook is checked per call)."""
+        names = tuple(kwargs)
+        plans = self.__dict__["_fj_positions"]
+        plan = plans.get((len(args), names), False)
+        if plan is False:
+            plan = plans[len(args), names] = keyword_positions(module, len(args), names)
+        if plan is None or any(GLOBAL_FORWARD_HOOKS):
+            return args, kwargs
+        return (*args, *[kwargs[name] if given else name for given, name in plan]), {}
 
     def forward(self, *args, **kwargs):
         module = self._modules["_fj_module"]
         read = self._fj_layout.read(module)
+        if kwargs and read is not None:
+            args, kwargs = self._fj_positional(module, args, kwargs)
         for attempt in range(2):
             if read is None:          # a submodule replaced, a hook added or removed, ...
                 self._fj_bind()

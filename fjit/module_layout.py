@@ -39,6 +39,7 @@ from fjit.core.ir import Binding
 # *_always_called tables are keyed by the same handle ids as these).
 _HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 _GLOBAL_HOOK_TABLES = tuple(getattr(_torch_module, f"_global{n}") for n in _HOOK_TABLES)
+GLOBAL_FORWARD_HOOKS = _GLOBAL_HOOK_TABLES[:2]      # torch's global forward (pre-)hook tables
 # Module attributes that are not configuration: state read per call, or hook tables keyed above.
 _NOT_CONFIG = {"training", "_parameters", "_buffers", "_modules", *_HOOK_TABLES,
                "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
@@ -301,3 +302,35 @@ def forward_signature(module: torch.nn.Module, state_names: list[str]) -> inspec
         used.add(name)
         params.append(P(name, kind))
     return inspect.Signature(params)
+
+
+def keyword_positions(module: torch.nn.Module, n_args: int, names: tuple) -> tuple | None:
+    """How a call of `module` with `n_args` positional arguments and the keyword arguments `names`
+    is made one of positional arguments alone, which the jitted function's fast path serves (a
+    transformers model is called `model(input_ids=..., labels=...)`): for each position after
+    the given ones, (True, keyword name) or (False, its default).  None where the call cannot be
+    so: a name that is not a positional parameter, a parameter in between without a default of
+    None (a default of another value is not passed as the caller left it), or a forward hook,
+    which sees the call's arguments as they were made."""
+    if module._forward_pre_hooks or module._forward_hooks or any(GLOBAL_FORWARD_HOOKS):
+        return None
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    P = inspect.Parameter
+    positional = [p for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    given = set(names)
+    index = {p.name: i for i, p in enumerate(positional)}
+    if any(index.get(n, -1) < n_args or positional[index[n]].kind is P.POSITIONAL_ONLY
+           for n in names):
+        return None
+    plan = []
+    for p in positional[n_args:max(index[n] for n in names) + 1]:
+        if p.name in given:
+            plan.append((True, p.name))
+        elif p.default is None:
+            plan.append((False, None))
+        else:
+            return None
+    return tuple(plan)

@@ -318,6 +318,52 @@ def test_diagnose_lists_the_configuration():
 
 # ----------------------------------------------------------------------------- hooks
 
+class KeywordModel(nn.Module):
+    """Called as transformers models are: keyword tensors, Nones between them, a non-None default
+    after them, and a default that is not None before one (which must not be passed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+
+    def forward(self, x=None, mask=None, cache=None, labels=None, scale=2.0, extra=None):
+        y = self.fc(x) * scale
+        if mask is not None:
+            y = y * mask
+        loss = None if labels is None else (y - labels).square().mean()
+        return y if extra is None else y + extra, loss
+
+
+def test_keyword_calls_of_a_module_take_the_positional_fast_path_and_compute_eagers_result():
+    """model(x=..., labels=...) is called with its keywords by position (Nones filled in between),
+    which the fast path serves: every call is eager's, cached calls compile nothing, and a call
+    the plan cannot cover (a default other than None in between, a forward pre-hook that takes
+    keyword arguments) keeps its keywords and is still eager's."""
+    torch.manual_seed(0)
+    model = KeywordModel()
+    jitted = fjit.jit(model)
+    x, mask, labels, extra = (torch.randn(3, 6) for _ in range(4))
+    calls = [dict(x=x, labels=labels), dict(x=x, mask=mask), dict(labels=labels, x=x),
+             dict(x=x, extra=extra), dict(x=x, scale=0.5)]
+    for kwargs in calls * 2:
+        for got, want in zip(jitted(**kwargs), model(**kwargs)):
+            if want is None:
+                assert got is None
+            else:
+                torch.testing.assert_close(got, want)
+    # (x, labels) and (labels, x) are one positional call: one program
+    assert jitted.cache_info().misses == len(calls) - 1
+    plans = jitted.__dict__["_fj_positions"]
+    assert plans[0, ("x", "labels")] == ((True, "x"), (False, None), (False, None), (True, "labels"))
+    assert plans[0, ("x", "extra")] is None          # scale's default 2.0 lies in between
+    # a hook that reads the call's keywords gets them as the caller passed them
+    model.register_forward_pre_hook(lambda m, args, kwargs: (args, {**kwargs, "mask": kwargs["mask"] * 3}),
+                                    with_kwargs=True)
+    for _ in range(2):
+        got, _ = jitted(x=x, mask=mask)
+        torch.testing.assert_close(got, model.fc(x) * 2.0 * mask * 3)
+
+
 def test_forward_hooks_run_including_ones_registered_later():
     model = mlp().eval()
     jm = fjit.jit(model)
