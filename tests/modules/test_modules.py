@@ -433,10 +433,11 @@ def test_cached_module_calls_take_the_generated_fast_path():
 
 def test_last_backward_traces_of_a_module():
     """fjit.last_backward_traces accepts the module wrapper, as last_traces does: an RMSNorm's
-    backward fuses into C kernels, and its gradients are eager's."""
-    model = torch.nn.RMSNorm(8)
+    backward (on values it recomputes: 2^16 elements) fuses into C kernels, and its gradients
+    are eager's."""
+    model = torch.nn.RMSNorm(256)
     jm = fjit.jit(model)
-    x = torch.randn(4, 8)
+    x = torch.randn(256, 256)
     jm(x).square().sum().backward()
     got = model.weight.grad.clone()
     stages = fjit.last_backward_traces(jm)
