@@ -11,7 +11,7 @@ test or a notebook may change them between compilations; FJIT_LOGS is read when 
 | FJIT_LOGS | recompiles,traces,kernels (any of them, or all) | turns on fjit's loggers, to stderr |
 | FJIT_CHECK | 1 | check mode: every stage runs and is compared with the first; torch fallbacks' real layouts are checked |
 | FJIT_C_KERNELS | background (default), sync, 0 | when C kernels are built: in a background thread, before the compile returns, or never |
-| FJIT_MEASURE | auto (default), 0, all | whether a program times its compiled form against torch's on its second call and keeps the faster (fjit/program_choice.py): the joint backward against torch autograd for training programs of at least 32 ops, kernels against torch calls for forwards of at least 2^20 input elements; never; or every program |
+| FJIT_MEASURE | auto (default), 0, all | whether a program times its forms on its second call and keeps the fastest (fjit/program_choice.py): for training programs of at least 32 ops the joint backward, torch autograd, and (CPU 2-D convolutions) torch autograd over channels-last convolutions; kernels against torch calls for forwards of at least 2^20 input elements; never; or every program |
 | FJIT_TRITON_CPU | 0 | with TRITON_INTERPRET=1, keep CPU tensors away from the Triton interpreter |
 | FJIT_TRITON_DUMP_TARGET | a directory | every Triton kernel built is also written there as generated for a GPU, for `python -m fjit.executors.triton.target DIR` (compiles them for sm_90/sm_80, reports spills) |
 | FJIT_TRITON_LAUNCH | compiled (default), jit | on a GPU: call each kernel compiled once through a pre-bound launcher, or through `kernel[grid]` |

@@ -8,15 +8,15 @@ Which one is faster depends on the machine, the model and the sizes: a fused bac
 passes, but runs as a Python program of ATen calls and kernel launches, where autograd's engine
 walks its graph in C++, and ATen's own kernels (layer norm's, softmax's, their backwards) are hard
 to beat one by one, most of all on tensors that stream from memory.  On this repository's CPU
-machines, oneDNN's depthwise and grouped convolutions run much faster on channels-last data (an
-eager MobileNetV3 step in that layout takes 0.82x the time), where a ResNet's dense ones run
-slower (1.04-1.13x).  So, as an autotuner does, a program big
-enough for the difference to matter (training: MIN_OPS top-level ops; a forward: MIN_NUMEL input
-elements; FJIT_MEASURE in fjit/config.py) runs every form on its second call, on that call's own
-inputs, ROUNDS times interleaved after a warm-up (once where a warm-up run takes over LONG_RUN),
-and keeps the fastest by the minimum time, with margins in favour of the earlier forms.  In
-training each run is a forward and a backward with cotangents of ones to the inputs that require
-grad (torch.autograd.grad: no `.grad` is touched).
+machines oneDNN's depthwise and grouped convolutions run much faster on channels-last data (an
+eager MobileNetV3 step in that layout takes 0.82x the time), where a ResNet's dense ones run slower
+(1.04-1.13x).  So, as an autotuner does, a program big enough for the difference to matter
+(training: MIN_OPS top-level ops; a forward: MIN_NUMEL input elements; FJIT_MEASURE in
+fjit/config.py) runs every form on its second call, on that call's own inputs, ROUNDS times
+interleaved after a warm-up (once where a warm-up run takes over LONG_RUN), and keeps the fastest
+by the minimum time, with margins in favour of the earlier forms.  In training each run is a
+forward and a backward with cotangents of ones to the inputs that require grad
+(torch.autograd.grad: no `.grad` is touched).
 
 Measuring runs the program more than once, so random draws are rewound after each run (the call
 itself then draws what eager draws), each run starts from detached copies of the inputs (its
