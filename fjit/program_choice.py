@@ -43,8 +43,8 @@ MIN_OPS = 32          # top-level ops of the forward trace that make a training 
 MIN_NUMEL = 1 << 20   # input elements that make a forward's kernels worth measuring
 ROUNDS = 3
 LONG_RUN = 0.25       # seconds: a form whose warm-up run takes longer is timed in one round
-MARGIN = 0.97         # torch autograd must take less than this fraction of the joint's time
-FORWARD_MARGIN = 1.0  # a forward's torch calls, of the kernels' program's
+MARGIN = 1.0          # torch autograd must take less than this fraction of the joint's time
+FORWARD_MARGIN = 1.03  # a forward's torch calls, of the kernels' program's: ties go to ATen
 CHANNELS_LAST_MARGIN = 0.96   # channels-last convolutions, of the form kept before them
 
 
