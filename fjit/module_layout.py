@@ -310,9 +310,10 @@ def keyword_positions(module: torch.nn.Module, n_args: int, names: tuple) -> tup
     transformers model is called `model(input_ids=..., labels=...)`): for each position after
     the given ones, (True, keyword name) or (False, its default).  None where the call cannot be
     so: a name that is not a positional parameter, a parameter in between without a default of
-    None (a default of another value is not passed as the caller left it), or a forward hook,
-    which sees the call's arguments as they were made."""
-    if module._forward_pre_hooks or module._forward_hooks or any(GLOBAL_FORWARD_HOOKS):
+    None (a default of another value is not passed as the caller left it), or a forward hook of
+    the module, which sees the call's arguments as they were made (a global one, which can come
+    and go between calls, is the caller's to check per call: GLOBAL_FORWARD_HOOKS)."""
+    if module._forward_pre_hooks or module._forward_hooks:
         return None
     try:
         params = list(inspect.signature(module.forward).parameters.values())

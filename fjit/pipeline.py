@@ -21,7 +21,7 @@ import fjit.config as config
 import fjit.program_choice as program_choice
 from fjit.config import Executor, TraceMode
 from fjit.core.ir import Tag, TensorVar
-from fjit.core.meta import suggests_channels_last
+from fjit.core.meta import relaid_channels_last, same_layout
 from fjit.core.trace import Trace
 from fjit.executors import fusing_executor, kernel_executor, torch_executor
 from fjit.frontend.context import AMP_DEVICES, Mode, TraceContext, autocast_state
@@ -63,16 +63,15 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
         cleaned = traces[len(CLEANUP)]
         lowering = _lowering(cleaned, leaves, executors)
         joint = autodiff.compile_with_backward(cleaned, leaves, lowering)
+        autograd_traces = traces       # the plain forward's stages: what torch autograd runs
         if isinstance(joint, autodiff.Compiled):
-            autograd_traces = traces
             traces, program, backward = joint.forward_traces, joint.program, joint.backward_traces
         else:
-            autograd_traces = None
             program = torch_executor.compile_trace(traces[-1])
             backward = [] if joint is None else [autodiff.autograd_stage(traces[-1], joint)]
         if joint is not None and program_choice.wants_measuring(len(cleaned.bsyms)):
             channels_last = _channels_last_traces(fn, args, kwargs, leaves, mode, result.trace)
-            program = _measured_choice(joint, autograd_traces or traces, backward, channels_last)
+            program = _measured_choice(joint, autograd_traces, backward, channels_last)
         elif joint is None and any(b.sym.has(Tag.KERNEL) for b in traces[-1].bsyms) and \
                 program_choice.wants_measuring_forward(leaves):
             program = _measured_forward(program, result.trace, traces, leaves)
@@ -202,7 +201,7 @@ def _channels_last_traces(fn, args, kwargs, leaves, mode, first: Trace) -> list[
     call's trace); None where it has no such convolution, or where tracing it so fails or its
     real layouts are not the recorded ones (it is a faster form at best: `first`'s program
     runs either way)."""
-    if mode is not TraceMode.ERROR or not any(_nchw_convolution(b) for b in first.bsyms):
+    if mode is not TraceMode.ERROR or not any(_relaid_convolution(b) for b in first.bsyms):
         return None
     observed: dict = {}
     for _ in range(3):    # as _trace_with_real_layouts: a layout a meta kernel got wrong, retraced
@@ -220,17 +219,16 @@ def _channels_last_traces(fn, args, kwargs, leaves, mode, first: Trace) -> list[
     # What is still wrong is only strides of dims of size 1, which address nothing, or the form
     # is dropped (check mode compares those strides too).
     recorded = {v.name: v for b in traces[0].bsyms for v in b.outputs()}
-    if config.check_mode() or any(
-            any(n > 1 and s != t for n, s, t in zip(shape, strides, recorded[name].strides))
-            for name, (shape, strides) in wrong.items()):
+    if config.check_mode() or not all(same_layout(shape, strides, recorded[name].strides)
+                                      for name, (shape, strides) in wrong.items()):
         return None
     return traces
 
 
-def _nchw_convolution(b) -> bool:
+def _relaid_convolution(b) -> bool:
+    """A 2-D convolution whose input the channels-last form would make channels-last."""
     x = b.args[0] if b.args else None
-    return b.sym.fn is torch.conv2d and isinstance(x, TensorVar) and x.ndim == 4 and \
-        x.device.type == "cpu" and x.dtype.is_floating_point and not suggests_channels_last(x)
+    return b.sym.fn is torch.conv2d and isinstance(x, TensorVar) and relaid_channels_last(x)
 
 
 def _backward_context(trace: Trace, counter: int) -> TraceContext:

@@ -106,6 +106,21 @@ def clear_memo() -> None:
     _META_RESULTS.clear()
 
 
+def same_layout(shape, a: tuple, b: tuple) -> bool:
+    """Whether strides `a` and `b` lay out a value of `shape` alike (dims of size 1 address
+    nothing, so their strides may differ)."""
+    return all(size == 1 or s == t for size, s, t in zip(shape, a, b))
+
+
+def relaid_channels_last(v: TensorVar) -> bool:
+    """Whether the channels-last form of a program (fjit/program_choice.py) makes this 2-D
+    convolution input channels-last: a floating 4-D CPU value with more than one channel and more
+    than one pixel (with one of either it is both layouts) that ATen does not already take as
+    channels-last."""
+    return v.ndim == 4 and v.device.type == "cpu" and v.dtype.is_floating_point and \
+        v.shape[1] > 1 and v.shape[2] * v.shape[3] > 1 and not suggests_channels_last(v)
+
+
 def channels_last_strides(shape) -> tuple:
     """A dense 4-D layout with the channels innermost."""
     n, c, h, w = shape

@@ -18,7 +18,7 @@ from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar, flatten
 from fjit.core.trace import Trace
 from fjit.core.prims import OUT_OF_PLACE
 from fjit.errors import UnsupportedOpError, located
-from fjit.core.meta import channels_last_strides, meta_tensor, suggests_channels_last
+from fjit.core.meta import channels_last_strides, meta_tensor, relaid_channels_last, suggests_channels_last
 from fjit.frontend.context import ProcessPatch, TraceContext, current
 from fjit.frontend.proxies import NumberProxy, TensorProxy, set_data
 from fjit.frontend.rng import bind_generators, rng_preserved
@@ -195,31 +195,30 @@ def _dispatch(ctx, func, args, kwargs):
             return parts[0]
     if _is_mutation(func, kwargs):
         return _functionalize(ctx, func, args, kwargs)
-    if func is torch.conv2d and ctx.channels_last_convs and _on_cpu(args):
+    if func is torch.conv2d and ctx.channels_last_convs and _cpu_4d_operands(args):
         return _channels_last_convolution(ctx, func, args, kwargs)
     return trace_call(ctx, torch_symbol(func), func, args, kwargs, DECOMPOSITIONS.get(func))
 
 
-def _on_cpu(args: tuple) -> bool:
+def _cpu_4d_operands(args: tuple) -> bool:
+    """Whether a convolution's input and weight are traced 4-D CPU values."""
     return len(args) >= 2 and all(isinstance(t, TensorProxy) and t.ir.ndim == 4 and
                                   t.ir.device.type == "cpu" for t in args[:2])
 
 
 def _channels_last_convolution(ctx: TraceContext, func, args: tuple, kwargs: dict):
-    """A 2-D CPU convolution in the channels-last form of a program (fjit/program_choice.py): a
-    floating input with more than one channel and more than one pixel is made channels-last
-    (with one of either it is both layouts).  oneDNN then runs the convolution in that layout
-    (ATen converts the weight as eager's channels-last convolution does), and the ops after it
-    follow the layout their inputs have.  ATen's CPU convolutions give a channels-last result
-    where the input or the weight suggests that layout, which the meta kernel does not know."""
+    """A 2-D CPU convolution in the channels-last form of a program (fjit/program_choice.py): its
+    input is made channels-last where core/meta.py's relaid_channels_last says.  oneDNN then runs
+    the convolution in that layout (ATen converts the weight as eager's channels-last
+    convolution does), and the ops after it follow the layout their inputs have.  ATen's CPU
+    convolutions give a channels-last result where the input or the weight suggests that layout,
+    which the meta kernel does not know."""
     x, w = args[0], args[1]
-    n, c, h, wd = x.ir.shape
-    if c > 1 and h * wd > 1 and x.ir.dtype.is_floating_point and not suggests_channels_last(x.ir):
+    if relaid_channels_last(x.ir):
         x = dispatch(torch.Tensor.contiguous, (x,), {"memory_format": torch.channels_last})
     real = channels_last_strides if suggests_channels_last(x.ir) or suggests_channels_last(w.ir) \
         else None
-    return trace_call(ctx, torch_symbol(func), func, (x, *args[1:]),
-                      kwargs, real_strides=real)
+    return trace_call(ctx, torch_symbol(func), func, (x, *args[1:]), kwargs, real_strides=real)
 
 
 class _TracedHookHandle:

@@ -17,6 +17,7 @@ from torch._prims_common import make_contiguous_strides_for
 from torch.overrides import TorchFunctionMode
 
 from fjit.core.ir import TensorVar, flatten_values, map_values
+from fjit.core.meta import same_layout
 from fjit.core.trace import Trace
 from fjit.errors import error_for
 from fjit.frontend.context import Mode, TraceContext
@@ -102,15 +103,11 @@ def _laid_out_as(output, expected):
             continue
         if not isinstance(w, TensorVar) or v.shape != w.shape:
             raise LayoutMismatch("the outputs differ")
-        if not _same_layout(v.shape, v.strides, w.strides):
-            if not _same_layout(w.shape, w.strides, make_contiguous_strides_for(w.shape)):
+        if not same_layout(v.shape, v.strides, w.strides):
+            if not same_layout(w.shape, w.strides, make_contiguous_strides_for(w.shape)):
                 raise LayoutMismatch(f"output {w.name} is neither contiguous nor laid out the same")
             fixed[v.name] = dispatch(torch.Tensor.contiguous, (TensorProxy(v),), {}).ir
     return map_values(lambda x: fixed.get(x.name, x) if isinstance(x, TensorVar) else x, output)
-
-
-def _same_layout(shape, a, b) -> bool:
-    return all(size == 1 or s == t for size, s, t in zip(shape, a, b))
 
 
 _CHAIN_HEAD, _CHAIN_TAIL = 2, 5     # frames shown from the traced function's end and the error's
