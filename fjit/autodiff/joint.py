@@ -31,8 +31,9 @@ import torch
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.trace import Trace
 from fjit.autodiff.function import convolution_vjp, record, torch_vjp
-from fjit.autodiff.rules import NONDIFF, VJP, fit, full, has_rule
+from fjit.autodiff.rules import NONDIFF, VJP, Pieces, fit, full, has_rule
 from fjit.core.prims import Prim, apply, prim_of
+from fjit.core.prims.layout import undo_index
 
 RECORD = Symbol("fjit_autodiff.record", record, frozenset({Tag.FALLBACK, Tag.RANDOM}))
 TORCH_VJP = Symbol("fjit_autodiff.torch_vjp", torch_vjp, frozenset({Tag.FALLBACK}))
@@ -286,13 +287,23 @@ class _Backward:
         self.env[var.name] = p
         return p
 
-    def _accumulate(self, var, g, shape) -> None:
-        """Add g, a contribution standing for a value of `shape`, to var's cotangent."""
+    def _accumulate(self, var, g, shape, undo=None) -> None:
+        """Add g, a contribution standing for a value of `shape`, to var's cotangent; with `undo`
+        (undo_index's), g is the cotangent of a basic index of var, held until read (Pieces)."""
         if not differentiable(var) or g is None:
             return
-        g = fit(g, var, shape)
         old = self.ct.get(var.name)
+        if undo is not None or isinstance(old, Pieces):
+            held = old if isinstance(old, Pieces) else Pieces(var, old, [])
+            self.ct[var.name] = held.add(g if undo is not None else fit(g, var, shape), undo)
+            return
+        g = fit(g, var, shape)
         self.ct[var.name] = g if old is None else apply(Prim.ADD, old, g)
+
+    def _take(self, name: str):
+        """var's cotangent, removed from the pending ones; held slices joined."""
+        g = self.ct.pop(name, None)
+        return g.join() if isinstance(g, Pieces) else g
 
     def trace(self) -> tuple[Trace, list]:
         b, ctx = self.b, self.ctx
@@ -316,7 +327,7 @@ class _Backward:
             grads = []
             connected = _connected_inputs(b.trace)
             for v in b.trace.inputs:
-                g = self.ct.get(v.name) if differentiable(v) else None
+                g = self._take(v.name) if differentiable(v) else None
                 if g is None and v.name in connected:
                     # eager's autograd graph reaches it (through sign, floor, ...: zero
                     # derivatives): its .grad is zeros, not None (an optimizer skips None)
@@ -329,9 +340,14 @@ class _Backward:
 
     def _pullback(self, s: BoundSymbol) -> None:
         outs = s.outputs()
-        g = self.ct.pop(outs[0].name, None) if outs else None
+        g = self._take(outs[0].name) if outs else None
         if g is None or prim_of(s) in NONDIFF:
             return
+        if prim_of(s) is Prim.SLICE:
+            undo = undo_index(s.args[1], tuple(s.args[0].shape))
+            if undo is not None:
+                self._accumulate(s.args[0], full(g, outs[0]), None, undo)
+                return
         if not s.sym.has(Tag.ELEMENTWISE):     # elementwise rules broadcast; others need the shape
             g = full(g, outs[0])
         elementwise = s.sym.has(Tag.ELEMENTWISE)
@@ -344,7 +360,7 @@ class _Backward:
 
     def _record_pullback(self, i: int, op: BoundSymbol) -> None:
         outs = [v for v in op.outputs() if differentiable(v)]
-        gs = [self.ct.pop(v.name, None) for v in outs]
+        gs = [self._take(v.name) for v in outs]
         if all(g is None for g in gs):
             return
         graph, leaf, inputs = self.b._record_vars(i, op)
@@ -362,7 +378,7 @@ class _Backward:
 
     def _convolution_pullback(self, op: BoundSymbol) -> None:
         out = op.outputs()[0]
-        g = self.ct.pop(out.name, None)
+        g = self._take(out.name)
         if g is None:
             return
         x, w, bias, stride, padding, dilation, groups = _convolution(op)

@@ -15,10 +15,13 @@ rule.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any
 
 from fjit.core.ir import TensorVar
 from fjit.core.prims import ROWS, Prim, apply
+from fjit.core.prims.layout import pad_back
 from fjit.core.prims.toolkit import full  # noqa: F401  (joint.py's full-shape cotangents)
 
 VJP: dict = {p: b.vjp for p, b in ROWS.items() if b.vjp is not None}
@@ -59,3 +62,60 @@ def fit(g, var: TensorVar, shape: tuple):
     if factor != 1:
         g = apply(Prim.MUL, g, factor)
     return apply(Prim.CONVERT, g, var.dtype) if g.dtype != var.dtype else g
+
+
+@dataclasses.dataclass
+class Pieces:
+    """A cotangent still held as its parts: `dense` (a sum of whole contributions, or None) and the
+    cotangents of basic indexes of the value, each with undo_index's (shape, pads).  The slices a
+    split or a rotate-half takes come back as one cat, not a zero-padded copy each and a sum."""
+
+    var: TensorVar
+    dense: Any
+    pieces: list
+
+    def add(self, g, undo) -> "Pieces":
+        if undo is not None:
+            self.pieces.append((g, undo))
+        else:
+            self.dense = g if self.dense is None else apply(Prim.ADD, self.dense, g)
+        return self
+
+    def join(self):
+        joined = self._cat()
+        if joined is not None:
+            return joined if self.dense is None else apply(Prim.ADD, self.dense, joined)
+        total = self.dense
+        for g, undo in self.pieces:
+            g = pad_back(g, *undo)
+            total = g if total is None else apply(Prim.ADD, total, g)
+        return total
+
+    def _cat(self):
+        """The pieces as one cat along the one dim they cut (zeros in the gaps), where they cut
+        the same dim into disjoint ranges; else None."""
+        if len(self.pieces) < 2:
+            return None
+        rank = len(self.var.shape)
+        cut = set()
+        for _, (shape, pads) in self.pieces:
+            cut.update(d for d in range(rank) if pads[2 * (rank - 1 - d)] or pads[2 * (rank - 1 - d) + 1])
+        if len(cut) != 1:
+            return None
+        d = cut.pop()
+        size = self.var.shape[d]
+        ranges = sorted(((pads[2 * (rank - 1 - d)], size - pads[2 * (rank - 1 - d) + 1], g, shape)
+                         for g, (shape, pads) in self.pieces), key=lambda r: r[:2])
+        parts, at = [], 0
+        for start, stop, g, shape in ranges:
+            if start < at:
+                return None                     # overlapping slices: summed as pads
+            if start > at:
+                gap = tuple(start - at if k == d else n for k, n in enumerate(self.var.shape))
+                parts.append(apply(Prim.FULL, gap, 0, dtype=g.dtype, device=g.device))
+            parts.append(apply(Prim.RESHAPE, g, shape) if tuple(g.shape) != shape else g)
+            at = stop
+        if at < size:
+            gap = tuple(size - at if k == d else n for k, n in enumerate(self.var.shape))
+            parts.append(apply(Prim.FULL, gap, 0, dtype=g.dtype, device=g.device))
+        return apply(Prim.CAT, parts, d)

@@ -550,3 +550,44 @@ def test_small_pointwise_values_are_saved_and_large_ones_recomputed(rows, monkey
     torch.testing.assert_close(got, (x.grad, w.grad))
     backward = str(fjit.last_backward_traces(jf)[-1])
     assert ("sin" in backward) is (rows == 512), backward        # 512 x 128 = 2^16 elements
+
+
+_SLICED = {
+    # name: (function of y [4, 12], what the backward joins the slices' cotangents with)
+    "split": (lambda y: (lambda q, k, v: (q * k.sin() + v).sum())(*y.split(4, dim=-1)), "cat"),
+    "rotate_half": (lambda y: (torch.cat((-y[..., 6:], y[..., :6]), -1) * 0.5 + y.cos()).sum(), "cat"),
+    "gapped": (lambda y: (y[:, :3].exp().sum() + (y[:, 7:] * 3).sum()), "cat"),
+    "overlapping": (lambda y: (y[:, :5].exp().sum() + (y[:, 3:] * 3).sum()), "pad"),
+}
+
+
+@pytest.mark.parametrize("name", _SLICED)
+def test_cotangents_of_slices_of_one_value_are_one_cat(name, monkeypatch):
+    """Slices of one value that cut one dim into disjoint ranges (a split, a rotate-half, slices
+    with a gap between) get their cotangents back as one cat, zeros in the gaps; overlapping ones
+    are zero-padded and summed. The gradients are eager's either way."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    fn, joined = _SLICED[name]
+    jf = _grads_match(lambda x, w: fn(x @ w), (_f32(4, 5), _f32(5, 12, seed=1)))
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    assert ("prims.cat" in backward) is (joined == "cat"), backward
+    assert ("functional.pad" in backward) is (joined == "pad"), backward
+
+
+@pytest.mark.parametrize("index, undo", [((slice(None), None), "reshape"), ((slice(None), 1), "pad"),
+                                         ((Ellipsis, None, slice(1, 3)), "pad"),
+                                         ((slice(None), slice(0, None)), "nothing")])
+def test_basic_index_backward_is_a_view_or_one_pad(index, undo, monkeypatch):
+    """x[:, None] gives its cotangent back by a reshape, x[:, 1] and x[..., None, 1:3] by one
+    pad, a full slice by nothing: none of them writes into a zeros tensor (setitem)."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    jf = _grads_match(lambda x: (x.sin()[index] * 2).exp().sum(), (_f32(3, 4),))
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    assert "setitem" not in backward, backward
+    assert ("functional.pad" in backward) is (undo == "pad"), backward
+
+
+def test_square_backward_is_a_product():
+    """x ** 2's derivative is 2 * x, not 2 * x ** 1 (a pow the kernel would compute)."""
+    jf = _grads_match(lambda x: (x.sin() ** 2).sum(), (_f32(3, 4),))
+    assert "pow" not in str(fjit.last_backward_traces(jf)[-1])

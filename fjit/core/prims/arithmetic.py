@@ -95,6 +95,8 @@ def _pow_vjp(b, g, value):
             d = apply(Prim.WHERE, apply(Prim.EQ, vc, 0), 0.0, d)
         elif isinstance(c, Var):     # a runtime float exponent
             d = apply(Prim.MUL, apply(Prim.POW, va, vc - 1), vc)
+        elif vc == 2:      # x**2 (a norm's square): 2x, no pow(x, 1) copy
+            d = apply(Prim.MUL, va, 2)
         else:
             d = apply(Prim.MUL, apply(Prim.POW, va, vc - 1), vc) if vc != 0 else zeros_like(g)
         out.append((a, apply(Prim.MUL, g, d)))

@@ -35,38 +35,58 @@ def _permute_vjp(b, g, value):
 
 
 def _slice_vjp(b, g, value):
-    """g padded with zeros to x's shape (one pass) where the index is slices of step 1 (and an
-    Ellipsis); otherwise scattered into zeros by a functional setitem."""
+    """g padded with zeros to x's shape (one pass) where the index is step-1 slices, ints, None and
+    an Ellipsis (a reshape alone where it takes all of x, as `x[:, None]`); otherwise scattered
+    into zeros by a functional setitem."""
     x, index = b.args[:2]
-    pads = _zero_padding(index, tuple(x.shape))
-    if pads is not None:
-        return [(x, torch.nn.functional.pad(full(g, b.output), pads))]
+    undo = undo_index(index, tuple(x.shape))
+    if undo is not None:
+        return [(x, pad_back(full(g, b.output), *undo))]
     z = apply(Prim.EXPAND, zeros_like(g), tuple(x.shape)).contiguous()
     z[index] = g
     return [(x, z)]
 
 
-def _zero_padding(index, shape: tuple) -> tuple | None:
-    """F.pad's (left, right) amounts, last dim first, that undo x[index]; None unless every entry
-    is a slice of step 1 with int or None bounds (or one Ellipsis)."""
+def undo_index(index, shape: tuple) -> tuple | None:
+    """How to put back the cotangent of x[index] for x of `shape`: (the shape to reshape it to, of
+    x's rank, with 1 on each int-indexed dim; F.pad's (left, right) amounts, last dim first).  None
+    unless every entry is a slice of step 1 with int or None bounds, an int, None or one Ellipsis."""
     index = index if isinstance(index, tuple) else (index,)
     if sum(i is Ellipsis for i in index) > 1:
         return None
+    consumed = sum(i is not None and i is not Ellipsis for i in index)
     if Ellipsis in index:
         k = index.index(Ellipsis)
-        index = index[:k] + (slice(None),) * (len(shape) - len(index) + 1) + index[k + 1:]
+        index = index[:k] + (slice(None),) * (len(shape) - consumed) + index[k + 1:]
+    index = tuple(i for i in index if i is not None)
     index = index + (slice(None),) * (len(shape) - len(index))
     if len(index) != len(shape):
         return None
-    pads = []
+    sizes, pads = [], []
     for i, size in zip(index, shape):
+        if type(i) is int:
+            if not -size <= i < size:
+                return None
+            i %= size
+            sizes.append(1)
+            pads.append((i, size - i - 1))
+            continue
         if not (isinstance(i, slice) and i.step in (None, 1) and
                 all(v is None or type(v) is int for v in (i.start, i.stop))):
             return None
         start, stop, _ = i.indices(size)
         stop = max(stop, start)
+        sizes.append(stop - start)
         pads.append((start, size - stop))
-    return tuple(v for pair in reversed(pads) for v in pair)
+    return tuple(sizes), tuple(v for pair in reversed(pads) for v in pair)
+
+
+def pad_back(g, shape: tuple, pads: tuple):
+    """g (the cotangent of a basic index of x) reshaped to `shape` and zero-padded by `pads`
+    (undo_index's): a view where the index took all of x."""
+    if tuple(g.shape) != shape:
+        g = apply(Prim.RESHAPE, g, shape)
+    return torch.nn.functional.pad(g, pads) if any(pads) else g
 
 
 define("CONVERT", Kind.CAST, value="convert_element_type", aliases=True,
