@@ -7,6 +7,7 @@ and optionally timed against eager and Inductor.
     python benchmarks/zoo.py --timing --rounds 10             # also time the training step
     python benchmarks/zoo.py --markdown docs/zoo.md --json benchmarks/results/zoo.json
     python benchmarks/zoo.py --sync-kernels                   # FJIT_C_KERNELS=sync before fjit is imported
+    python benchmarks/zoo.py --device cuda --timing           # on a GPU: fjit's Triton kernels
 
 Entry points (``--entry``): ``jit`` is ``fjit.jit(model)``, ``backend`` is
 ``torch.compile(model, backend="fjit")``; ``inductor`` (``torch.compile(model)``), ``eager`` (the
@@ -95,6 +96,7 @@ import torch.utils._pytree as pytree  # noqa: E402
 from benchmarks.zoo_models import MODELS, Batch, ZooModel  # noqa: E402
 
 ENTRIES = ("jit", "backend", "inductor", "eager", "eager1t")
+DEVICE = "cpu"              # --device: where models, inputs and every copy run
 ENTRY_LABELS = {"jit": "fjit.jit", "backend": "backend=fjit", "inductor": "inductor", "eager": "eager",
                 "eager1t": "eager 1 thread"}
 TOL = 1e-4                  # torch._dynamo.utils.same's default tol
@@ -311,8 +313,8 @@ def check_accuracy(zm: ZooModel, entry: str, steps: int = 3, seed: int = 0, opti
     torch._dynamo.reset()
     stage = "setup"
     try:
-        base = zm.make(seed)
-        batch = zm.example(seed)
+        base = zm.make(seed).to(DEVICE)
+        batch = zm.example(seed).to(device=DEVICE)
         ref = _Copy(copy.deepcopy(base), None, torch.float32, optimizer)
         gold = _Copy(_reference(lambda: copy.deepcopy(base).double()), None, torch.float64, optimizer)
         cand_module = copy.deepcopy(base)
@@ -417,8 +419,8 @@ def time_model(zm: ZooModel, rounds: int, seed: int = 0) -> dict:
     """Paired ratios candidate/eager of the training step (no optimizer), see the docstring."""
     from benchmarks import harness as H
     torch._dynamo.reset()
-    base = zm.make(seed)
-    batch = zm.example(seed)
+    base = zm.make(seed).to(DEVICE)
+    batch = zm.example(seed).to(device=DEVICE)
     candidates, errors = {}, {}
     for entry in ("eager", "jit", "backend", "inductor"):
         module = copy.deepcopy(base)
@@ -439,7 +441,7 @@ def time_model(zm: ZooModel, rounds: int, seed: int = 0) -> dict:
         pass
     if "eager" not in candidates:
         return {"errors": errors}
-    timer = H.CpuTimer()
+    timer = H.CpuTimer(cuda_sync=DEVICE == "cuda")
     iters = H.calibrate_iters(candidates["eager"], timer, target_ns=20e6, max_iters=1000)
     stats = H.measure(candidates, timer, rounds=rounds, iters=iters, warmup=3)
     return {"iters": iters, "eager_ms": stats["eager"].median_ns / 1e6,
@@ -496,7 +498,7 @@ def run_isolated(name: str, args) -> dict:
         out = Path(tmp) / "row.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--models", name, "--entry", *args.entry,
                "--steps", str(args.steps), "--timeout", str(args.timeout), "--rounds", str(args.rounds),
-               "--optimizer", args.optimizer,
+               "--optimizer", args.optimizer, "--device", args.device,
                "--json", str(out), "--quiet"] + (["--timing"] if args.timing else [])
         limit = (args.timeout or 600) * (len(args.entry) + (2 if args.timing else 0)) + 120
         try:
@@ -631,6 +633,8 @@ def main(argv=None) -> int:
                         help="FJIT_C_KERNELS=sync (build C kernels before a compile returns)")
     parser.add_argument("--markdown", metavar="PATH", help="write the report as Markdown")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the models run (cuda: fjit's Triton kernels)")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -647,10 +651,13 @@ def main(argv=None) -> int:
             parser.error(f"no model {pattern!r} (--list lists them)")
         names += [n for n in matched if n not in names]
 
+    global DEVICE
+    DEVICE = args.device
     import fjit  # noqa: F401 - after FJIT_C_KERNELS is set
     from benchmarks import harness as H
     env = H.environment()
     env["fjit_c_kernels"] = os.environ.get("FJIT_C_KERNELS", "")
+    env["zoo_device"] = DEVICE
     t_start = time.perf_counter()
     rows = []
     for i, name in enumerate(names):

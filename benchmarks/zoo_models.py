@@ -95,10 +95,13 @@ class Batch:
     kwargs: dict = dataclasses.field(default_factory=dict)
     target: torch.Tensor | None = None
 
-    def to(self, dtype: torch.dtype) -> "Batch":
+    def to(self, dtype: torch.dtype | None = None, device: str | None = None) -> "Batch":
         """The batch with its floating tensors cast to ``dtype`` (integer token ids, masks and
-        targets are unchanged)."""
-        cast = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+        targets keep theirs) and every tensor moved to ``device``."""
+        def cast(t):
+            if not isinstance(t, torch.Tensor):
+                return t
+            return t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None)
         return Batch(tuple(cast(a) for a in self.args), {k: cast(v) for k, v in self.kwargs.items()},
                      cast(self.target))
 
