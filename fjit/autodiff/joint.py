@@ -27,10 +27,11 @@ import re
 from typing import Any, Callable
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
 
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.trace import Trace
-from fjit.autodiff.function import convolution_vjp, record, torch_vjp
+from fjit.autodiff.function import conv2d, convolution_vjp, record, torch_vjp
 from fjit.autodiff.rules import NONDIFF, VJP, Pieces, fit, full, has_rule
 from fjit.core.prims import Prim, apply, prim_of
 from fjit.core.prims.layout import undo_index
@@ -38,7 +39,7 @@ from fjit.core.prims.layout import undo_index
 RECORD = Symbol("fjit_autodiff.record", record, frozenset({Tag.FALLBACK, Tag.RANDOM}))
 TORCH_VJP = Symbol("fjit_autodiff.torch_vjp", torch_vjp, frozenset({Tag.FALLBACK}))
 CONVOLUTION_VJP = Symbol("fjit_autodiff.convolution_vjp", convolution_vjp, frozenset({Tag.FALLBACK}))
-_CONVOLUTIONS = {torch.conv1d: 1, torch.conv2d: 2, torch.conv3d: 3}
+_CONVOLUTIONS = {torch.conv1d: 1, torch.conv2d: 2, torch.conv3d: 3, conv2d: 2}
 
 
 def _convolution(b: BoundSymbol) -> tuple | None:
@@ -157,14 +158,6 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool | int],
         return _Builder(trace, leaves, kinds, recorder).build()
     except Unsupported as e:
         return f"the joint program cannot be built ({e})"
-
-
-def _contiguous(shape) -> tuple:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(strides))
 
 
 class _Builder:
@@ -312,7 +305,7 @@ class _Backward:
             for v in b.outputs:
                 if differentiable(v):
                     g = TensorVar(b.fresh(f"grad_{v.name}"), v.shape, v.dtype, v.device,
-                                  _contiguous(v.shape), False)
+                                  make_contiguous_strides_for(v.shape), False)
                     cotangents.append(g)
                     self.ct[v.name] = self.recorder.tensor(g, is_input=True)
             for i in reversed(range(len(b.trace.bsyms))):
@@ -368,7 +361,7 @@ class _Backward:
         graph_in = tuple(self.value(gv) for gv, _ in used)
         leaf_in = tuple(self.value(lv) for lv in leaf)
         results = tuple(TensorVar(self.ctx.new_name(), v.shape, v.dtype, v.device,
-                                  _contiguous(v.shape), False) for v in inputs)
+                                  make_contiguous_strides_for(v.shape), False) for v in inputs)
         self.ctx.record(BoundSymbol(TORCH_VJP, (tuple(p.ir for p in graph_in),
                                                 tuple(p.ir for p in leaf_in),
                                                 tuple(g.ir for _, g in used)), {}, results,
@@ -385,7 +378,7 @@ class _Backward:
         operands = (x, w, bias)
         mask = [v is not None and differentiable(v) for v in operands]
         results = tuple(TensorVar(self.ctx.new_name(), v.shape, v.dtype, v.device,
-                                  _contiguous(v.shape), False) if m else None
+                                  make_contiguous_strides_for(v.shape), False) if m else None
                         for v, m in zip(operands, mask))
         args = (full(g, out).ir, self.value(x).ir, self.value(w).ir,
                 list(bias.shape) if bias is not None else None, list(stride), list(padding),

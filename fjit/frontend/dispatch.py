@@ -25,7 +25,7 @@ from fjit.frontend.rng import bind_generators, rng_preserved
 from fjit.runtime import functional_inplace, register_hook, retain_grad, setitem, view_scatter
 from fjit.frontend.modes import record_mode_changes
 from fjit.frontend.stateful_ops import WRITES_INTO_ARGUMENTS
-from fjit.frontend.record import DECOMPOSITIONS, RANDOM_OPS, op_name, torch_symbol, trace_call
+from fjit.frontend.record import DECOMPOSITIONS, RANDOM_OPS, REPLACEMENTS, op_name, torch_symbol, trace_call
 from fjit.strict.locate import user_location
 
 # Questions whose answer is a tensor's data in Python: catalog entry and how to say it.  In the
@@ -157,9 +157,8 @@ def dispatch(func, args: tuple, kwargs: dict):
             sys.setprofile(hook)
 
 
-# Mode switches with a torch-function override: they run for real while tracing (the traced
-# code's `with torch.autocast(...)`, as Dynamo's graphs record it), and the ops after them are
-# recorded under the mode they set (record_mode_changes), never traced as ops themselves.
+# Mode switches with a torch-function override (`with torch.autocast(...)`, as Dynamo records it) run
+# for real while tracing; later ops are recorded under their mode (record_mode_changes).
 RUN_FOR_REAL = {torch.amp.autocast_mode._enter_autocast, torch.amp.autocast_mode._exit_autocast}
 
 
@@ -197,6 +196,11 @@ def _dispatch(ctx, func, args, kwargs):
         return _functionalize(ctx, func, args, kwargs)
     if func is torch.conv2d and ctx.channels_last_convs and _cpu_4d_operands(args):
         return _channels_last_convolution(ctx, func, args, kwargs)
+    if func in REPLACEMENTS:
+        try:
+            return REPLACEMENTS[func](*args, **kwargs)
+        except NotImplementedError:
+            pass
     return trace_call(ctx, torch_symbol(func), func, args, kwargs, DECOMPOSITIONS.get(func))
 
 
@@ -207,12 +211,10 @@ def _cpu_4d_operands(args: tuple) -> bool:
 
 
 def _channels_last_convolution(ctx: TraceContext, func, args: tuple, kwargs: dict):
-    """A 2-D CPU convolution in the channels-last form of a program (fjit/program_choice.py): its
-    input is made channels-last where core/meta.py's relaid_channels_last says.  oneDNN then runs
-    the convolution in that layout (ATen converts the weight as eager's channels-last
-    convolution does), and the ops after it follow the layout their inputs have.  ATen's CPU
-    convolutions give a channels-last result where the input or the weight suggests that layout,
-    which the meta kernel does not know."""
+    """A 2-D CPU convolution in the channels-last form of a program (program_choice.py): its input
+    made channels-last where core/meta.py's relaid_channels_last says (oneDNN converts the weight,
+    as in eager); later ops follow their inputs' layout.  ATen's CPU convolutions give a
+    channels-last result where input or weight suggests it, which the meta kernel does not know."""
     x, w = args[0], args[1]
     if relaid_channels_last(x.ir):
         x = dispatch(torch.Tensor.contiguous, (x,), {"memory_format": torch.channels_last})

@@ -17,8 +17,11 @@ from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.frontend.modes import autocast_applies, autocast_outputs
 from fjit.strict.locate import user_location
 
-# fjit.ops fills this at import: torch callable -> decomposition into prims over proxies.
+# fjit.ops fills these at import: torch callable -> decomposition into prims over proxies; and
+# torch callable -> a replacement that records another op in its place (a runtime function faster
+# than the torch call), or raises NotImplementedError to record the torch call.
 DECOMPOSITIONS: dict = {}
+REPLACEMENTS: dict = {}
 
 RANDOM_OPS = {torch.rand, torch.randn, torch.randint, torch.rand_like, torch.randn_like,
               torch.randint_like, torch.normal, torch.bernoulli, torch.multinomial, torch.randperm,

@@ -8,11 +8,16 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch._prims_common import make_contiguous_strides_for
 
+from fjit.core.ir import Symbol, Tag
 from fjit.core.prims import Prim, apply, torch_callables
+from fjit.frontend.context import current
+from fjit.frontend.record import REPLACEMENTS, trace_call
 from fjit.core.prims.toolkit import reduced_dims
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.ops.math_ops import downcast, no_empty_reduction, register, upcast
+from fjit.runtime import fjit_ops
 
 
 def _softmax_parts(x, dim, dtype):
@@ -71,6 +76,57 @@ def _rms_norm(x, normalized_shape, weight=None, eps=None):
 # F.dropout has no decomposition: eager draws its mask with bernoulli_ on the CPU and with a fused
 # Philox kernel on CUDA, and no uniform-based mask reproduces either stream.  As one torch call it
 # draws eager's numbers from eager's generator, which is what "random ops follow eager" promises.
+
+
+MAX_POOL = Symbol("fjit_ops.max_pool2d", fjit_ops.max_pool2d, frozenset({Tag.FALLBACK}))
+
+
+def replace(*funcs):
+    def deco(replacement):
+        REPLACEMENTS.update(dict.fromkeys(funcs, replacement))
+        return replacement
+    return deco
+
+
+def _pair(v, name: str) -> list:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return [v, v]
+    if isinstance(v, (tuple, list)) and len(v) in (1, 2) and all(type(i) is int for i in v):
+        return [v[0], v[-1]]
+    raise NotImplementedError(name)    # a traced number or another form: the torch call
+
+
+@replace(F.max_pool2d, torch.max_pool2d)
+def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                return_indices=False):
+    """Through a channels-last copy (runtime.max_pool2d) where ATen's NCHW CPU kernel is the slow
+    one: a contiguous 4-D float CPU input of 16+ channels and 2^16+ elements, measured on the zoo's
+    pooling shapes (a smaller or thinner one is as fast or faster in NCHW).  Else the torch call."""
+    if return_indices or not isinstance(x, TensorProxy) or x.ndim != 4 or x.device.type != "cpu" \
+            or x.dtype not in (torch.float32, torch.float64) or x.shape[1] < 16 \
+            or math.prod(x.shape) < 2 ** 16 or tuple(x.ir.strides) != make_contiguous_strides_for(x.shape) \
+            or not isinstance(ceil_mode, bool):
+        raise NotImplementedError
+    kernel = _pair(kernel_size, "kernel_size")
+    pool = (kernel, _pair(stride, "stride") if stride not in (None, (), []) else kernel,
+            _pair(padding, "padding"), _pair(dilation, "dilation"), ceil_mode)
+    return trace_call(current(), MAX_POOL, fjit_ops.max_pool2d, (x, *pool), {})
+
+
+CONV2D = Symbol("fjit_ops.conv2d", fjit_ops.conv2d, frozenset({Tag.FALLBACK}))
+
+
+@replace(torch.conv2d)
+def _conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """A CPU float conv2d whose weight needs a gradient, outside autocast: eager's forward, and
+    a backward whose weight gradient may be a matmul (autodiff/function.py's convolution_vjp)."""
+    if not isinstance(x, TensorProxy) or not isinstance(weight, TensorProxy) or x.ndim != 4 \
+            or not weight.requires_grad or x.device.type != "cpu" or not torch.is_grad_enabled() \
+            or x.dtype not in (torch.float32, torch.float64) or torch._C._is_any_autocast_enabled() \
+            or not isinstance(groups, int) or (bias is not None and not isinstance(bias, TensorProxy)):
+        raise NotImplementedError
+    conv = (_pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation"), groups)
+    return trace_call(current(), CONV2D, fjit_ops.conv2d, (x, weight, bias, *conv), {})
 
 
 @register(F.linear)

@@ -591,3 +591,77 @@ def test_square_backward_is_a_product():
     """x ** 2's derivative is 2 * x, not 2 * x ** 1 (a pow the kernel would compute)."""
     jf = _grads_match(lambda x: (x.sin() ** 2).sum(), (_f32(3, 4),))
     assert "pow" not in str(fjit.last_backward_traces(jf)[-1])
+
+
+def _pool_input():
+    """Values with ties (small integers) and NaNs, 32 channels, 2^16+ elements: the shapes
+    ops/nn_ops.py sends through the channels-last kernel."""
+    x = torch.randint(0, 4, (4, 32, 24, 24), generator=torch.Generator().manual_seed(0)).float()
+    x[0, 0, 3, 3] = x[1, 5, 4, 4] = x[1, 5, 4, 5] = float("nan")
+    return x.requires_grad_()
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_max_pool_through_channels_last_gives_eagers_values_indices_and_double_backward(ceil_mode):
+    def f(x, w):
+        y = F.max_pool2d(x * w, 3, 2, 1, ceil_mode=ceil_mode)
+        return y, torch.autograd.grad(y.nan_to_num().square().sum(), x, create_graph=True)[0]
+    x, w = _pool_input(), torch.tensor(1.5, requires_grad=True)
+
+    def step(fn):
+        y, gx = fn(x, w)          # the gradient of a gradient reaches w through the pool's backward
+        return y, gx, torch.autograd.grad(gx.sum(), w)[0]
+    jf = fjit.jit(lambda x, w: F.max_pool2d(x * w, 3, 2, 1, ceil_mode=ceil_mode))
+    for _ in range(2):
+        got = step(lambda x, w: (lambda y: (y, torch.autograd.grad(y.nan_to_num().square().sum(), x,
+                                                                   create_graph=True)[0]))(jf(x, w)))
+    want = step(f)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
+    assert "fjit_ops.max_pool2d" in str(fjit.last_traces(jf)[-1])
+
+
+@pytest.mark.parametrize("shape", [(4, 8, 24, 24), (1, 32, 8, 8)])
+def test_max_pool_of_few_channels_or_elements_stays_the_torch_call(shape):
+    jf = fjit.jit(lambda x: F.max_pool2d(x, 2))
+    x = torch.randn(shape)
+    torch.testing.assert_close(jf(x), F.max_pool2d(x, 2))
+    assert "fjit_ops.max_pool2d" not in str(fjit.last_traces(jf)[-1])
+
+
+@pytest.mark.parametrize("by_matmul", [False, True])
+@pytest.mark.parametrize("kwargs", [{"stride": 1, "padding": 1}, {"stride": 2, "padding": (1, 0), "dilation": 2},
+                                    {"stride": 1, "padding": 0}])
+def test_convolution_weight_gradient_as_a_matmul_equals_atens(by_matmul, kwargs, monkeypatch):
+    """A CPU conv2d under grad runs torch's forward and convolution_vjp's backward; the weight's
+    gradient is ATen's or, where it measured faster, one matmul of the unfolded input: eager's
+    gradients either way, and a gradient of the gradient through it."""
+    from fjit.autodiff import function
+    calls = []
+    monkeypatch.setattr(function, "_weight_grad_by_matmul", lambda *a: calls.append(1) or by_matmul)
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    x, w, b = _f32(2, 3, 9, 9), _f32(5, 3, 3, 3, seed=1), _f32(5, seed=2)
+    k = 3 if kwargs["padding"] == 0 else 1
+
+    def f(x, w, b):
+        y = F.conv2d(x, w, b, **kwargs)
+        gx, = torch.autograd.grad((y * y).sum(), x, create_graph=True)
+        return (y.tanh() * k).sum() + gx.square().sum()
+    jf = fjit.jit(lambda x, w, b: F.conv2d(x, w, b, **kwargs))
+
+    def g(x, w, b):
+        y = jf(x, w, b)
+        gx, = torch.autograd.grad((y * y).sum(), x, create_graph=True)
+        return (y.tanh() * k).sum() + gx.square().sum()
+    _grads_match(f, (x, w, b), jf=g, rtol=1e-4, atol=1e-4)
+    assert "fjit_ops.conv2d" in str(fjit.last_traces(jf)[-1]) and calls
+
+
+def test_convolution_under_autocast_stays_the_torch_call():
+    jf = fjit.jit(lambda x, w: F.conv2d(x, w).float().sum())
+    x, w = _f32(2, 3, 8, 8), _f32(4, 3, 3, 3, seed=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = jf(x, w)
+        want = F.conv2d(x, w).float().sum()
+    torch.testing.assert_close(got, want)
+    assert "fjit_ops.conv2d" not in str(fjit.last_traces(jf)[-1])
