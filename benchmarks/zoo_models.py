@@ -430,7 +430,7 @@ def _torchvision_models() -> list[ZooModel]:
                                         window_size=[4, 4], stochastic_depth_prob=0.0, num_classes=10)
 
     def convnext():
-        from torchvision.models.convnext import CNBlockConfig
+        CNBlockConfig = models().convnext.CNBlockConfig     # torchvision imported by models() first
         return models().ConvNeXt([CNBlockConfig(32, 64, 2), CNBlockConfig(64, 128, 2), CNBlockConfig(128, None, 2)],
                                  stochastic_depth_prob=0.0, num_classes=10)
 

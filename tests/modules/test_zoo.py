@@ -51,3 +51,17 @@ def test_full_zoo():
         failures += [f"{name} ({entry}): {res['status']}: {res['reason']}"
                      for entry, res in row["results"].items() if res["status"] != "pass"]
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures)
+
+
+def test_torchvision_is_imported_only_through_import_torchvision():
+    """A registry builder that imports torchvision itself fails where its C++ extension does not
+    load and the model is the first torchvision one of its process (zoo.py --isolate)."""
+    import ast
+    import benchmarks.zoo_models as zoo_models
+    tree = ast.parse(Path(zoo_models.__file__).read_text())
+    direct = [node.lineno for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)
+              and fn.name != "import_torchvision" for node in ast.walk(fn)
+              if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                  (getattr(node, "module", None) or "").startswith("torchvision") or
+                  a.name.startswith("torchvision") for a in node.names)]
+    assert not direct, f"torchvision imported directly at lines {direct}"
