@@ -17,7 +17,6 @@ import torch
 import torch.utils._pytree as pytree
 
 import fjit.autodiff as autodiff
-from fjit.autodiff.function import conv2d
 import fjit.config as config
 import fjit.program_choice as program_choice
 from fjit.config import Executor, TraceMode
@@ -229,7 +228,7 @@ def _channels_last_traces(fn, args, kwargs, leaves, mode, first: Trace) -> list[
 def _relaid_convolution(b) -> bool:
     """A 2-D convolution whose input the channels-last form would make channels-last."""
     x = b.args[0] if b.args else None
-    return b.sym.fn in (torch.conv2d, conv2d) and isinstance(x, TensorVar) and relaid_channels_last(x)
+    return b.sym.fn is torch.conv2d and isinstance(x, TensorVar) and relaid_channels_last(x)
 
 
 def _backward_context(trace: Trace, counter: int) -> TraceContext:

@@ -17,7 +17,6 @@ import torch
 
 from fjit.core.trace import trace_constants  # noqa: F401  (imported by printed traces)
 from fjit.core.prims import NAMESPACE as prims  # noqa: F401  (imported by printed traces)
-from fjit.autodiff.function import conv2d
 
 
 def _apply_chain(value, chain):
@@ -112,7 +111,7 @@ def max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
 fjit_ops = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem, unversioned=unversioned,
                                  functional_inplace=functional_inplace, generator=generator,
                                  register_hook=register_hook, retain_grad=retain_grad,
-                                 max_pool2d=max_pool2d, conv2d=conv2d)
+                                 max_pool2d=max_pool2d)
 
 
 # -- kernels and constants, by name --------------------------------------------------------------

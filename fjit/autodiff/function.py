@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import time
 
 import torch
 
@@ -59,81 +58,10 @@ def torch_vjp(graphs, leaves, cotangents):
 
 def convolution_vjp(g, x, w, bias_sizes, stride, padding, dilation, groups, mask):
     """The cotangents of a convolution's input, weight and bias, by ATen's convolution_backward
-    (what eager's autograd node calls), contiguous as the backward trace records them; the
-    weight's by a matmul of unfolded input where that measured faster for this convolution."""
-    by_matmul = mask[1] and _weight_grad_by_matmul(g, x, w, stride, padding, dilation, groups)
-    grads = list(torch.ops.aten.convolution_backward.default(
-        g, x, w, bias_sizes, stride, padding, dilation, False, [0] * len(stride), groups,
-        [mask[0], mask[1] and not by_matmul, mask[2]]))
-    if by_matmul:
-        grads[1] = _unfolded_weight_grad(g, x, w, stride, padding, dilation)
+    (what eager's autograd node calls), contiguous as the backward trace records them."""
+    grads = torch.ops.aten.convolution_backward.default(
+        g, x, w, bias_sizes, stride, padding, dilation, False, [0] * len(stride), groups, mask)
     return tuple(r.contiguous() if r is not None else None for r in grads)
-
-
-class _Conv2d(torch.autograd.Function):
-    """torch.conv2d whose backward is convolution_vjp: eager's forward, and eager's backward but
-    for a weight gradient measured faster as a matmul.  Its backward is made of differentiable
-    ops, so a backward under create_graph=True works."""
-
-    @staticmethod
-    def forward(ctx, x, w, bias, stride, padding, dilation, groups):
-        ctx.save_for_backward(x, w)
-        ctx.conv = (None if bias is None else list(bias.shape), stride, padding, dilation, groups)
-        return torch.conv2d(x, w, bias, stride, padding, dilation, groups)
-
-    @staticmethod
-    def backward(ctx, g):
-        x, w = ctx.saved_tensors
-        grads = convolution_vjp(g, x, w, *ctx.conv, list(ctx.needs_input_grad[:3]))
-        return (*grads, None, None, None, None)
-
-
-def conv2d(x, w, bias, stride, padding, dilation, groups):
-    """What a program runs for a CPU conv2d where ops/nn_ops.py chose convolution_vjp's backward."""
-    return _Conv2d.apply(x, w, bias, stride, padding, dilation, groups)
-
-
-# Convolution signature -> whether its weight gradient is faster as unfold + one matmul than by
-# ATen's convolution_backward on this machine, measured at its first backward.  oneDNN's CPU weight
-# gradient is slow where the image is small and the channels many: ResNet-18's last 3x3
-# convolutions, [8, 512, 2, 2] at 512 channels, take 7.9 ms there and 1.3 ms as a matmul (over
-# N * H * W = 32 columns); at 16x16 and 64 channels ATen's is 2.6x faster than the matmul.
-_WEIGHT_GRAD_CHOICE: dict = {}
-
-
-def _weight_grad_by_matmul(g, x, w, stride, padding, dilation, groups) -> bool:
-    if groups != 1 or x.ndim != 4 or x.device.type != "cpu" or g.requires_grad or \
-            x.dtype not in (torch.float32, torch.float64):
-        return False
-    key = (tuple(x.shape), tuple(x.stride()), tuple(w.shape), tuple(stride), tuple(padding),
-           tuple(dilation), x.dtype, torch.get_num_threads())
-    choice = _WEIGHT_GRAD_CHOICE.get(key)
-    if choice is None:
-        aten = lambda: torch.ops.aten.convolution_backward.default(  # noqa: E731
-            g, x, w, None, stride, padding, dilation, False, [0, 0], 1, [False, True, False])
-        ours = lambda: _unfolded_weight_grad(g, x, w, stride, padding, dilation)  # noqa: E731
-        choice = _WEIGHT_GRAD_CHOICE[key] = _mean_time(ours) < 0.7 * _mean_time(aten)
-    return choice
-
-
-def _mean_time(fn, n: int = 7) -> float:
-    """The mean of n timed runs after two untimed ones: oneDNN's time for one convolution can
-    switch several-fold from run to run, and its mean is what a training loop pays."""
-    fn()
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t0) / n
-
-
-def _unfolded_weight_grad(g, x, w, stride, padding, dilation):
-    """dL/dw of a 2-D convolution as one matmul: the cotangent [O, N*L] times the unfolded input
-    [N*L, C*kh*kw] (L output pixels)."""
-    n, o = g.shape[:2]
-    cols = torch.nn.functional.unfold(x, tuple(w.shape[2:]), dilation, padding, stride)
-    rows = g.reshape(n, o, -1).transpose(0, 1).reshape(o, -1)
-    return (rows @ cols.transpose(1, 2).reshape(rows.shape[1], -1)).reshape(w.shape)
 
 
 # -- the programs ----------------------------------------------------------------------------------

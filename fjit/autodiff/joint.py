@@ -31,7 +31,7 @@ from torch._prims_common import make_contiguous_strides_for
 
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.trace import Trace
-from fjit.autodiff.function import conv2d, convolution_vjp, record, torch_vjp
+from fjit.autodiff.function import convolution_vjp, record, torch_vjp
 from fjit.autodiff.rules import NONDIFF, VJP, Pieces, fit, full, has_rule
 from fjit.core.prims import Prim, apply, prim_of
 from fjit.core.prims.layout import undo_index
@@ -39,7 +39,7 @@ from fjit.core.prims.layout import undo_index
 RECORD = Symbol("fjit_autodiff.record", record, frozenset({Tag.FALLBACK, Tag.RANDOM}))
 TORCH_VJP = Symbol("fjit_autodiff.torch_vjp", torch_vjp, frozenset({Tag.FALLBACK}))
 CONVOLUTION_VJP = Symbol("fjit_autodiff.convolution_vjp", convolution_vjp, frozenset({Tag.FALLBACK}))
-_CONVOLUTIONS = {torch.conv1d: 1, torch.conv2d: 2, torch.conv3d: 3, conv2d: 2}
+_CONVOLUTIONS = {torch.conv1d: 1, torch.conv2d: 2, torch.conv3d: 3}
 
 
 def _convolution(b: BoundSymbol) -> tuple | None:

@@ -113,22 +113,6 @@ def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fa
     return trace_call(current(), MAX_POOL, fjit_ops.max_pool2d, (x, *pool), {})
 
 
-CONV2D = Symbol("fjit_ops.conv2d", fjit_ops.conv2d, frozenset({Tag.FALLBACK}))
-
-
-@replace(torch.conv2d)
-def _conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """A CPU float conv2d whose weight needs a gradient, outside autocast: eager's forward, and
-    a backward whose weight gradient may be a matmul (autodiff/function.py's convolution_vjp)."""
-    if not isinstance(x, TensorProxy) or not isinstance(weight, TensorProxy) or x.ndim != 4 \
-            or not weight.requires_grad or x.device.type != "cpu" or not torch.is_grad_enabled() \
-            or x.dtype not in (torch.float32, torch.float64) or torch._C._is_any_autocast_enabled() \
-            or not isinstance(groups, int) or (bias is not None and not isinstance(bias, TensorProxy)):
-        raise NotImplementedError
-    conv = (_pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation"), groups)
-    return trace_call(current(), CONV2D, fjit_ops.conv2d, (x, weight, bias, *conv), {})
-
-
 @register(F.linear)
 def _linear(x, weight, bias=None):
     wt = apply(Prim.PERMUTE, weight, tuple(reversed(range(weight.ndim))))
