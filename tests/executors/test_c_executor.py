@@ -510,8 +510,12 @@ def test_large_regions_are_threaded_and_bit_identical_whatever_the_thread_count(
     for other in results[1:]:
         for a, b in zip(results[0], other):
             assert torch.equal(a, b)
-    torch.testing.assert_close(results[0], fn(x, y), rtol=1e-5, atol=1e-5)
-    # float32 sums: within codegen.SUM_BLOCK's bound of the exact sum (test below)
+    want = fn(x, y)
+    for k in (0, 2, 3):
+        torch.testing.assert_close(results[0][k], want[k], rtol=1e-5, atol=1e-5)
+    # float32 sums: within codegen.SUM_BLOCK's bound of the exact sum (test below); against
+    # torch's, whose summation order is another, a 2048-term sum of magnitude ~100 can differ by
+    # 1e-4 (a fixed 1e-5 tolerance failed on some random draws)
     exact = (x.double() * y.double()).sum(-1)
     bound = 64 * 2.0 ** -24 * (x.double() * y.double()).abs().sum(-1) + exact.abs() * 2.0 ** -23
     assert ((results[0][1].double() - exact).abs() <= bound).all()
