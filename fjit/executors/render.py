@@ -80,7 +80,7 @@ def _emittable(b: BoundSymbol, lang: Language) -> bool:
         return p in lang.reductions
     if p is Prim.CONVERT:
         return True
-    if p not in lang.exprs:
+    if p not in lang.exprs and small_power(b) is None:
         return False
     try:
         dt = computation_dtype(b)
@@ -94,6 +94,20 @@ def _emittable(b: BoundSymbol, lang: Language) -> bool:
     if domain is Domain.INT:
         return not dt.is_floating_point
     return True
+
+
+def small_power(b: BoundSymbol) -> str | None:
+    """The product a literal square (any dtype) or a float32/float64 cube is computed as, as
+    ATen's pow kernels special-case both (exactly: a pow call would round the same, slower, and
+    Triton has none); None for another power.  A half type's cube is left out: ATen's CPU kernel
+    rounds x * x before multiplying again, its CUDA kernel does not."""
+    if prim_of(b) is not Prim.POW or type(b.args[1]) not in (int, float):
+        return None
+    if b.args[1] == 2:
+        return "({0} * {0})"
+    if b.args[1] == 3 and isinstance(b.args[0], TensorVar) and b.args[0].dtype in (torch.float32, torch.float64):
+        return "({0} * {0} * {0})"
+    return None
 
 
 def identity(p: Prim, dt: torch.dtype):
@@ -217,7 +231,7 @@ class RegionEmitter:
 
     def form(self, b: BoundSymbol, ct: torch.dtype, ops: list, lines: list) -> str:
         """The prim's expression over its operands; a form may first add statements to `lines`."""
-        return self.lang.exprs[prim_of(b)].format(*ops)
+        return (small_power(b) or self.lang.exprs[prim_of(b)]).format(*ops)
 
     def convert(self, expr: str, dt: torch.dtype, target: torch.dtype) -> str:
         return expr if dt == target else self.cast(expr, target)

@@ -49,6 +49,13 @@ CASES = {
         torch.randn(12, 40), torch.randint(0, 40, (12,))), None),
     "swiglu": (lambda a, b: F.silu(a) * b, lambda: (torch.randn(4, 96), torch.randn(4, 96)), 1),
     "sum_of_squares": (lambda x: (x * x).sum(), lambda: (torch.randn(37, 19),), 1),
+    # a literal square or cube is the product ATen computes it as: one kernel with the rest
+    "rms_norm_by_pow": (lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
+                        lambda: (torch.randn(8, 64), torch.randn(64)), 1),
+    "gelu_new_by_pow": (lambda x: 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x, 3.0)))),
+                        lambda: (torch.randn(1000),), 1),
+    # a bfloat16 cube is ATen's rounded square times x on the CPU: a pow torch call between kernels
+    "cube_bf16": (lambda x: torch.pow(x * 2, 3.0) + 1, lambda: (torch.randn(1000).bfloat16(),), 2),
     "transposed_input": (lambda x, y: torch.exp(x) * y, lambda: (
         torch.randn(24, 16).t(), torch.randn(16, 1)), 1),
     "variance": (lambda x: x.var(-1, keepdim=True), lambda: (torch.randn(10, 33),), 1),

@@ -32,10 +32,10 @@ from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.core.prims import Prim, kernel_table, prim_of
 from fjit.executors import render
 from fjit.executors.c import vecmath
-from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, CLanguage, is_cube, is_square, literal, storage, \
+from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, CLanguage, literal, storage, \
     vector_form
 from fjit.executors.render import HALF, collapse, contiguous_strides, domain_strides, held, index_decomposition, \
-    index_terms
+    index_terms, small_power
 from fjit.passes.fusion import Region
 
 
@@ -72,8 +72,8 @@ def calls_libm(b: BoundSymbol) -> bool:
     """Whether the prim's C code calls a costly scalar C library function (float64's sin, exp;
     tan, asin, pow, ...): a loop calling one is not vectorized."""
     p = prim_of(b)
-    return "{f}(" in _C_EXPRS.get(p, "") and p not in _CHEAP_LIBM and not is_square(b) \
-        and not is_cube(b) and not vector_form(b)
+    return "{f}(" in _C_EXPRS.get(p, "") and p not in _CHEAP_LIBM and small_power(b) is None \
+        and not vector_form(b)
 
 
 @dataclasses.dataclass
@@ -153,10 +153,8 @@ class CEmitter(render.RegionEmitter):
         p = prim_of(b)
         if p is Prim.BITWISE_NOT and ct == torch.bool:
             return f"(!{ops[0]})"
-        if is_square(b):
-            template = "({0} * {0})"
-        elif is_cube(b):
-            template = "({0} * {0} * {0})"
+        if small_power(b):
+            template = small_power(b)
         elif p is Prim.ABS and ct.is_floating_point:
             template = "fabs{f}({0})"      # the ternary would keep -0.0 negative
         elif ct == torch.float32 and p in vecmath.VECTOR_FORMS and not self.exact:

@@ -9,7 +9,7 @@ import math
 import torch
 
 from fjit.core.ir import BoundSymbol, TensorVar
-from fjit.core.prims import Prim, prim_of
+from fjit.core.prims import prim_of
 from fjit.executors import render
 from fjit.executors.c import vecmath
 from fjit.executors.render import HALF
@@ -43,17 +43,6 @@ def vector_form(b: BoundSymbol) -> bool:
         return prim_of(b) in vecmath.VECTOR_FORMS and render.computes_in(b) == torch.float32
     except (TypeError, RuntimeError):
         return False
-
-
-def is_square(b: BoundSymbol) -> bool:
-    """x ** 2, which torch computes as x * x (exactly; a pow call would round the same, slower)."""
-    return prim_of(b) is Prim.POW and type(b.args[1]) in (int, float) and b.args[1] == 2
-
-
-def is_cube(b: BoundSymbol) -> bool:
-    """x ** 3, which torch's CPU kernel computes as x * x * x."""
-    return prim_of(b) is Prim.POW and type(b.args[1]) in (int, float) and b.args[1] == 3 \
-        and isinstance(b.args[0], TensorVar) and b.args[0].dtype.is_floating_point
 
 
 def literal(value, ct: torch.dtype) -> str:

@@ -12,7 +12,7 @@ import torch
 from fjit.core.ir import BoundSymbol, TensorVar
 from fjit.core.prims import Prim, prim_of
 from fjit.executors import render
-from fjit.executors.render import HALF, collapse, domain_strides, held, index_decomposition, levels
+from fjit.executors.render import HALF, collapse, domain_strides, held, index_decomposition, levels, small_power
 from fjit.executors.triton import plan as P
 from fjit.executors.triton.lowering import COMPILED_F32, REDUCE, TL_DTYPE, language
 from fjit.passes.fusion import Region
@@ -147,7 +147,7 @@ class TileEmitter(render.RegionEmitter):
 
     def form(self, b: BoundSymbol, ct: torch.dtype, ops: list, lines: list) -> str:
         p = prim_of(b)
-        template = self.lang.exprs[p]
+        template = small_power(b) or self.lang.exprs[p]
         if not self.interpret and ct == torch.float32 and p in COMPILED_F32:
             template = COMPILED_F32[p]
         return template.format(*ops, t=TL_DTYPE[ct])
