@@ -20,7 +20,7 @@ import torch
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.core.prims import prim_of
 from fjit.executors.render import held
-from fjit.executors.triton.lowering import (ACCUMULATE, GPU_HELPERS, HELPERS, INTERPRETER_HELPERS,
+from fjit.executors.triton.lowering import (ACCUMULATE, HELPERS, INTERPRETER_HELPERS,
                                             PTR_TYPE, SCALAR_TYPE, TL_DTYPE, supported)
 from fjit.executors.triton.plan import Kernel
 from fjit.executors.triton.tiles import TileEmitter
@@ -87,7 +87,7 @@ class TritonEmitter(TileEmitter):
         prelude = "import triton\nimport triton.language as tl\n"
         if not self.interpret:
             prelude += "from triton.language.extra import libdevice\n"
-        helpers = HELPERS + (INTERPRETER_HELPERS if self.interpret else GPU_HELPERS)
+        helpers = HELPERS + (INTERPRETER_HELPERS if self.interpret else "")
         body = f"{head}\n" + "\n".join(first_lines) + "\n"
         if second is not None:
             body += "\n\n" + second.source

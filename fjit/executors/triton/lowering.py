@@ -63,25 +63,17 @@ def _round_half_even(x):
     d = x - f
     odd = (f - 2 * tl.floor(f * 0.5)) != 0
     return tl.where(d > 0.5, f + 1, tl.where(d < 0.5, f, tl.where(odd, f + 1, f)))
-'''
-# float32 -> the nearest bfloat16 (ties to even), kept in float32: after every op of a bfloat16
-# chain, as eager rounds each op's result.  On a GPU one conversion each way (cvt.rn: a bfloat16
-# gelu chain spelled in bits was ALU-bound at 28% of copy bandwidth on an H200); under the
-# interpreter, whose own conversion truncates, in bits.
-GPU_HELPERS = '''
+
 
 @triton.jit
 def _round_to_bf16(x):
-    return x.to(tl.bfloat16).to(tl.float32)
-'''
-INTERPRETER_HELPERS = '''
-
-@triton.jit
-def _round_to_bf16(x):
+    # float32 -> nearest bfloat16 (ties to even), kept in float32.  Spelled out in bits because the
+    # interpreter's own conversion truncates.
     bits = x.to(tl.uint32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
-
+'''
+INTERPRETER_HELPERS = '''
 
 @triton.jit
 def _expm1(x):
