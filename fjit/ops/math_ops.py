@@ -194,7 +194,14 @@ def _std(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
     if isinstance(dim, bool):
         dim, unbiased = None, dim
     v, _ = _var_impl(x, dim, _correction(unbiased, correction), keepdim)
-    return downcast(apply(Prim.SQRT, v), x.dtype)
+    return downcast(_sqrt_of_variance(v), x.dtype)
+
+
+def _sqrt_of_variance(v):
+    """sqrt(v) whose gradient is 0 where v is 0, as eager's std backward masks it (sqrt's own rule
+    gives 0 * inf = NaN there): the root of 1 taken instead and replaced by 0, the same values."""
+    zero = apply(Prim.EQ, v, 0)
+    return apply(Prim.WHERE, zero, 0.0, apply(Prim.SQRT, apply(Prim.WHERE, zero, 1.0, v)))
 
 
 def _minmax_reduction(reduce_prim, arg_prim, binary_prim):

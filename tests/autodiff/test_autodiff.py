@@ -629,3 +629,27 @@ def test_max_pool_of_few_channels_or_elements_stays_the_torch_call(shape):
     x = torch.randn(shape)
     torch.testing.assert_close(jf(x), F.max_pool2d(x, 2))
     assert "fjit_ops.max_pool2d" not in str(fjit.last_traces(jf)[-1])
+
+
+@pytest.mark.parametrize("base", [2, 0, 0.5, -2.0])
+def test_number_to_a_tensor_power_differentiates_as_eager(base, monkeypatch):
+    """base ** x: the exponent's derivative is out * log(base), a number (0 where base == 0 and
+    x >= 0, as torch's rule says); the long property run found it crashing (log of an int)."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    x = torch.tensor([-1.5, 0.0, 0.5, 2.0, 3.0], requires_grad=True)
+    w = torch.tensor(1.0, requires_grad=True)
+    jf = _grads_match(lambda x, w: ((base ** (x * w)).sin() * 2 + base ** (x * w)).sum(), (x, w),
+                      equal_nan=True)
+    assert _c_kernels(fjit.last_backward_traces(jf)[-1])
+
+
+@pytest.mark.parametrize("shape, correction", [((), 0), ((3, 1), 0), ((2, 4), 1)])
+def test_std_of_constant_values_has_eagers_zero_gradient(shape, correction, monkeypatch):
+    """Eager's std backward is 0 where the result is 0 (a single value, or equal ones); sqrt's own
+    rule gives 0 * inf = NaN there.  Found by the long property run (std of a 0-d tensor)."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    x = torch.full(shape, 1.5).requires_grad_()
+    w = torch.randn(shape, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    dim = -1 if shape else None
+    _grads_match(lambda x, w: (torch.std(x * 2, dim=dim, correction=correction) * 3 + (w * x).sin().sum()).sum(),
+                 (x, w))

@@ -2,6 +2,8 @@
 minimum, the clamps and atan2.  One block per prim (see registry.py)."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from fjit.core.ir import Var
@@ -101,6 +103,14 @@ def _pow_vjp(b, g, value):
             d = apply(Prim.MUL, apply(Prim.POW, va, vc - 1), vc) if vc != 0 else zeros_like(g)
         out.append((a, apply(Prim.MUL, g, d)))
     if is_tensor(c):   # out * log(a), and 0 where a == 0 and c >= 0
+        if not is_tensor(a) and not isinstance(a, Var):     # 2 ** x: log(2) is a number
+            log_a = math.log(va) if va > 0 else -math.inf if va == 0 else math.nan
+            d = apply(Prim.MUL, value(b.output), log_a)
+            out.append((c, apply(Prim.MUL, g, apply(Prim.WHERE, apply(Prim.GE, vc, 0), 0.0, d)
+                                 if va == 0 else d)))
+            return out
+        if not is_tensor(a):        # a runtime number base: a 0-d tensor of it
+            va = apply(Prim.FULL, (), va, dtype=vc.dtype, device=vc.device)
         d = apply(Prim.MUL, value(b.output), apply(Prim.LOG, va))
         zero = apply(Prim.LOGICAL_AND, apply(Prim.EQ, va, 0), apply(Prim.GE, vc, 0))
         out.append((c, apply(Prim.MUL, g, apply(Prim.WHERE, zero, 0.0, d))))
