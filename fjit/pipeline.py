@@ -104,7 +104,8 @@ def lower(trace: Trace, executors: tuple, leaves: list, cleanup: bool = True) ->
 def finalize(trace: Trace) -> Trace:
     """The last stage, what the torch executor compiles: elementwise ops write into operands
     nothing reads later, and each intermediate is deleted after its last use."""
-    return free_dead_values(reuse_buffers(trace)).with_stage("torch_executor")
+    return free_dead_values(reuse_buffers(torch_executor.conform_prim_layouts(trace))).with_stage(
+        "torch_executor")
 
 
 def _trace_with_real_layouts(fn, args, kwargs, leaves, mode, executors):

@@ -103,6 +103,12 @@ class _MaxPool2dViaChannelsLast(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
+def restride(x, strides):
+    """x copied into `strides`: a prim run as a torch call whose recorded layout is its op's, not
+    the one torch's own rule gives it (torch_executor.conform_prim_layouts)."""
+    return torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device).copy_(x)
+
+
 def max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
     """What a program runs for F.max_pool2d where ops/nn_ops.py chose the channels-last route."""
     return _MaxPool2dViaChannelsLast.apply(x, kernel_size, stride, padding, dilation, ceil_mode)
@@ -111,7 +117,7 @@ def max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
 fjit_ops = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem, unversioned=unversioned,
                                  functional_inplace=functional_inplace, generator=generator,
                                  register_hook=register_hook, retain_grad=retain_grad,
-                                 max_pool2d=max_pool2d)
+                                 max_pool2d=max_pool2d, restride=restride)
 
 
 # -- kernels and constants, by name --------------------------------------------------------------

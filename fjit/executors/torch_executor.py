@@ -18,6 +18,8 @@ import fjit.config as config
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.trace import Trace
 from fjit.core.prims import Prim, prim_of
+from fjit.core.meta import meta_tensor, same_layout
+from fjit.runtime import restride
 
 
 def compile_trace(trace: Trace) -> Callable:
@@ -61,6 +63,38 @@ def run_observing_layouts(trace: Trace, leaves: list) -> tuple[object, dict]:
                 env.pop(v.name, None)
     out = map_values(value, trace.output)
     return (out if trace.rebuild is None else trace.rebuild(*out)), wrong
+
+
+RESTRIDE = Symbol("fjit_ops.restride", restride, frozenset())
+
+
+def conform_prim_layouts(trace: Trace) -> Trace:
+    """A decomposition's last prim records its op's layout (trace_call: kernels write the layout
+    recorded); left to run as a torch call, it gets the layout torch's rule gives its operands,
+    which can differ (softmax over dim 0 of a permuted [2, 2, 1, 1] input: ATen's result is
+    contiguous, a division of the permuted exponentials is not).  Such a prim is followed by a copy
+    into the recorded layout, which what reads it assumes."""
+    out = []
+    for b in trace.bsyms:
+        v = b.output
+        if prim_of(b) is None or b.subsymbols or not isinstance(v, TensorVar) or not (
+                b.sym.has(Tag.ELEMENTWISE) or b.sym.has(Tag.REDUCTION)):
+            out.append(b)
+            continue
+        try:
+            args, kwargs = map_values(lambda a: meta_tensor(a) if isinstance(a, TensorVar) else a,
+                                      (b.args, b.kwargs))
+            natural = tuple(b.sym.fn(*args, **kwargs).stride())
+        except Exception:       # noqa: BLE001 -- no meta result: the recorded layout stands
+            natural = v.strides
+        if same_layout(v.shape, natural, v.strides):
+            out.append(b)
+            continue
+        made = TensorVar(f"{v.name}_torch", v.shape, v.dtype, v.device, natural, v.requires_grad)
+        out.append(b.replace(output=made))
+        out.append(BoundSymbol(RESTRIDE, (made, v.strides), {}, v,
+                               comment=f"{v.name} in its recorded layout"))
+    return trace.with_stage(trace.stage, out)
 
 
 # Prims whose strides come from a meta kernel that may not be the real kernel's (the others are

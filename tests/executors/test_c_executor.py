@@ -655,3 +655,25 @@ def test_a_forward_with_kernels_keeps_the_faster_of_kernels_and_torch_calls(monk
     text = str(fjit.last_traces(jf)[-1])
     assert ("C kernel" in text) is not torch_wins
     assert ("measured on the second call" in fjit.last_traces(jf)[-1].stage) is torch_wins
+
+
+@pytest.mark.parametrize("program", [
+    lambda x: torch.abs(torch.abs(F.softmax(x, dim=0).detach())),
+    lambda x: torch.abs(F.softmax(x, dim=0).detach() * 2),
+    lambda x: (x.sum(0, keepdim=True) / x).detach().sin(),
+])
+def test_a_prim_run_by_torch_gives_its_result_the_recorded_layout(program):
+    """A decomposition's last prim records its op's layout; run as a torch call (softmax's
+    division, not fused) it gets torch's own: for a permuted [2, 2, 1, 1] input, ATen's softmax is
+    contiguous and the division of the permuted exponentials is not.  A kernel reading it as
+    recorded read it transposed (found by the long property run: wrong values, silently)."""
+    from fjit.executors.c import executor
+    jf = fjit.jit(program)
+    x = torch.randn(1, 1, 2, 2).permute(3, 2, 1, 0)
+    jf(x)
+    executor.wait_for_builds()
+    for seed in range(3):
+        x = torch.randn(1, 1, 2, 2, generator=torch.Generator().manual_seed(seed)).permute(3, 2, 1, 0)
+        got, want = jf(x), program(x)
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride() or got.is_contiguous() == want.is_contiguous()
