@@ -96,26 +96,27 @@ class Pieces:
         the same dim into disjoint ranges; else None."""
         if len(self.pieces) < 2:
             return None
-        rank = len(self.var.shape)
-        cut = set()
-        for _, (shape, pads) in self.pieces:
-            cut.update(d for d in range(rank) if pads[2 * (rank - 1 - d)] or pads[2 * (rank - 1 - d) + 1])
-        if len(cut) != 1:
+        shape = tuple(self.var.shape)
+        rank = len(shape)
+
+        def cut(pads, d):       # F.pad's amounts run last dim first: (left, right) of dim d
+            return pads[2 * (rank - 1 - d)], pads[2 * (rank - 1 - d) + 1]
+        dims = {d for _, (_, pads) in self.pieces for d in range(rank) if any(cut(pads, d))}
+        if len(dims) != 1:
             return None
-        d = cut.pop()
-        size = self.var.shape[d]
-        ranges = sorted(((pads[2 * (rank - 1 - d)], size - pads[2 * (rank - 1 - d) + 1], g, shape)
-                         for g, (shape, pads) in self.pieces), key=lambda r: r[:2])
+        d = dims.pop()
+        ranges = sorted(((cut(pads, d)[0], shape[d] - cut(pads, d)[1], g, to)
+                         for g, (to, pads) in self.pieces), key=lambda r: r[:2])
+        zeros = lambda n: apply(Prim.FULL, shape[:d] + (n,) + shape[d + 1:], 0,  # noqa: E731
+                                dtype=self.var.dtype, device=self.var.device)
         parts, at = [], 0
-        for start, stop, g, shape in ranges:
+        for start, stop, g, to in ranges:
             if start < at:
                 return None                     # overlapping slices: summed as pads
             if start > at:
-                gap = tuple(start - at if k == d else n for k, n in enumerate(self.var.shape))
-                parts.append(apply(Prim.FULL, gap, 0, dtype=g.dtype, device=g.device))
-            parts.append(apply(Prim.RESHAPE, g, shape) if tuple(g.shape) != shape else g)
+                parts.append(zeros(start - at))
+            parts.append(apply(Prim.RESHAPE, g, to) if tuple(g.shape) != to else g)
             at = stop
-        if at < size:
-            gap = tuple(size - at if k == d else n for k, n in enumerate(self.var.shape))
-            parts.append(apply(Prim.FULL, gap, 0, dtype=g.dtype, device=g.device))
+        if at < shape[d]:
+            parts.append(zeros(shape[d] - at))
         return apply(Prim.CAT, parts, d)

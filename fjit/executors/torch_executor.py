@@ -18,7 +18,7 @@ import fjit.config as config
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.trace import Trace
 from fjit.core.prims import Prim, prim_of
-from fjit.core.meta import meta_tensor, same_layout
+from fjit.core.meta import meta_tensor, run_meta, same_layout
 from fjit.runtime import restride
 
 
@@ -84,7 +84,7 @@ def conform_prim_layouts(trace: Trace) -> Trace:
         try:
             args, kwargs = map_values(lambda a: meta_tensor(a) if isinstance(a, TensorVar) else a,
                                       (b.args, b.kwargs))
-            natural = tuple(b.sym.fn(*args, **kwargs).stride())
+            natural = tuple(run_meta(b.sym.fn, args, kwargs).stride())
         except Exception:       # noqa: BLE001 -- no meta result: the recorded layout stands
             natural = v.strides
         if same_layout(v.shape, natural, v.strides):

@@ -153,8 +153,8 @@ class CEmitter(render.RegionEmitter):
         p = prim_of(b)
         if p is Prim.BITWISE_NOT and ct == torch.bool:
             return f"(!{ops[0]})"
-        if small_power(b):
-            template = small_power(b)
+        if power := small_power(b):
+            template = power
         elif p is Prim.ABS and ct.is_floating_point:
             template = "fabs{f}({0})"      # the ternary would keep -0.0 negative
         elif ct == torch.float32 and p in vecmath.VECTOR_FORMS and not self.exact:
