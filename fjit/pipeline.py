@@ -82,7 +82,8 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
         return Compilation(program, traces, backward, result.specialized, first)
 
 
-def lower(trace: Trace, executors: tuple, leaves: list, cleanup: bool = True) -> list[Trace]:
+def lower(trace: Trace, executors: tuple, leaves: list, cleanup: bool = True,
+          untracked: bool = False) -> list[Trace]:
     """Every stage from `trace` to the one the generated function runs: the cleanup passes, then
     each kernel executor of `executors` in the user's order (a stage each that claims something;
     each sees what the earlier ones left), then finalize for the torch executor."""
@@ -94,18 +95,23 @@ def lower(trace: Trace, executors: tuple, leaves: list, cleanup: bool = True) ->
         claimed = executor.claim(traces[-1], leaves) if executor is not None else None
         if claimed is not None:
             traces.append(claimed)
-    traces.append(finalize(traces[-1]))
+    traces.append(finalize(traces[-1], untracked))
     if config.check_mode():
         for t in traces:
             verify(t)
     return traces
 
 
-def finalize(trace: Trace) -> Trace:
-    """The last stage, what the torch executor compiles: elementwise ops write into operands
-    nothing reads later, and each intermediate is deleted after its last use."""
-    return free_dead_values(reuse_buffers(torch_executor.conform_prim_layouts(trace))).with_stage(
-        "torch_executor")
+def finalize(trace: Trace, untracked: bool = False) -> Trace:
+    """The last stage, what the torch executor compiles: in a program autograd does not record
+    (`untracked`: the joint forward and backward, or one where no value requires grad) chains of
+    views become one reinterpretation of their start, elementwise ops write into operands nothing
+    reads later, and each intermediate is deleted after its last use."""
+    trace = torch_executor.conform_prim_layouts(trace)
+    if untracked or not any(isinstance(v, TensorVar) and v.requires_grad
+                            for b in trace.bsyms for v in b.inputs() + b.outputs()):
+        trace = dce(torch_executor.reinterpret_views(trace))
+    return free_dead_values(reuse_buffers(trace)).with_stage("torch_executor")
 
 
 def _trace_with_real_layouts(fn, args, kwargs, leaves, mode, executors):
@@ -251,7 +257,7 @@ def _lowering(trace: Trace, leaves: list, executors: tuple) -> autodiff.Lowering
     devices = {v.device for v in trace.inputs if isinstance(v, TensorVar)}
     executor = fusing_executor(executors, devices.pop()) if len(devices) == 1 else None
     return autodiff.Lowering(decompose=executor.decompose if executor is not None else None,
-                             lower=lambda t, cleanup: lower(t, executors, leaves, cleanup),
+                             lower=lambda t, cleanup: lower(t, executors, leaves, cleanup, untracked=True),
                              compile=torch_executor.compile_trace, recorder=_RECORDER)
 
 

@@ -39,7 +39,8 @@ class Lowering:
     # decompose(op, fused=False) of the kernel executor that fuses on the trace's device (see
     # fjit.executors.KernelExecutor.decompose); None where none does
     decompose: Callable | None
-    lower: Callable[[Trace, bool], list]    # (trace, cleanup) -> its stages, passes and executors
+    # (trace, cleanup) -> its stages, passes and executors, for a program autograd does not record
+    lower: Callable[[Trace, bool], list]
     compile: Callable[[Trace], Callable]    # a final stage -> the function that runs it
     recorder: Recorder                      # how the backward is recorded on proxies
 

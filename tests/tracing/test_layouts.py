@@ -121,3 +121,71 @@ def test_suggests_channels_last_is_atens_rule_for_a_cpu_convolutions_result():
                 assert y.stride() == tuple(want), (x.shape, x.stride(), weight.stride())
                 checked += 1
     assert checked > 80
+
+
+# -- views in programs autograd does not record ----------------------------------------------------
+
+def _views_then_math(x, w):
+    h = (x @ w).reshape(3, 2, 8).permute(0, 2, 1)[:, 1:, 1]     # three views of a matmul
+    side = x[:, None, 2:10].expand(3, 4, 8)                      # two views of an input
+    return torch.tanh(h).sum() + (side * 2).sum(), x.t()[1:]
+
+
+def test_a_chain_of_views_is_one_reinterpretation_of_its_start():
+    """In the joint forward and backward (run by autograd.Function, which autograd does not
+    record into) a chain of views is one `reinterpret` of the value it starts from, at the offset
+    the chain adds; values and gradients are eager's, also for an input that starts past its
+    storage's start; a returned view is still a view of the input, as eager's."""
+    big = torch.randn(60, dtype=torch.float64)
+    w = torch.randn(16, 16, dtype=torch.float64, requires_grad=True)
+    jf = fjit.jit(_views_then_math)
+    for _ in range(2):
+        x = big[9:57].view(3, 16).requires_grad_()     # storage offset 9
+        got, got_view = jf(x, w)
+        got.backward()
+        gx, gw = x.grad, w.grad.clone()
+        w.grad = None
+        x2 = big[9:57].view(3, 16).requires_grad_()
+        want, want_view = _views_then_math(x2, w)
+        want.backward()
+        torch.testing.assert_close((got, got_view, gx, gw), (want, want_view, x2.grad, w.grad))
+        w.grad = None
+        # a returned view is a view of the input's memory, as eager's
+        assert got_view._is_view() and got_view.untyped_storage().data_ptr() == \
+            big.untyped_storage().data_ptr()
+    forward, backward = fjit.last_traces(jf)[-1], fjit.last_backward_traces(jf)[-1]
+    for trace in (forward, backward):
+        assert "fjit_ops.reinterpret(" in str(trace)
+    # the matmul's reshape, permute and slice are one reinterpretation of the matmul's result
+    mm = next(b for b in forward.bsyms if "matmul" in b.sym.qualname).output
+    views = [b for b in forward.bsyms if b.sym.qualname == "fjit_ops.reinterpret"]
+    assert [b.args[0].name for b in views].count(mm.name) == 1
+    assert not any(q in str(forward) for q in ("Tensor.permute(", "prims.permute("))
+
+
+def test_a_view_that_must_copy_stays_the_op_that_copies():
+    """A reshape of a transposed value cannot be a view: it stays a reshape (which copies)."""
+    def f(x):
+        return (x.t().reshape(-1) * 2)[3:].exp()
+    jf = fjit.jit(f)
+    x = torch.randn(4, 6)
+    for _ in range(2):
+        torch.testing.assert_close(jf(x), f(x))
+    source = str(fjit.last_traces(jf)[-1])
+    assert "reshape(" in source
+
+
+def test_a_program_autograd_records_keeps_real_views():
+    """Where torch autograd differentiates the program's own torch calls (nothing fuses in it),
+    its views stay views: autograd must see them."""
+    def f(x, w):
+        return (x @ w).t()[1:].reshape(-1) @ w[:, 0].reshape(-1).repeat(3)
+    jf = fjit.jit(f)
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(4, 5, requires_grad=True)
+    jf(x, w).backward()
+    gx, gw = x.grad, w.grad
+    x.grad = w.grad = None
+    f(x, w).backward()
+    torch.testing.assert_close((gx, gw), (x.grad, w.grad))
+    assert "reinterpret" not in str(fjit.last_traces(jf)[-1])
