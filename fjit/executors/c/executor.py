@@ -179,13 +179,20 @@ class _Fallback:
 
 # -- launching -------------------------------------------------------------------------------------
 
+try:        # torch's CPU allocation without the dispatcher (inductor's): 0.5 us against 1.1 us
+    from torch._C._dynamo.guards import _empty_strided_cpu
+except ImportError:      # pragma: no cover -- a torch without it
+    def _empty_strided_cpu(shape, strides, dtype):
+        return torch.empty_strided(shape, strides, dtype=dtype)
+
+
 def _launcher(region: Region, kernel: Kernel, binary: "_Binary", fallback: _Fallback):
     """A generated function per kernel: outputs allocated with literal layouts, one ctypes call.
 
     Its source holds only names this module makes and integer literals; dtypes come in through
     its namespace."""
     params = [f"a{k}" for k in range(len(region.inputs))]
-    ns = {"binary": binary, "fallback": fallback, "empty_strided": torch.empty_strided,
+    ns = {"binary": binary, "fallback": fallback, "empty_strided": _empty_strided_cpu,
           "get_num_threads": torch.get_num_threads}
     lines = [f"def launch({', '.join(params)}):",
              "    fn = binary.fn",
@@ -195,7 +202,7 @@ def _launcher(region: Region, kernel: Kernel, binary: "_Binary", fallback: _Fall
     for k, v in enumerate(region.outputs):
         ns[f"dtype{k}"] = v.dtype
         shape, strides = tuple(int(s) for s in v.shape), tuple(int(s) for s in v.strides)
-        lines.append(f"    out{k} = empty_strided({shape!r}, {strides!r}, dtype=dtype{k})")
+        lines.append(f"    out{k} = empty_strided({shape!r}, {strides!r}, dtype{k})")
         outs.append(f"out{k}")
     args = []
     for kind, k in kernel.params:
