@@ -26,8 +26,11 @@ def _softmax_parts(x, dim, dtype):
     y = upcast(apply(Prim.CONVERT, x, dtype) if dtype is not None else x)
     d = reduced_dims(x, dim)
     no_empty_reduction(x, d)
-    shifted = apply(Prim.SUB, y, apply(Prim.AMAX, y, d, True)) if x.ndim else apply(Prim.SUB, y, y)
-    return y, d, shifted, dtype or x.dtype
+    if not x.ndim:
+        return y, d, apply(Prim.SUB, y, y), dtype or x.dtype
+    with torch.no_grad():
+        peak = apply(Prim.AMAX, y, d, True)
+    return y, d, apply(Prim.SUB, y, peak), dtype or x.dtype
 
 
 @register(F.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax)

@@ -653,3 +653,23 @@ def test_std_of_constant_values_has_eagers_zero_gradient(shape, correction, monk
     dim = -1 if shape else None
     _grads_match(lambda x, w: (torch.std(x * 2, dim=dim, correction=correction) * 3 + (w * x).sin().sum()).sum(),
                  (x, w))
+
+
+@pytest.mark.parametrize("op", [torch.softmax, torch.log_softmax])
+def test_softmax_max_shift_is_a_constant_to_the_backward(op):
+    """softmax(x) = softmax(x - max(x)): the shift's derivative is zero, so the backward treats
+    the max as a constant (as eager's formula, and jax's stop_gradient).  The forward saves the
+    exponentials and their sum only, not the scores and the max, and the gradient is eager's,
+    ties at the max included."""
+    def f(x):
+        return op(x * 2, -1)
+    x = torch.tensor([[1.0, 3.0, 3.0, -2.0], [0.5, 0.25, -1.0, 0.5]], dtype=torch.float64,
+                     requires_grad=True)
+    g = torch.tensor([[1.0, -2.0, 0.5, 3.0], [2.0, 1.0, -1.0, 0.25]], dtype=torch.float64)
+    jf = fjit.jit(f)
+    for _ in range(2):
+        (got,) = torch.autograd.grad(jf(x), x, g)
+    (want,) = torch.autograd.grad(f(x), x, g)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert len(fjit.last_traces(jf)[-1].output) == 3      # the result, exp(shifted), its sum
+    assert "amax" not in str(fjit.last_backward_traces(jf)[-1])
