@@ -3,7 +3,9 @@
 Torch-level ops are first replaced by their prims.  A region is a run of prims over one iteration
 domain `outer + inner`: elementwise prims over the whole domain, and reductions over exactly the inner
 dims (so softmax, layer norm and RMS norm are one region each: a row of `inner` per program).  A pure
-elementwise region has no outer dims.  Prims a region cannot take (matmul, factories, views, ...)
+elementwise region has no outer dims.  Where the generator takes them (`columns`), a region also
+takes sums over its outer dims of its values (a bias's or a norm weight's gradient, summed over
+the batch and sequence dims), which then become its outer dims if it had none.  Prims a region cannot take (matmul, factories, views, ...)
 stay torch calls; they are emitted before the open region when they do not read from it, so the
 regions on either side of them still fuse.
 """
@@ -14,7 +16,11 @@ import math
 from typing import Callable
 
 
+import torch
+from torch._prims_common import make_contiguous_strides_for as contiguous_strides
+
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
+from fjit.core.prims import Prim, prim_of
 from fjit.core.trace import Trace
 
 # The widest row a reduction region takes by default (a generator without looped kernels).
@@ -30,6 +36,7 @@ class Region:
     inner: tuple
     row_vars: set = dataclasses.field(default_factory=set)      # names of per-row values
     keepdim_rows: set = dataclasses.field(default_factory=set)  # row values shaped outer+[1]*k
+    columns: set = dataclasses.field(default_factory=set)       # sums over the outer dims
     inputs: list = dataclasses.field(default_factory=list)      # external Vars, in first-use order
     outputs: list = dataclasses.field(default_factory=list)     # Vars used after the region
 
@@ -56,8 +63,10 @@ class Partitioner:
     costs little next to the fusion won, but on a CPU can cost more than the op's own torch call)."""
 
     def __init__(self, supported: Callable[[BoundSymbol], bool], split_partial_ops: bool = True,
-                 whole_ops: frozenset = frozenset(), max_row: int | None = MAX_ROW):
+                 whole_ops: frozenset = frozenset(), max_row: int | None = MAX_ROW,
+                 columns: bool = False):
         self.supported = supported
+        self.columns = columns    # whether a region takes sums over its outer dims
         self.max_row = max_row    # widest row a reduction region takes (None: any)
         self.split_partial_ops = split_partial_ops
         self.whole_ops = whole_ops    # qualnames of torch-level ops never split into their prims
@@ -68,17 +77,24 @@ class Partitioner:
             return None
         out = b.outputs()[0]
         tensors = [v for v in b.inputs() if isinstance(v, TensorVar)]
+        if region is not None and any(v.name in region.columns for v in tensors):
+            return None       # a column sum is complete only when the region is
         if b.sym.has(Tag.REDUCTION):
             x = tensors[0]
             dims, keepdim = tuple(b.args[1]), b.args[2]
             k = len(dims)
+            if region is not None and self._column(region, b, x, dims, out):
+                region.outer, region.inner = x.shape[:k], x.shape[k:]
+                region.bsyms.append(b)
+                region.columns.add(out.name)
+                return region
             width = math.prod(x.shape[x.ndim - k:])
             if dims != tuple(range(x.ndim - k, x.ndim)) or self.max_row is not None and width > self.max_row:
                 return None
             outer, inner = x.shape[:x.ndim - k], x.shape[x.ndim - k:]
             if region is None:
                 region = Region([], outer, inner)
-            elif region.has_reduction and (region.outer, region.inner) != (outer, inner):
+            elif (region.has_reduction or region.columns) and (region.outer, region.inner) != (outer, inner):
                 return None
             elif not region.has_reduction and region.domain != outer + inner:
                 return None
@@ -110,6 +126,21 @@ class Partitioner:
             return None
         region.bsyms.append(b)
         return region
+
+    def _column(self, region: Region, b: BoundSymbol, x: TensorVar, dims: tuple, out) -> bool:
+        """Whether `b`, a reduction of x over `dims`, is a column sum the region takes: a float sum
+        over the leading dims of a value of the whole domain, that are the region's outer dims
+        (or become them: a region without reductions), into a contiguous result."""
+        k = len(dims)
+        return (self.columns and prim_of(b) is Prim.SUM and 0 < k < x.ndim and dims == tuple(range(k))
+                and x.dtype in (torch.float32, torch.float64) and out.dtype == x.dtype
+                and tuple(x.shape) == region.domain and x.name not in region.row_vars
+                and (x.shape[:k], x.shape[k:]) == ((region.outer, region.inner)
+                                                    if region.has_reduction or region.columns
+                                                    else (x.shape[:k], x.shape[k:]))
+                and tuple(out.strides) == tuple(contiguous_strides(tuple(out.shape)))
+                and (x.name in {v.name for c in region.bsyms for v in c.outputs()}
+                     or tuple(x.strides) == tuple(contiguous_strides(tuple(x.shape)))))
 
     def partition(self, trace: Trace) -> list:
         """Items in execution order: BoundSymbols (torch) and Regions."""

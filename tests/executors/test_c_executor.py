@@ -572,7 +572,7 @@ def test_regions_sharing_one_kernel_source_keep_their_own_output_layouts():
     region got the other's output shape back: a silently wrong result (how torchvision's swin_t
     computed wrong gradients from its second call on)."""
     def f(a, b):
-        return (a * 2 + 1).sum(0), (b * 2 + 1).sum(0)
+        return (a * 2 + 1).exp(), (b * 2 + 1).exp()
 
     a, b = torch.randn(16, 6, 4, 4), torch.randn(4, 24, 4, 4)
     jf = fjit.jit(f)
@@ -677,3 +677,62 @@ def test_a_prim_run_by_torch_gives_its_result_the_recorded_layout(program):
         got, want = jf(x), program(x)
         torch.testing.assert_close(got, want)
         assert got.stride() == want.stride() or got.is_contiguous() == want.is_contiguous()
+
+
+# -- column sums -----------------------------------------------------------------------------------
+
+def _layer_norm_tanh(x, w, b):
+    return (torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b) * 3).tanh().sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_norm_weight_and_bias_gradients_are_column_sums_in_a_kernel(dtype):
+    """A layer norm's weight and bias gradients are sums over the batch and sequence dims of values
+    the backward's kernels compute: the kernels sum them as they go (no torch sum left), and the
+    gradients are eager's."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 8, 48, generator=g, dtype=dtype, requires_grad=True)
+    w = torch.randn(48, generator=g, dtype=dtype, requires_grad=True)
+    b = torch.randn(48, generator=g, dtype=dtype, requires_grad=True)
+    jf = fjit.jit(_layer_norm_tanh)
+    for _ in range(2):
+        got = torch.autograd.grad(jf(x, w, b), (x, w, b))
+    want = torch.autograd.grad(_layer_norm_tanh(x, w, b), (x, w, b))
+    torch.testing.assert_close(got, want)
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    assert "prims.sum(" not in backward and "fj_all0" in backward, backward
+
+
+def test_column_sums_do_not_depend_on_the_thread_count():
+    """A threaded kernel's column sums add fixed row ranges in a fixed order: the same bits with 1
+    thread and with 2 (and eager's values)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 32, 48, generator=g)
+    w = torch.randn(48, generator=g)
+
+    def f(x, w):
+        return (x * w).exp().sum((0, 1)), (x * w).tanh().sum(0, keepdim=True)
+    jf = fjit.jit(f)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = jf(x, w)
+        torch.set_num_threads(2)
+        two = jf(x, w)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+    torch.testing.assert_close(one, f(x, w))
+    text = _kernel_text(jf)
+    assert "omp parallel" in text and "fj_all0" in text, text
+
+
+def test_a_value_read_after_its_column_sum_is_not_read_before_the_sum_is_complete():
+    """An op that reads a column sum waits for the kernel that computes it (a region never reads
+    its own column sums)."""
+    def f(x):
+        e = x.exp()
+        return e - e.sum(0) * 0.5, (e * x).sum((0, 1))
+    x = torch.randn(6, 5, 7)
+    _check(f, x)
+    _check(f, x)

@@ -32,6 +32,7 @@ from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.core.prims import Prim, kernel_table, prim_of
 from fjit.executors import render
 from fjit.executors.c import vecmath
+from fjit.executors.c.accumulators import ColumnSums, accumulate, accumulator, float_lanes
 from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, CLanguage, literal, storage, \
     vector_form
 from fjit.executors.render import HALF, collapse, contiguous_strides, domain_strides, held, index_decomposition, \
@@ -109,6 +110,7 @@ class CEmitter(render.RegionEmitter):
         self.guarded = False      # a guarded vector form was emitted
         self.flat: dict = {}      # elementwise regions: tensor name -> its offset expression
         self.scratch: dict = {}   # reductions: value name -> its row buffer, for later passes
+        self.columns = ColumnSums(region, math.prod(region.domain) >= PARALLEL_MIN)
 
     # -- indexing -------------------------------------------------------------------------------
     def offset(self, v: TensorVar, rows_only: bool = False) -> str:
@@ -126,12 +128,19 @@ class CEmitter(render.RegionEmitter):
     def assign_levels(self) -> int:
         """Each value's level; the number of passes over a row."""
         self.level = {v.name: 0 for v in self.r.inputs}
-        self.level.update(render.levels(self.r.bsyms, _REDUCE))
-        passes = max([1] + [self.level[b.outputs()[0].name] for b in self.r.bsyms if prim_of(b) in _REDUCE])
+        self.level.update(render.levels(self.row_bsyms(), _REDUCE))
+        passes = max([1] + [self.level[b.outputs()[0].name] for b in self.row_bsyms() if prim_of(b) in _REDUCE])
         for v in self.r.outputs:
-            if v.name not in self.rows:
+            if v.name not in self.rows and v.name not in self.columns.names:
                 passes = max(passes, self.level[v.name] + 1)
+        for b in self.columns.sums:
+            passes = max(passes, self.level[b.args[0].name] + 1)
+            self.level[b.outputs()[0].name] = self.level[b.args[0].name]
         return passes
+
+    def row_bsyms(self) -> list:
+        """The region's prims but its column sums (which only the passes' element loops add to)."""
+        return [b for b in self.r.bsyms if b.outputs()[0].name not in self.columns.names]
 
     # -- the language ----------------------------------------------------------------------------
     def cast(self, expr: str, dt: torch.dtype) -> str:
@@ -194,11 +203,17 @@ class CEmitter(render.RegionEmitter):
             params.append(("out", k))
             arg_types.append("p")
         passes = self.assign_levels()
-        body, items = self.reduction_body(passes, names) if r.has_reduction else self.flat_body(names)
+        before, after = [], []
+        if r.columns:
+            (before, body), items = self.columns.wrap(self.row_loop(passes, names)), self.columns.chunks
+            after = self.columns.stores(r.outputs)
+        else:
+            body, items = self.reduction_body(passes, names) if r.has_reduction else self.flat_body(names)
         threaded = math.prod(r.domain) >= PARALLEL_MIN and items > 1
         if threaded:
             signature.append("int64_t fj_nt")
             body = ["#pragma omp parallel for num_threads(fj_nt) schedule(static) if(fj_nt > 1)"] + body
+        body = before + body + after
         source = vecmath.PRELUDE + f"\nvoid {name}({', '.join(signature)})\n{{\n" + \
             "\n".join(_indent(line) for line in body) + "\n}\n"
         return Kernel(name, source, params, arg_types + (["q"] if threaded else []), threaded)
@@ -240,8 +255,11 @@ class CEmitter(render.RegionEmitter):
             if buffer is not None:
                 lines.append(f"{buffer}[c] = {local[out.name][0]};")
         for k, v in enumerate(r.outputs):
-            if v.name not in self.rows and (store_level is None or self.level[v.name] == store_level):
+            if v.name not in self.rows and v.name not in self.columns.names and (
+                    store_level is None or self.level[v.name] == store_level):
                 lines.append(f"out{k}[{self.offset(v)}] = {self.store(v, local)};")
+        if store_level is not None:
+            lines += self.columns.accumulate(upto, self.level, local)
         return lines, local
 
     def flat_body(self, names: dict) -> tuple[list[str], int]:
@@ -279,12 +297,15 @@ class CEmitter(render.RegionEmitter):
         return lines, items
 
     def reduction_body(self, passes: int, names: dict) -> tuple[list[str], int]:
-        r = self.r
-        rows = math.prod(r.outer)
-        self.choose_scratch(passes)
-        row_lines = self.index_lines("o", r.outer, "r")
-        row_lines += self.guarded_twice(lambda: self.row_code(passes, names))
+        rows = math.prod(self.r.outer)
+        row_lines = self.row_loop(passes, names)
         return [f"for (int64_t r = 0; r < {rows}; r++) {{"] + [_indent(x) for x in row_lines] + ["}"], rows
+
+    def row_loop(self, passes: int, names: dict) -> list[str]:
+        """The work of row `r`."""
+        self.choose_scratch(passes)
+        return self.index_lines("o", self.r.outer, "r") + \
+            self.guarded_twice(lambda: self.row_code(passes, names))
 
     def choose_scratch(self, passes: int) -> None:
         """Costly elementwise values (a vector-math or libm call) that a later pass over the row
@@ -318,7 +339,8 @@ class CEmitter(render.RegionEmitter):
                     self.compute(b, row_names, row_lines)
             if p == passes:
                 break
-            reductions = [b for b in r.bsyms if prim_of(b) in _REDUCE and self.level[b.outputs()[0].name] == p + 1]
+            reductions = [b for b in self.row_bsyms() if prim_of(b) in _REDUCE and
+                          self.level[b.outputs()[0].name] == p + 1]
             if not reductions:
                 loop, _ = self.element_code(p, row_names, p)
                 row_lines.append(f"for (int64_t c = 0; c < {width}; c++) {{")
@@ -327,13 +349,13 @@ class CEmitter(render.RegionEmitter):
                 continue
             accs = []
             for b in reductions:
-                acc, init = self.accumulator(b)
+                acc, init = accumulator(b, self.fresh(), C)
                 row_lines += [f"{init.split()[0]} {acc}[{LANES}];",
                               f"for (int l = 0; l < {LANES}; l++) {acc}[l] = {init.split('= ')[1]}"]
                 accs.append((b, acc))
             # LANES partial accumulators, lane = c % LANES: blocks of LANES, then the tail (a
             # float32 sum's in float lanes per SUM_BLOCK elements, folded into double lanes)
-            blocked = {acc for b, acc in accs if self.float_lanes(b)}
+            blocked = {acc for b, acc in accs if float_lanes(b)}
             row_lines += ["{", "    int64_t c0 = 0;"]
             if blocked:
                 row_lines += [f"    while (c0 + {LANES} <= {width}) {{",
@@ -351,7 +373,7 @@ class CEmitter(render.RegionEmitter):
                 loop, local = self.element_code(p, row_names, p, ["int64_t c = c0 + l;"])
                 for b, acc in accs:
                     lane = f"{acc}_b[l]" if acc in blocked and tail == ["}", "}"] else f"{acc}[l]"
-                    loop.append(self.accumulate(b, lane, local[b.args[0].name][0]))
+                    loop.append(accumulate(b, lane, local[b.args[0].name][0]))
                 row_lines += [_indent(x) for x in head]
                 row_lines += ["        " + x for x in loop]
                 row_lines += ["    " + x for x in tail]
@@ -361,7 +383,7 @@ class CEmitter(render.RegionEmitter):
             row_lines.append("}")
             for b, acc in accs:
                 o = b.outputs()[0]
-                combine = self.accumulate(b, f"{acc}[l]", f"{acc}[l + w]")
+                combine = accumulate(b, f"{acc}[l]", f"{acc}[l + w]")
                 row_lines.append(f"for (int w = {LANES // 2}; w > 0; w >>= 1) "
                                  f"for (int l = 0; l < w; l++) {combine}")
                 self.bind(o, f"({C_TYPE[held(o.dtype)]}){acc}[0]", o.dtype, row_names, row_lines)
@@ -370,27 +392,6 @@ class CEmitter(render.RegionEmitter):
                 row_lines.append(f"out{k}[{self.offset(v, rows_only=True)}] = "
                                  f"{self.store(v, row_names)};")
         return row_lines
-
-    def float_lanes(self, b: BoundSymbol) -> bool:
-        """A sum of float32 values (float16/bfloat16 ones are held as float32): float lanes."""
-        return prim_of(b) is Prim.SUM and held(b.args[0].dtype) == torch.float32
-
-    def accumulator(self, b: BoundSymbol) -> tuple[str, str]:
-        p, o = prim_of(b), b.outputs()[0]
-        acc = self.fresh()
-        if p in (Prim.SUM, Prim.PROD):      # float sums and products accumulate in double
-            ctype = "double" if o.dtype.is_floating_point else "int64_t"
-        else:
-            ctype = C_TYPE[held(o.dtype)]
-        return acc, f"{ctype} {acc} = {C.identity_literal(p, o.dtype)};"
-
-    def accumulate(self, b: BoundSymbol, acc: str, value: str) -> str:
-        p = prim_of(b)
-        if p is Prim.SUM:
-            return f"{acc} += {value};"
-        if p is Prim.PROD:
-            return f"{acc} *= {value};"
-        return f"{acc} = {'FJ_MAX' if p is Prim.AMAX else 'FJ_MIN'}({acc}, {value});"
 
 
 def generate(region: Region, name: str) -> Kernel:

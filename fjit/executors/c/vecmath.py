@@ -140,6 +140,7 @@ PRELUDE = """\
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 /* torch's maximum/minimum/clamp propagate NaN from either side, and keep `a` when a == b
    (maximum(-0.0, 0.0) is -0.0) */
