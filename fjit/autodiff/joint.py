@@ -34,7 +34,7 @@ from fjit.core.trace import Trace
 from fjit.autodiff.function import convolution_vjp, record, torch_vjp
 from fjit.autodiff.rules import NONDIFF, VJP, Pieces, fit, full, has_rule
 from fjit.core.prims import Prim, apply, prim_of
-from fjit.core.prims.layout import undo_index
+from fjit.core.prims.layout import reshape_copies, undo_index
 
 RECORD = Symbol("fjit_autodiff.record", record, frozenset({Tag.FALLBACK, Tag.RANDOM}))
 TORCH_VJP = Symbol("fjit_autodiff.torch_vjp", torch_vjp, frozenset({Tag.FALLBACK}))
@@ -110,14 +110,15 @@ _COSTLY = frozenset({Prim.EXP, Prim.EXP2, Prim.EXPM1, Prim.LOG, Prim.LOG2, Prim.
 
 
 def _recomputable(b: BoundSymbol | None) -> bool:
-    """Cheap to run again in the backward: view prims, and arithmetic pointwise ones of
-    RECOMPUTE_FROM elements or more (random ones are draws)."""
+    """Cheap to run again in the backward: view prims, and arithmetic pointwise ones (or a reshape
+    that copies) of RECOMPUTE_FROM elements or more (random ones are draws)."""
     p = prim_of(b) if b is not None else None
     if p is None or p in _COSTLY or b.sym.has(Tag.RANDOM):
         return False
-    if b.sym.has(Tag.SHAPE):
+    copy = p is Prim.RESHAPE and reshape_copies(b.args[0], b.args[1])
+    if b.sym.has(Tag.SHAPE) and not copy:
         return True
-    return (b.sym.has(Tag.ELEMENTWISE) or p in (Prim.FULL, Prim.IOTA, Prim.CONTIGUOUS)) and \
+    return (b.sym.has(Tag.ELEMENTWISE) or copy or p in (Prim.FULL, Prim.IOTA, Prim.CONTIGUOUS)) and \
         all(v.numel() >= RECOMPUTE_FROM for v in b.outputs() if isinstance(v, TensorVar))
 
 

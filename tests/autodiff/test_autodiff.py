@@ -673,3 +673,21 @@ def test_softmax_max_shift_is_a_constant_to_the_backward(op):
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     assert len(fjit.last_traces(jf)[-1].output) == 3      # the result, exp(shifted), its sum
     assert "amax" not in str(fjit.last_backward_traces(jf)[-1])
+
+
+def test_a_reshape_that_copies_is_saved_not_copied_again_in_the_backward():
+    """Grouped-query attention repeats keys by expanding and reshaping them, a reshape that must
+    copy: the backward reads the forward's copy (a small value is saved) instead of making the
+    copy again, as it would for a reshape that is a view."""
+    def f(q, k):
+        keys = k[:, :, None].expand(2, 2, 2, 16, 8).reshape(2, 4, 16, 8)
+        scores = torch.softmax((q @ keys.transpose(-1, -2)) * 0.3 + 1, -1)
+        return (scores.mul(2).add(1).tanh() * scores.sigmoid()).sum()
+    q = torch.randn(2, 4, 16, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 16, 8, dtype=torch.float64, requires_grad=True)
+    jf = fjit.jit(f)
+    for _ in range(2):
+        got = torch.autograd.grad(jf(q, k), (q, k))
+    torch.testing.assert_close(got, torch.autograd.grad(f(q, k), (q, k)))
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    assert not re.search(r"prims\.reshape\(.*# t\d+: \"cpu f64\[2, 4, 16, 8\]\"", backward), backward

@@ -81,6 +81,18 @@ def undo_index(index, shape: tuple) -> tuple | None:
     return tuple(sizes), tuple(v for pair in reversed(pads) for v in pair)
 
 
+def reshape_copies(x, shape) -> bool:
+    """Whether reshaping the TensorVar x to `shape` copies (an expanded or transposed x: a
+    grouped-query attention's repeated keys) rather than viewing it."""
+    try:
+        torch.empty_strided(x.shape, x.strides, dtype=x.dtype, device="meta").view(shape)
+    except RuntimeError:
+        return True
+    except Exception:       # noqa: BLE001 -- a shape of traced numbers: taken for a view, as before
+        return False
+    return False
+
+
 def pad_back(g, shape: tuple, pads: tuple):
     """g (the cotangent of a basic index of x) reshaped to `shape` and zero-padded by `pads`
     (undo_index's): a view where the index took all of x."""
