@@ -27,6 +27,8 @@ from fjit.core.trace import Trace
 MAX_ROW = 1 << 16
 # The most prims a kernel computes again rather than loading their values (see _rematerialize).
 MAX_REMATERIALIZED = 12
+# The most regions the partitioner keeps open at once (see partition).
+MAX_OPEN = 4
 
 
 @dataclasses.dataclass
@@ -157,28 +159,38 @@ class Partitioner:
                 self.split_partial_ops or all(map(supported, b.subsymbols)))
             flat.extend(b.subsymbols if split else (b,))
         items: list = []
-        region: Region | None = None
-        produced: set = set()
-        for b in flat:
-            if b.sym.has(Tag.MODE) and region is not None:   # a region runs under one mode
-                items.append(region)
-                region, produced = None, set()
-            grown = self._try_add(region, b, supported) if region is not None else None
-            if grown is not None:
-                produced.update(v.name for v in b.outputs())
-                continue
-            fresh = self._try_add(None, b, supported)
-            if fresh is not None:
-                if region is not None:
+        # Regions still open, oldest first, each with the names it made.  An op joins the newest
+        # that takes it; a region closes (is emitted) when an op it cannot take reads it, so the
+        # interleaved work of two independent chains (a rotary embedding's q and k halves, in
+        # both the forward and the backward) still fuses per chain.  No open region reads another.
+        open_: list[tuple[Region, set]] = []
+
+        def close_read_by(b: BoundSymbol, keep: Region | None = None) -> None:
+            reads = {v.name for v in b.inputs()}
+            for region, made in list(open_):
+                if region is not keep and reads & made:
+                    open_.remove((region, made))
                     items.append(region)
-                region, produced = fresh, {v.name for v in b.outputs()}
+
+        for b in flat:
+            if b.sym.has(Tag.MODE):      # a region runs under one mode
+                items.extend(region for region, _ in open_)
+                open_.clear()
+            joined = next((r for r, _ in reversed(open_) if self._try_add(r, b, supported) is not None),
+                          None)
+            if joined is not None:
+                next(made for r, made in open_ if r is joined).update(v.name for v in b.outputs())
+                close_read_by(b, keep=joined)
                 continue
-            if region is not None and any(v.name in produced for v in b.inputs()):
-                items.append(region)
-                region, produced = None, set()
-            items.append(b)
-        if region is not None:
-            items.append(region)
+            close_read_by(b)
+            fresh = self._try_add(None, b, supported)
+            if fresh is None:
+                items.append(b)
+                continue
+            if len(open_) == MAX_OPEN:
+                items.append(open_.pop(0)[0])
+            open_.append((fresh, {v.name for v in b.outputs()}))
+        items.extend(region for region, _ in open_)
         _connect(items, trace)
         return items
 

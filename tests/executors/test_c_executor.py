@@ -736,3 +736,16 @@ def test_a_value_read_after_its_column_sum_is_not_read_before_the_sum_is_complet
     x = torch.randn(6, 5, 7)
     _check(f, x)
     _check(f, x)
+
+
+def test_interleaved_independent_chains_fuse_each_into_one_kernel():
+    """Two chains of different shapes traced interleaved (a rotary embedding's q and k halves,
+    forward and backward) each become one kernel: a region stays open while another one grows."""
+    def f(a, b):
+        x = a * 2
+        y = b * 3
+        x = x + 1
+        y = y - 1
+        return x.exp(), y.tanh()
+    jf = _check(f, torch.randn(4, 8), torch.randn(4, 6), kernels=2)
+    assert not re.search(r"= prims\.", str(fjit.last_traces(jf)[-1]))
