@@ -44,10 +44,12 @@ def simplify_views(trace: Trace) -> Trace:
     """Drop view prims that change nothing (a permute by the identity, a reshape to the same shape, a
     full slice, contiguous of a contiguous value: the output has its input's shape and strides)
     and compose chains of permutes (a permute of a permute is one permute of the first's input,
-    with the same strides; two that undo each other are nothing).  The backward writes many: a
+    with the same strides; two that undo each other are nothing); a sum over the leading dims of
+    a reshape that only merged them sums the reshape's input.  The backward writes many: a
     linear layer's weight is permuted in the forward and permuted back for its gradient."""
     mapping: dict = {}
     permuted: dict = {}      # name -> (the input of its chain of permutes, the composed order)
+    reshaped: dict = {}      # name -> the input of the reshape that made it
     out = []
     for b in trace.bsyms:
         b = _rename(mapping, b)
@@ -56,7 +58,11 @@ def simplify_views(trace: Trace) -> Trace:
                 or not isinstance(b.output, TensorVar):
             out.append(b)
             continue
+        if p is Prim.SUM and b.args[0].name in reshaped:
+            b = _sum_before_reshape(b, reshaped[b.args[0].name])
         x, y = b.args[0], b.output
+        if p is Prim.RESHAPE:
+            reshaped[y.name] = x
         if p is Prim.PERMUTE and x.name in permuted:
             root, first = permuted[x.name]
             order = tuple(first[i] for i in b.args[1])
@@ -70,6 +76,20 @@ def simplify_views(trace: Trace) -> Trace:
         out.append(b)
     output = map_values(lambda v: mapping.get(v.name, v) if isinstance(v, Var) else v, trace.output)
     return trace.with_stage("simplify_views", out, output=output)
+
+
+def _sum_before_reshape(b: BoundSymbol, v: TensorVar) -> BoundSymbol:
+    """sum(reshape(v), leading dims) as a sum of v over its leading dims, where the reshape only
+    merges or splits the dims summed and keeps the others (GPT-2's Conv1D bias gradient is a sum
+    over dim 0 of the 2-d view of a 3-d cotangent): the sum then reads a value a kernel computes,
+    and fuses into it as a column sum.  Else b unchanged."""
+    x, dims, keepdim = b.args[:3]
+    lead = len(dims)
+    kept = tuple(x.shape[lead:])
+    if keepdim or b.kwargs or tuple(dims) != tuple(range(lead)) or not kept or \
+            tuple(v.shape[v.ndim - len(kept):]) != kept or v.ndim <= len(kept):
+        return b
+    return b.replace(args=(v, tuple(range(v.ndim - len(kept))), False, *b.args[3:]))
 
 
 def _hashable(x):

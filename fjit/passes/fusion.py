@@ -159,28 +159,44 @@ class Partitioner:
                 self.split_partial_ops or all(map(supported, b.subsymbols)))
             flat.extend(b.subsymbols if split else (b,))
         items: list = []
-        # Regions still open, oldest first, each with the names it made.  An op joins the newest
-        # that takes it; a region closes (is emitted) when an op it cannot take reads it, so the
-        # interleaved work of two independent chains (a rotary embedding's q and k halves, in
-        # both the forward and the backward) still fuses per chain.  No open region reads another.
-        open_: list[tuple[Region, set]] = []
+        # Regions still open, oldest first, each with the names it made and the views of its values
+        # taken since (run right after it).  An op joins the newest region that takes it; a
+        # region closes when an op it cannot take reads it, but a view of its values waits with
+        # it, so a column sum after a reshape for a matmul still joins.  Independent chains traced
+        # interleaved (a rotary embedding's q and k halves, forward and backward) fuse each.  No
+        # open region reads another.
+        open_: list[tuple[Region, set, list, set]] = []   # (region, made, views, their names)
 
-        def close_read_by(b: BoundSymbol, keep: Region | None = None) -> None:
+        def close(entry) -> None:
+            open_.remove(entry)
+            items.append(entry[0])
+            items.extend(entry[2])
+
+        def close_read_by(b: BoundSymbol, keep=None) -> None:
             reads = {v.name for v in b.inputs()}
-            for region, made in list(open_):
-                if region is not keep and reads & made:
-                    open_.remove((region, made))
-                    items.append(region)
+            for entry in list(open_):
+                if entry is not keep and reads & entry[1]:
+                    close(entry)
 
         for b in flat:
             if b.sym.has(Tag.MODE):      # a region runs under one mode
-                items.extend(region for region, _ in open_)
-                open_.clear()
-            joined = next((r for r, _ in reversed(open_) if self._try_add(r, b, supported) is not None),
-                          None)
+                for entry in list(open_):
+                    close(entry)
+            reads = {v.name for v in b.inputs()}
+            # (a region never takes an op that reads one of the views waiting for it)
+            joined = next((e for e in reversed(open_) if not reads & e[3] and
+                           self._try_add(e[0], b, supported) is not None), None)
             if joined is not None:
-                next(made for r, made in open_ if r is joined).update(v.name for v in b.outputs())
+                joined[1].update(v.name for v in b.outputs())
                 close_read_by(b, keep=joined)
+                continue
+            viewed = next((e for e in reversed(open_) if reads & e[1]), None)
+            if viewed is not None and (b.sym.has(Tag.SHAPE) or b.sym.has(Tag.VIEW)) and \
+                    not (b.sym.has(Tag.RANDOM) or b.sym.has(Tag.IMPURE)):
+                close_read_by(b, keep=viewed)
+                viewed[1].update(v.name for v in b.outputs())
+                viewed[3].update(v.name for v in b.outputs())
+                viewed[2].append(b)
                 continue
             close_read_by(b)
             fresh = self._try_add(None, b, supported)
@@ -188,9 +204,10 @@ class Partitioner:
                 items.append(b)
                 continue
             if len(open_) == MAX_OPEN:
-                items.append(open_.pop(0)[0])
-            open_.append((fresh, {v.name for v in b.outputs()}))
-        items.extend(region for region, _ in open_)
+                close(open_[0])
+            open_.append((fresh, {v.name for v in b.outputs()}, [], set()))
+        for entry in list(open_):
+            close(entry)
         _connect(items, trace)
         return items
 
