@@ -51,6 +51,16 @@ class Region:
         return bool(self.row_vars)
 
 
+@dataclasses.dataclass(eq=False)
+class _Open:
+    """A region the partitioner is still growing: the names its ops made, and the views of them
+    taken since, which run right after it (`view_names`: what they made)."""
+    region: Region
+    made: set
+    views: list = dataclasses.field(default_factory=list)
+    view_names: set = dataclasses.field(default_factory=set)
+
+
 def _broadcasts_to(shape: tuple, domain: tuple) -> bool:
     if len(shape) > len(domain):
         return False
@@ -159,44 +169,43 @@ class Partitioner:
                 self.split_partial_ops or all(map(supported, b.subsymbols)))
             flat.extend(b.subsymbols if split else (b,))
         items: list = []
-        # Regions still open, oldest first, each with the names it made and the views of its values
-        # taken since (run right after it).  An op joins the newest region that takes it; a
-        # region closes when an op it cannot take reads it, but a view of its values waits with
-        # it, so a column sum after a reshape for a matmul still joins.  Independent chains traced
+        # Regions still open, oldest first.  An op joins the newest region that takes it; a region
+        # closes when an op it cannot take reads it, but a view of its values waits with it, so a
+        # column sum after a reshape for a matmul still joins.  Independent chains traced
         # interleaved (a rotary embedding's q and k halves, forward and backward) fuse each.  No
         # open region reads another.
-        open_: list[tuple[Region, set, list, set]] = []   # (region, made, views, their names)
+        open_: list[_Open] = []
 
-        def close(entry) -> None:
-            open_.remove(entry)
-            items.append(entry[0])
-            items.extend(entry[2])
+        def close(entry: _Open) -> None:
+            open_[:] = [e for e in open_ if e is not entry]
+            items.append(entry.region)
+            items.extend(entry.views)
 
-        def close_read_by(b: BoundSymbol, keep=None) -> None:
+        def close_read_by(b: BoundSymbol, keep: _Open | None = None) -> None:
             reads = {v.name for v in b.inputs()}
-            for entry in list(open_):
-                if entry is not keep and reads & entry[1]:
-                    close(entry)
+            for entry in [e for e in open_ if e is not keep and reads & e.made]:
+                close(entry)
 
         for b in flat:
             if b.sym.has(Tag.MODE):      # a region runs under one mode
                 for entry in list(open_):
                     close(entry)
             reads = {v.name for v in b.inputs()}
+            made = {v.name for v in b.outputs()}
             # (a region never takes an op that reads one of the views waiting for it)
-            joined = next((e for e in reversed(open_) if not reads & e[3] and
-                           self._try_add(e[0], b, supported) is not None), None)
+            joined = next((e for e in reversed(open_) if not reads & e.view_names and
+                           self._try_add(e.region, b, supported) is not None), None)
             if joined is not None:
-                joined[1].update(v.name for v in b.outputs())
+                joined.made |= made
                 close_read_by(b, keep=joined)
                 continue
-            viewed = next((e for e in reversed(open_) if reads & e[1]), None)
+            viewed = next((e for e in reversed(open_) if reads & e.made), None)
             if viewed is not None and (b.sym.has(Tag.SHAPE) or b.sym.has(Tag.VIEW)) and \
                     not (b.sym.has(Tag.RANDOM) or b.sym.has(Tag.IMPURE)):
                 close_read_by(b, keep=viewed)
-                viewed[1].update(v.name for v in b.outputs())
-                viewed[3].update(v.name for v in b.outputs())
-                viewed[2].append(b)
+                viewed.made |= made
+                viewed.view_names |= made
+                viewed.views.append(b)
                 continue
             close_read_by(b)
             fresh = self._try_add(None, b, supported)
@@ -205,7 +214,7 @@ class Partitioner:
                 continue
             if len(open_) == MAX_OPEN:
                 close(open_[0])
-            open_.append((fresh, {v.name for v in b.outputs()}, [], set()))
+            open_.append(_Open(fresh, made))
         for entry in list(open_):
             close(entry)
         _connect(items, trace)
