@@ -41,8 +41,8 @@ def _div_vjp(b, g, value):
     out = []
     if is_tensor(a):
         out.append((a, apply(Prim.DIV, g, vc)))
-    if is_tensor(c):     # -g * a / c^2, computed as torch does
-        out.append((c, apply(Prim.DIV, apply(Prim.MUL, apply(Prim.NEG, g), va), square(vc))))
+    if is_tensor(c):     # -g * ((a / c) / c), as torch computes it; a / c is the output
+        out.append((c, apply(Prim.MUL, apply(Prim.NEG, g), apply(Prim.DIV, value(b.output), vc))))
     return out
 
 
