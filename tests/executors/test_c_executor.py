@@ -775,3 +775,16 @@ def test_a_view_of_a_regions_value_waits_for_the_region():
     torch.testing.assert_close(got, torch.autograd.grad(conv1d(x, w, b), (x, w, b)))
     backward = str(fjit.last_backward_traces(jf)[-1])
     assert "prims.sum(" not in backward, backward
+
+
+def test_a_column_sum_of_a_row_with_a_huge_trig_argument_adds_the_row_once():
+    """A row whose sin argument is out of the vector form's range is computed again with the C
+    library; a region with column sums uses the C library's sin throughout instead, since the
+    rerun would add the row to the column sums twice."""
+    def f(x):
+        return (torch.sin(x * 3.0) * 2).sum(0)
+    x = torch.randn(8, 16)
+    x[3, 5] = 1e7
+    _check(f, x)
+    jf = _check(f, x)
+    assert "fj_all0" in _kernel_text(jf)

@@ -166,7 +166,8 @@ class CEmitter(render.RegionEmitter):
             template = power
         elif p is Prim.ABS and ct.is_floating_point:
             template = "fabs{f}({0})"      # the ternary would keep -0.0 negative
-        elif ct == torch.float32 and p in vecmath.VECTOR_FORMS and not self.exact:
+        elif ct == torch.float32 and p in vecmath.VECTOR_FORMS and not self.exact and not (
+                p in vecmath.GUARDED and self.columns.sums):   # a rerun would add a row twice
             template = _VEC_EXPRS[p]
             if p in vecmath.GUARDED:
                 self.guarded = True
