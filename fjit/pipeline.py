@@ -31,7 +31,8 @@ from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.frontend.rng import rng_preserved, rng_snapshot
 from fjit.frontend.tracer import trace_function
 from fjit.ops import TRACE_NAMESPACE
-from fjit.passes.basic import constant_fold, cse, dce, free_dead_values, reuse_buffers, simplify_views
+from fjit.passes.basic import (autograd_may_record, constant_fold, cse, dce, free_dead_values,
+                               reuse_buffers, simplify_views)
 from fjit.passes.verify import verify
 
 CLEANUP = (dce, cse, constant_fold, simplify_views, dce)
@@ -108,8 +109,7 @@ def finalize(trace: Trace, untracked: bool = False) -> Trace:
     views become one reinterpretation of their start, elementwise ops write into operands nothing
     reads later, and each intermediate is deleted after its last use."""
     trace = torch_executor.conform_prim_layouts(trace)
-    if untracked or not any(isinstance(v, TensorVar) and v.requires_grad
-                            for b in trace.bsyms for v in b.inputs() + b.outputs()):
+    if untracked or not autograd_may_record(trace):
         trace = dce(torch_executor.reinterpret_views(trace))
     return free_dead_values(reuse_buffers(trace)).with_stage("torch_executor")
 

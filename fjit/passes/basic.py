@@ -199,13 +199,18 @@ def _made_of(b: BoundSymbol, *tags: Tag) -> bool:
         any(s.sym.has(t) for t in tags) for s in b.subsymbols)
 
 
+def autograd_may_record(trace: Trace) -> bool:
+    """Whether some value of the trace requires grad: run under grad mode, autograd records it."""
+    return any(isinstance(v, TensorVar) and v.requires_grad
+               for v in [v for b in trace.bsyms for v in b.inputs() + b.outputs()] + list(trace.inputs))
+
+
 def reuse_buffers(trace: Trace) -> Trace:
     """Run an elementwise op in place on its first operand when that operand is an intermediate
     this trace allocated, nothing else aliases it, and this op is its last use: on small tensors
     the allocation is a good part of an op's cost.  Skipped when autograd may be recording (it
     saves operands for backward) and for anything an output, an input or a constant could alias."""
-    all_vars = [v for b in trace.bsyms for v in b.inputs() + b.outputs()] + list(trace.inputs)
-    if any(isinstance(v, TensorVar) and v.requires_grad for v in all_vars):
+    if autograd_may_record(trace):
         return trace.with_stage("reuse_buffers")
     last_use = _last_reads(trace)
     keep = _output_vars(trace) | set(trace.consts)

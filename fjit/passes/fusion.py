@@ -5,9 +5,9 @@ domain `outer + inner`: elementwise prims over the whole domain, and reductions 
 dims (so softmax, layer norm and RMS norm are one region each: a row of `inner` per program).  A pure
 elementwise region has no outer dims.  Where the generator takes them (`columns`), a region also
 takes sums over its outer dims of its values (a bias's or a norm weight's gradient, summed over
-the batch and sequence dims), which then become its outer dims if it had none.  Prims a region cannot take (matmul, factories, views, ...)
-stay torch calls; they are emitted before the open region when they do not read from it, so the
-regions on either side of them still fuse.
+the batch and sequence dims), which then become its outer dims if it had none.  Prims a region
+cannot take (matmul, factories, views, ...) stay torch calls; they are emitted before the open
+regions when they do not read from them, so the regions on either side of them still fuse.
 """
 from __future__ import annotations
 
@@ -147,11 +147,10 @@ class Partitioner:
         return (self.columns and prim_of(b) is Prim.SUM and 0 < k < x.ndim and dims == tuple(range(k))
                 and x.dtype in (torch.float32, torch.float64) and out.dtype == x.dtype
                 and tuple(x.shape) == region.domain and x.name not in region.row_vars
-                and (x.shape[:k], x.shape[k:]) == ((region.outer, region.inner)
-                                                    if region.has_reduction or region.columns
-                                                    else (x.shape[:k], x.shape[k:]))
+                and (not (region.has_reduction or region.columns)
+                     or (tuple(x.shape[:k]), tuple(x.shape[k:])) == (tuple(region.outer), tuple(region.inner)))
                 and tuple(out.strides) == tuple(contiguous_strides(tuple(out.shape)))
-                and (x.name in {v.name for c in region.bsyms for v in c.outputs()}
+                and (any(v.name == x.name for c in region.bsyms for v in c.outputs())
                      or tuple(x.strides) == tuple(contiguous_strides(tuple(x.shape)))))
 
     def partition(self, trace: Trace) -> list:

@@ -74,14 +74,14 @@ def float_lanes(b: BoundSymbol) -> bool:
     return prim_of(b) is Prim.SUM and held(b.args[0].dtype) == torch.float32
 
 
-def accumulator(b: BoundSymbol, acc: str, lang) -> tuple[str, str]:
-    """(acc, its declaration with the reduction's identity) for the row reduction `b`."""
+def accumulator(b: BoundSymbol, lang) -> tuple[str, str]:
+    """(the C type, the identity literal) of the row reduction `b`'s accumulators."""
     p, o = prim_of(b), b.outputs()[0]
     if p in (Prim.SUM, Prim.PROD):      # float sums and products accumulate in double
         ctype = "double" if o.dtype.is_floating_point else "int64_t"
     else:
         ctype = C_TYPE[held(o.dtype)]
-    return acc, f"{ctype} {acc} = {lang.identity_literal(p, o.dtype)};"
+    return ctype, lang.identity_literal(p, o.dtype)
 
 
 def accumulate(b: BoundSymbol, acc: str, value: str) -> str:

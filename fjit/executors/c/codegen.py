@@ -350,9 +350,10 @@ class CEmitter(render.RegionEmitter):
                 continue
             accs = []
             for b in reductions:
-                acc, init = accumulator(b, self.fresh(), C)
-                row_lines += [f"{init.split()[0]} {acc}[{LANES}];",
-                              f"for (int l = 0; l < {LANES}; l++) {acc}[l] = {init.split('= ')[1]}"]
+                acc = self.fresh()
+                ctype, identity = accumulator(b, C)
+                row_lines += [f"{ctype} {acc}[{LANES}];",
+                              f"for (int l = 0; l < {LANES}; l++) {acc}[l] = {identity};"]
                 accs.append((b, acc))
             # LANES partial accumulators, lane = c % LANES: blocks of LANES, then the tail (a
             # float32 sum's in float lanes per SUM_BLOCK elements, folded into double lanes)
