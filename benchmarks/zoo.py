@@ -57,8 +57,8 @@ registry bug).  No failure stops the run; ``--isolate`` also runs each model in 
 that a crash (a segfault in a generated kernel) costs one model.
 
 Timing (``--timing``): one training step without the optimizer (forward, loss, backward, grads set
-to None first) of eager, fjit.jit, backend="fjit" and torch.compile (Inductor, default mode), each on
-its own copy of the model, measured as the other suites measure (benchmarks/harness.py): after a
+to None first) of eager, fjit.jit, backend="fjit" and torch.compile (Inductor, default mode; ``--timed`` picks fewer),
+each on its own copy of the model, measured as the other suites measure (benchmarks/harness.py): after a
 compile call and 3 warm-up calls (and fjit's background C kernel builds), in ``--rounds``
 interleaved rounds, each candidate sampled once per round in a rotated order; the ratios are paired
 (median over rounds of candidate / eager of the same round; below 1 is faster than eager).  A
@@ -415,14 +415,17 @@ def _train_thunk(module: torch.nn.Module, call: torch.nn.Module, zm: ZooModel, b
     return step
 
 
-def time_model(zm: ZooModel, rounds: int, seed: int = 0) -> dict:
+TIMED = ("jit", "backend", "inductor")
+
+
+def time_model(zm: ZooModel, rounds: int, seed: int = 0, timed: tuple = TIMED) -> dict:
     """Paired ratios candidate/eager of the training step (no optimizer), see the docstring."""
     from benchmarks import harness as H
     torch._dynamo.reset()
     base = zm.make(seed).to(DEVICE)
     batch = zm.example(seed).to(device=DEVICE)
     candidates, errors = {}, {}
-    for entry in ("eager", "jit", "backend", "inductor"):
+    for entry in ("eager", *timed):
         module = copy.deepcopy(base)
         try:
             thunk = _train_thunk(module, compile_entry(entry, module), zm, batch)
@@ -469,7 +472,7 @@ def _with_timeout(seconds: int, fn: Callable[[], Any]) -> Any:
 
 
 def run_model(name: str, entries: list[str], steps: int, timeout: int, timing: bool, rounds: int,
-              optimizer: str = "sgd") -> dict:
+              optimizer: str = "sgd", timed: tuple = TIMED) -> dict:
     zm = MODELS[name]
     row: dict = {"model": name, "source": zm.source, "note": zm.note, "results": {}}
     for entry in entries:
@@ -482,7 +485,7 @@ def run_model(name: str, entries: list[str], steps: int, timeout: int, timing: b
         gc.collect()
     if timing:
         try:
-            row["timing"] = _with_timeout(timeout * 2, lambda: time_model(zm, rounds))
+            row["timing"] = _with_timeout(timeout * 2, lambda: time_model(zm, rounds, timed=timed))
         except ZooTimeout:
             row["timing"] = {"errors": {"all": f"timing over {timeout * 2} s"}}
         except Exception as exc:  # noqa: BLE001
@@ -499,7 +502,7 @@ def run_isolated(name: str, args) -> dict:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--models", name, "--entry", *args.entry,
                "--steps", str(args.steps), "--timeout", str(args.timeout), "--rounds", str(args.rounds),
                "--optimizer", args.optimizer, "--device", args.device,
-               "--json", str(out), "--quiet"] + (["--timing"] if args.timing else [])
+               "--json", str(out), "--quiet", "--timed", *args.timed] + (["--timing"] if args.timing else [])
         limit = (args.timeout or 600) * (len(args.entry) + (2 if args.timing else 0)) + 120
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
@@ -627,6 +630,8 @@ def main(argv=None) -> int:
                         help="the training steps' optimizer (see the docstring for why SGD)")
     parser.add_argument("--timing", action="store_true", help="also time the training step")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds")
+    parser.add_argument("--timed", nargs="+", default=list(TIMED), choices=TIMED,
+                        help="the candidates --timing times against eager (a quick sweep: --timed jit)")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per model and entry (0: none)")
     parser.add_argument("--isolate", action="store_true", help="each model in its own process")
     parser.add_argument("--sync-kernels", action="store_true",
@@ -662,7 +667,8 @@ def main(argv=None) -> int:
     rows = []
     for i, name in enumerate(names):
         row = run_isolated(name, args) if args.isolate else run_model(
-            name, args.entry, args.steps, args.timeout, args.timing, args.rounds, args.optimizer)
+            name, args.entry, args.steps, args.timeout, args.timing, args.rounds, args.optimizer,
+            tuple(args.timed))
         rows.append(row)
         if not args.quiet:
             cells = "  ".join(f"{ENTRY_LABELS[e]}: {row['results'][e]['status']} "

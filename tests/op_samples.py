@@ -865,6 +865,23 @@ op("torch.unbind", lambda x, d: torch.unbind(x, d), (F32, BF16, I64, BOOL),
    lambda m: [(m((3, 4)), 0), (m((3, 4)), -1), (m((2, 3, 4), nc=True), 1), (m((0, 3)), 0),
               (m((3,)), 0)])
 op("torch.Tensor.unbind", lambda x: x.unbind(), (F32,), lambda m: [(m((2, 3)),)])
+op("torch.roll", lambda x, s, d: torch.roll(x, s, d), (F32, BF16, I64, BOOL),
+   lambda m: [(m((3, 4)), 1, 0), (m((3, 4)), -5, 1), (m((2, 5, 6), nc=True), (2, -1), (1, 2)),
+              (m((3, 4)), 0, 0), (m((3, 4)), 4, -1), (m((0, 3)), 2, 0), (m((2, 3)), (1, 1), (1, 1))])
+op("torch.roll", lambda x, s: torch.roll(x, s), (F32,), lambda m: [(m((3, 4)), 5)], variant="flat")
+op("torch.Tensor.roll", lambda x: x.roll(-2, 1), (F32,), lambda m: [(m((2, 5)),)])
+op("torch.nn.functional.pad", lambda x, p: F.pad(x, p), (F32, BF16, I64, BOOL),
+   lambda m: [(m((2, 3)), (1, 2)), (m((2, 3, 4), nc=True), (0, 1, 2, 0)), (m((2, 3)), (0, 0, 0, 0)),
+              (m((2, 5)), (-1, -2)), (m((2, 4)), (2, -1, -1, 1)), (m((0, 3)), (1, 1)),
+              (m((1, 2, 3)), (1, 1, 1, 1, 1, 1))])
+op("torch.nn.functional.pad", lambda x, p, v: F.pad(x, p, value=v), (F32, I64),
+   lambda m: [(m((2, 3)), (1, 1), 2.5 if m.dtype.is_floating_point else 3), (m((2, 3)), (0, 2), -INF
+              if m.dtype.is_floating_point else -7)], variant="value")
+op("torch.nn.functional.pad", lambda x, p, mode: F.pad(x, p, mode=mode), (F32,),
+   lambda m: [(m((1, 2, 5)), (2, 1), "reflect"), (m((1, 2, 5)), (1, 1), "replicate"),
+              (m((1, 2, 5)), (1, 2), "circular")], variant="mode")
+op("torch.constant_pad_nd", lambda x, p: torch.constant_pad_nd(x, p, 1.5), (F32,),
+   lambda m: [(m((2, 3)), (1, 0, 0, 1)), (m((3,)), (-1, 2))])
 
 
 # --------------------------------------------------------------------------------------------------

@@ -16,12 +16,43 @@ import itertools
 
 import torch
 
-from fjit.core.ir import flatten_values, map_values
+from fjit.core.ir import BoundSymbol, TensorVar, flatten_values, map_values
 from fjit.core.trace import Trace
 from fjit.logs import recompiles
 
 
 # -- ops torch autograd keeps ------------------------------------------------------------------------
+
+_CONVOLUTIONS = {torch.conv1d: 1, torch.conv2d: 2, torch.conv3d: 3}
+
+
+def convolution_args(b: BoundSymbol) -> tuple | None:
+    """(x, w, bias, stride, padding, dilation, groups) of a convolution with numeric padding on
+    tensors of a floating dtype, each size a tuple of the spatial rank; None for anything else."""
+    n = _CONVOLUTIONS.get(b.sym.fn)
+    if n is None:
+        return None
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    given = dict(zip(names, b.args))
+    given.update(b.kwargs)
+    if set(given) - set(names) or "input" not in given or "weight" not in given:
+        return None
+    x, w, bias = given["input"], given["weight"], given.get("bias")
+    if not (isinstance(x, TensorVar) and isinstance(w, TensorVar) and x.ndim == n + 2
+            and (bias is None or isinstance(bias, TensorVar)) and x.dtype.is_floating_point):
+        return None
+    sizes = []
+    for key, default in (("stride", 1), ("padding", 0), ("dilation", 1)):
+        v = given.get(key, default)
+        v = (v,) * n if type(v) is int else tuple(v) if isinstance(v, (tuple, list)) else None
+        if v is None or len(v) != n or not all(type(i) is int for i in v):
+            return None    # padding="same"/"valid", or a traced number
+        sizes.append(v)
+    groups = given.get("groups", 1)
+    if type(groups) is not int:
+        return None
+    return (x, w, bias, *sizes, groups)
+
 
 def record(fn, slots, n_leaves, graph_slots, *args, **kwargs):
     """fn(*args, **kwargs) under enable_grad, its differentiable tensor operands replaced by

@@ -16,7 +16,8 @@ value's metadata comes from torch's meta kernels, as in a traced forward; the co
 proxies are the frontend's, handed in as a Recorder.  A rule asks for the forward values it reads;
 `_Backward.value` decides for each: views, and cheap pointwise values of RECOMPUTE_FROM elements
 or more, are recomputed from their operands in the backward (fused there for free, and never
-written by the forward); everything else (smaller pointwise values, inputs, the caller's outputs,
+written by the forward) unless that would save an operand as large that a matmul or another op
+not recomputed makes; everything else (smaller pointwise values, inputs, the caller's outputs,
 reductions, matmuls, random draws, opaque results) is saved: an extra output of the forward
 trace, an input of the backward trace.
 """
@@ -31,7 +32,7 @@ from torch._prims_common import make_contiguous_strides_for
 
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.trace import Trace
-from fjit.autodiff.function import convolution_vjp, record, torch_vjp
+from fjit.autodiff.function import convolution_args, convolution_vjp, record, torch_vjp
 from fjit.autodiff.rules import NONDIFF, VJP, Pieces, fit, full, has_rule
 from fjit.core.prims import Prim, apply, prim_of
 from fjit.core.prims.layout import reshape_copies, undo_index
@@ -39,37 +40,6 @@ from fjit.core.prims.layout import reshape_copies, undo_index
 RECORD = Symbol("fjit_autodiff.record", record, frozenset({Tag.FALLBACK, Tag.RANDOM}))
 TORCH_VJP = Symbol("fjit_autodiff.torch_vjp", torch_vjp, frozenset({Tag.FALLBACK}))
 CONVOLUTION_VJP = Symbol("fjit_autodiff.convolution_vjp", convolution_vjp, frozenset({Tag.FALLBACK}))
-_CONVOLUTIONS = {torch.conv1d: 1, torch.conv2d: 2, torch.conv3d: 3}
-
-
-def _convolution(b: BoundSymbol) -> tuple | None:
-    """(x, w, bias, stride, padding, dilation, groups) of a convolution with numeric padding on
-    tensors of a floating dtype, each size a tuple of the spatial rank; None for anything else."""
-    n = _CONVOLUTIONS.get(b.sym.fn)
-    if n is None:
-        return None
-    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-    given = dict(zip(names, b.args))
-    given.update(b.kwargs)
-    if set(given) - set(names) or "input" not in given or "weight" not in given:
-        return None
-    x, w, bias = given["input"], given["weight"], given.get("bias")
-    if not (isinstance(x, TensorVar) and isinstance(w, TensorVar) and x.ndim == n + 2
-            and (bias is None or isinstance(bias, TensorVar)) and x.dtype.is_floating_point):
-        return None
-    sizes = []
-    for key, default in (("stride", 1), ("padding", 0), ("dilation", 1)):
-        v = given.get(key, default)
-        v = (v,) * n if type(v) is int else tuple(v) if isinstance(v, (tuple, list)) else None
-        if v is None or len(v) != n or not all(type(i) is int for i in v):
-            return None    # padding="same"/"valid", or a traced number
-        sizes.append(v)
-    groups = given.get("groups", 1)
-    if type(groups) is not int:
-        return None
-    return (x, w, bias, *sizes, groups)
-
-
 @dataclasses.dataclass(frozen=True)
 class Recorder:
     """How the backward is recorded on proxies, as the frontend records a traced function."""
@@ -154,7 +124,7 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool | int],
             continue
         prims = b.subsymbols or ((b,) if prim_of(b) is not None else ())
         ok = prims and all(has_rule(prim_of(s)) for s in prims) and decompose(b)
-        kinds.append("prims" if ok else "convolution" if _convolution(b) else "record")
+        kinds.append("prims" if ok else "convolution" if convolution_args(b) else "record")
     # Worth it when kernels take enough work: a recorded op costs a graph in the forward and a
     # nested autograd call in the backward (tens of us on the CPU), which a few fused prims do
     # not pay back; otherwise torch autograd over the forward's torch calls is as fast.
@@ -277,7 +247,8 @@ class _Backward:
         if p is not None:
             return p
         made = self.b.producer.get(var.name)
-        if made is not None and var.name not in self.b.output_names and _recomputable(made[0]):
+        if made is not None and var.name not in self.b.output_names and _recomputable(made[0]) \
+                and not self._saves_as_much(made[0], var):
             s = made[0]
             args, kwargs = map_values(lambda x: self.value(x) if isinstance(x, Var) else x,
                                       (s.args, s.kwargs))
@@ -287,6 +258,16 @@ class _Backward:
             p = self._input(var, var.name)
         self.env[var.name] = p
         return p
+
+    def _saves_as_much(self, s: BoundSymbol, var) -> bool:
+        """Recomputing pointwise `s` would save an operand as large as `var` that only a costly op
+        makes (a matmul's output before its bias add): saving `var` holds as much and reruns
+        nothing (attention's q, k, v from a linear feed matmuls: recomputed, their bias add was a
+        pass of its own, and split F.linear's addmm in the forward)."""
+        return not s.sym.has(Tag.SHAPE) and any(
+            isinstance(o, TensorVar) and o.name not in self.env and o.numel() >= var.numel()
+            and o.name not in self.b.output_names and (made := self.b.producer.get(o.name))
+            and not _recomputable(made[0]) for o in s.inputs())
 
     def _accumulate(self, var, g, shape, undo=None) -> None:
         """Add g, a contribution standing for a value of `shape`, to var's cotangent; with `undo`
@@ -382,7 +363,7 @@ class _Backward:
         g = self._take(out.name)
         if g is None:
             return
-        x, w, bias, stride, padding, dilation, groups = _convolution(op)
+        x, w, bias, stride, padding, dilation, groups = convolution_args(op)
         operands = (x, w, bias)
         mask = [v is not None and differentiable(v) for v in operands]
         results = tuple(TensorVar(self.ctx.new_name(), v.shape, v.dtype, v.device,

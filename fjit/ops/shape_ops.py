@@ -216,6 +216,56 @@ def _chunk(x, chunks, dim=0):
     return _slices(x, dim, sizes)
 
 
+def _along(x, d: int, start: int, stop: int):
+    return apply(Prim.SLICE, x, (slice(None),) * d + (slice(start, stop),))
+
+
+@register(*torch_callables("roll"))
+def _roll(x, shifts, dims=None):
+    """A cat of the two slices a shift moves, per dim (Swin's shifted windows): prims the kernels
+    and the joint backward handle, where a torch call would keep an autograd graph of its own."""
+    shifts = (shifts,) if type(shifts) is int else tuple(shifts)
+    dims = (dims,) if type(dims) is int else tuple(dims) if dims is not None else ()
+    if not dims or len(shifts) != len(dims) or any(type(v) is not int for v in shifts + dims):
+        raise NotImplementedError   # a roll of the flattened tensor: one torch call
+    out = x
+    for shift, dim in zip(shifts, dims):
+        d = dim % x.ndim
+        n = x.shape[d]
+        k = shift % n if n else 0
+        if k:
+            out = apply(Prim.CAT, [_along(out, d, n - k, n), _along(out, d, 0, n - k)], d)
+    return out if out is not x else apply(Prim.CLONE, x)
+
+
+@register(torch.nn.functional.pad, torch.constant_pad_nd)
+def _pad(x, pad, mode="constant", value=None):
+    """Constant padding as a cat with filled blocks (a negative pad is a slice); zero padding is a
+    copy, as eager's.  Other modes (reflect, replicate, circular) stay one torch call."""
+    pad = tuple(pad)
+    if mode != "constant" or len(pad) % 2 or len(pad) // 2 > x.ndim \
+            or any(type(p) is not int for p in pad) or isinstance(value, (NumberProxy, TensorProxy)):
+        raise NotImplementedError
+    out = x
+    for i in range(len(pad) // 2):
+        d, lo, hi = x.ndim - 1 - i, pad[2 * i], pad[2 * i + 1]
+        n = out.shape[d]
+        if lo < 0 or hi < 0:
+            start, stop = max(-lo, 0), n - max(-hi, 0)
+            if stop < start:
+                raise NotImplementedError   # eager's error
+            out = _along(out, d, start, stop)
+        parts = [out]
+        for size, where in ((lo, 0), (hi, 1)):
+            if size > 0:
+                shape = tuple(out.shape[:d]) + (size,) + tuple(out.shape[d + 1:])
+                block = apply(Prim.FULL, shape, 0 if value is None else value, dtype=x.dtype, device=x.device)
+                parts.insert(where * len(parts), block)
+        if len(parts) > 1:
+            out = apply(Prim.CAT, parts, d)
+    return out if any(p > 0 for p in pad) else apply(Prim.CLONE, out)
+
+
 @register(*torch_callables("unbind"))
 def _unbind(x, dim=0):
     d = dim % x.ndim

@@ -572,8 +572,9 @@ def test_cotangents_of_slices_of_one_value_are_one_cat(name, monkeypatch):
     fn, joined = _SLICED[name]
     jf = _grads_match(lambda x, w: fn(x @ w), (_f32(4, 5), _f32(5, 12, seed=1)))
     backward = str(fjit.last_backward_traces(jf)[-1])
-    assert ("prims.cat" in backward) is (joined == "cat"), backward
-    assert ("functional.pad" in backward) is (joined == "pad"), backward
+    run = "\n".join(line for line in backward.splitlines() if not line.lstrip().startswith("#"))
+    assert ("prims.cat" in run) is (joined == "cat"), backward     # a pad's own cat is in its comment
+    assert ("functional.pad" in run) is (joined == "pad"), backward
 
 
 @pytest.mark.parametrize("index, undo", [((slice(None), None), "reshape"), ((slice(None), 1), "pad"),
