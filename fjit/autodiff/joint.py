@@ -223,6 +223,7 @@ class _Backward:
         self.b = builder
         self.env: dict[str, object] = {}      # forward var name -> its proxy in the backward
         self.saved: list = []                 # forward Vars the backward reads, in first-read order
+        self.recomputed: set = set()          # names of the pointwise values it recomputes
         self.ct: dict[str, object] = {}       # forward var name -> cotangent proxy so far
         self.recorder = builder.recorder
         numbers = [int(m.group(1)) for n in builder.used if (m := re.fullmatch(r"t(\d+)", n))]
@@ -241,20 +242,28 @@ class _Backward:
         self.ctx.inputs.append(v)
         return self.recorder.tensor(v, is_input=True)
 
-    def value(self, var: Var):
-        """A forward value in the backward: recomputed if cheap, else saved by the forward."""
+    def value(self, var: Var, fuses: bool = True):
+        """A forward value in the backward: recomputed if cheap, else saved by the forward.
+        fuses=False: asked for by an op no kernel takes (a matmul, a convolution, a recorded op),
+        which had it as an operand in the forward too: a pointwise value is then saved, since
+        the forward wrote it anyway and recomputing it would be a pass of its own (GELU's output
+        for fc2's weight gradient read h and erf(h) again, and made the forward write erf(h))."""
         p = self.env.get(var.name)
-        if p is not None:
+        if p is not None and (fuses or var.name not in self.recomputed):
             return p
         made = self.b.producer.get(var.name)
-        if made is not None and var.name not in self.b.output_names and _recomputable(made[0]) \
-                and not self._saves_as_much(made[0], var):
+        if p is None and made is not None and var.name not in self.b.output_names \
+                and _recomputable(made[0]) and not self._saves_as_much(made[0], var) \
+                and (fuses or made[0].sym.has(Tag.SHAPE)):
             s = made[0]
-            args, kwargs = map_values(lambda x: self.value(x) if isinstance(x, Var) else x,
+            args, kwargs = map_values(lambda x: self.value(x, fuses) if isinstance(x, Var) else x,
                                       (s.args, s.kwargs))
             p = apply(prim_of(s), *args, **kwargs)
+            if not s.sym.has(Tag.SHAPE):
+                self.recomputed.add(var.name)
         else:
             self.saved.append(var)
+            self.recomputed.discard(var.name)
             p = self._input(var, var.name)
         self.env[var.name] = p
         return p
@@ -333,7 +342,9 @@ class _Backward:
         if not s.sym.has(Tag.ELEMENTWISE):     # elementwise rules broadcast; others need the shape
             g = full(g, outs[0])
         elementwise = s.sym.has(Tag.ELEMENTWISE)
-        for var, contribution in VJP[prim_of(s)](s, g, self.value):
+        fuses = elementwise or s.sym.has(Tag.REDUCTION)     # the kinds of prims kernels take
+        value = self.value if fuses else lambda v: self.value(v, fuses=False)
+        for var, contribution in VJP[prim_of(s)](s, g, value):
             # an elementwise contribution stands for a value of the output's shape; another
             # rule's for one of its operand's (or one broadcast further, as matmul's batch dims)
             shape = outs[0].shape if elementwise else torch.broadcast_shapes(
@@ -347,8 +358,8 @@ class _Backward:
             return
         graph, leaf, inputs = self.b._record_vars(i, op)
         used = [(gv, full(g, gv)) for gv, g in zip(graph, gs) if g is not None]
-        graph_in = tuple(self.value(gv) for gv, _ in used)
-        leaf_in = tuple(self.value(lv) for lv in leaf)
+        graph_in = tuple(self.value(gv, fuses=False) for gv, _ in used)
+        leaf_in = tuple(self.value(lv, fuses=False) for lv in leaf)
         results = tuple(TensorVar(self.ctx.new_name(), v.shape, v.dtype, v.device,
                                   make_contiguous_strides_for(v.shape), False) for v in inputs)
         self.ctx.record(BoundSymbol(TORCH_VJP, (tuple(p.ir for p in graph_in),
@@ -369,7 +380,7 @@ class _Backward:
         results = tuple(TensorVar(self.ctx.new_name(), v.shape, v.dtype, v.device,
                                   make_contiguous_strides_for(v.shape), False) if m else None
                         for v, m in zip(operands, mask))
-        args = (full(g, out).ir, self.value(x).ir, self.value(w).ir,
+        args = (full(g, out).ir, self.value(x, fuses=False).ir, self.value(w, fuses=False).ir,
                 list(bias.shape) if bias is not None else None, list(stride), list(padding),
                 list(dilation), groups, mask)
         self.ctx.record(BoundSymbol(CONVOLUTION_VJP, args, {}, results,

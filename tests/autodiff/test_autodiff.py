@@ -533,16 +533,17 @@ def test_backward_keeps_no_view_that_changes_nothing_and_pads_slices_back():
 
 @pytest.mark.parametrize("rows", [4, 512])
 def test_small_pointwise_values_are_saved_and_large_ones_recomputed(rows, monkeypatch):
-    """The weight's gradient reads |x| * 2 and erf(x): a value under RECOMPUTE_FROM elements is
-    saved by the forward (the backward runs no abs), a larger one is recomputed in the backward
-    (the forward stores nothing extra); erf is saved at any size (transcendental: recomputing it
-    costs more than reading it back).  The gradients are eager's either way."""
+    """z * z's backward reads z = |x| * 2 (a kernel takes it): a value under RECOMPUTE_FROM
+    elements is saved by the forward (the backward runs no abs), a larger one is recomputed in the
+    backward (the forward stores nothing extra); erf is saved at any size (transcendental:
+    recomputing it costs more than reading it back).  The gradients are eager's either way."""
     monkeypatch.setenv("FJIT_MEASURE", "0")
     x = torch.randn(rows, 128, requires_grad=True)
     w = torch.randn(128, 8, requires_grad=True)
 
     def f(x, w):
-        return ((torch.abs(x) * 2) @ w).tanh().sum() + (torch.erf(x) @ w).sum()
+        z = torch.abs(x) * 2
+        return (((z * z) @ w).tanh()).sum() + (torch.erf(x) * x).sum()
     jf = fjit.jit(f)
     jf(x, w).backward()
     got = (x.grad.clone(), w.grad.clone())
@@ -552,6 +553,34 @@ def test_small_pointwise_values_are_saved_and_large_ones_recomputed(rows, monkey
     backward = str(fjit.last_backward_traces(jf)[-1])
     assert ("abs" in backward) is (rows == 512), backward        # 512 x 128 = 2^16 elements
     assert "erf(" not in backward, backward
+
+
+@pytest.mark.parametrize("what", ["matmul", "linear_bias"])
+def test_pointwise_operands_of_a_matmul_are_saved_at_any_size(what, monkeypatch):
+    """A matmul operand the forward computed pointwise (GELU's output entering fc2; a linear
+    layer's biased output entering attention's matmuls) was written by the forward anyway:
+    the backward reads it back rather than computing it again in a pass of its own."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    x = torch.randn(512, 128, requires_grad=True)
+    w = torch.randn(128, 128, requires_grad=True)
+    b = torch.randn(128, requires_grad=True)
+
+    def f(x, w, b):
+        if what == "matmul":
+            return ((torch.abs(x) * 2) @ w).sum()
+        q = torch.nn.functional.linear(x, w, b)
+        return (q @ q.t()).tanh().sum()
+    jf = fjit.jit(f)
+    jf(x, w, b).backward()
+    got = tuple(t.grad.clone() for t in (x, w, b) if t.grad is not None)
+    x.grad = w.grad = b.grad = None
+    f(x, w, b).backward()
+    torch.testing.assert_close(got, tuple(t.grad for t in (x, w, b) if t.grad is not None))
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    run = "\n".join(line for line in backward.splitlines() if not line.lstrip().startswith("#"))
+    assert "abs" not in backward and "prims.add(" not in run, backward
+    forward = str(fjit.last_traces(jf)[-1])
+    assert what == "matmul" or "functional.linear" in forward, forward     # F.linear stays whole
 
 
 _SLICED = {

@@ -237,6 +237,64 @@ def test_torch_multihead_attention_and_lstm():
     assert lstm.weight_ih_l0.grad is not None
 
 
+class _Attention(nn.Module):
+    """nn.MultiheadAttention as torchvision's ViT calls it (need_weights=False), on one input
+    (packed projection), a shared key/value or three separate ones."""
+
+    def __init__(self, sources: str, batch_first: bool, bias: bool):
+        super().__init__()
+        self.sources = sources
+        self.attention = nn.MultiheadAttention(16, 4, bias=bias, batch_first=batch_first)
+
+    def forward(self, x, y, z):
+        key, value = {"self": (x, x), "shared": (y, y), "separate": (y, z)}[self.sources]
+        return self.attention(x if self.sources != "self" else x, key, value, need_weights=False)[0]
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("sources", ["self", "shared", "separate"])
+def test_multihead_attention_without_weights_is_eagers_torch_calls(sources, batch_first, bias,
+                                                                    monkeypatch):
+    """Its projections are linear layers the compiled backward differentiates (no op kept whole
+    by torch autograd but the attention itself), with eager's outputs bit for bit and its
+    gradients; a mask keeps the whole op (one torch call)."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    torch.manual_seed(0)
+    model = _Attention(sources, batch_first, bias)
+    ref = copy.deepcopy(model)
+    shape = lambda n: (3, n, 16) if batch_first else (n, 3, 16)      # noqa: E731
+    x = torch.randn(shape(5), requires_grad=True)
+    y, z = torch.randn(shape(7)), torch.randn(shape(7))
+    jm = fjit.jit(model)
+    for _ in range(2):
+        got, want = jm(x, y, z), ref(x, y, z)
+        assert torch.equal(got, want)
+        grads = torch.autograd.grad(got.square().sum(), [x, *model.parameters()])
+        wanted = torch.autograd.grad(want.square().sum(), [x, *ref.parameters()])
+        torch.testing.assert_close(grads, wanted)
+    assert "multi_head_attention_forward" not in str(fjit.last_traces(jm)[-1])
+    assert "torch.nn.functional.linear" in str(fjit.last_traces(jm)[-1])
+
+
+class _MaskedAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(16, 4)
+
+    def forward(self, x, mask):
+        return self.attention(x, x, x, need_weights=False, attn_mask=mask)[0]
+
+
+def test_multihead_attention_with_a_mask_stays_one_torch_call():
+    torch.manual_seed(0)
+    x, mask = torch.randn(5, 3, 16), torch.ones(5, 5, dtype=torch.bool).triu(1)
+    model = _MaskedAttention()
+    jm = fjit.jit(model)
+    torch.testing.assert_close(jm(x, mask), model(x, mask))
+    assert "multi_head_attention_forward" in str(fjit.last_traces(jm)[-1])
+
+
 def test_batch_norm_with_cumulative_average_is_a_clear_error():
     # momentum=None averages with 1 / num_batches_tracked, a Python float read from a buffer
     with pytest.raises(fjit.DataDependentError, match="buffer 'num_batches_tracked'"):
