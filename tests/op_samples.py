@@ -992,6 +992,22 @@ def _rms_norm_samples(m: Maker):
 
 op(f"{NNF}.rms_norm", lambda x, s, w, e: F.rms_norm(x, s, w, e), FLOATS, _rms_norm_samples)
 
+
+def _group_norm_samples(m: Maker):
+    yield m((2, 6, 4, 4)), 3, m((6,)), m((6,)), 1e-5
+    yield m((2, 6, 4, 4)), 1, None, None, 1e-5                  # PoolFormer's one group
+    yield m((3, 4, 5)), 4, m((4,)), None, 1e-3
+    yield m((2, 4)), 2, None, m((4,)), 1e-5
+    yield m((2, 6, 3, 3), nc=True), 2, m((6,)), m((6,)), 1e-5
+    yield m((2, 4, 3, 3)) * 50 + 100, 2, m((4,)), m((4,)), 1e-5   # large mean: cancellation
+    yield m((0, 4, 2)), 2, m((4,)), m((4,)), 1e-5
+
+
+op(f"{NNF}.group_norm", lambda x, g, w, b, e: F.group_norm(x, g, w, b, e), FLOATS,
+   _group_norm_samples)
+op("torch.group_norm", lambda x, g, w, b: torch.group_norm(x, g, w, b), (F32,),
+   lambda m: [(m((2, 6, 4)), 3, m((6,)), m((6,)))])
+
 op(f"{NNF}.dropout", lambda x, p: F.dropout(x, p, training=False), FLOATS,
    lambda m: [(m(), 0.5), (m((0, 3)), 0.3), (m((2, 3), nc=True), 0.9)], variant="eval")
 op(f"{NNF}.dropout", lambda x, p: F.dropout(x, p, training=True), FLOATS,
@@ -1107,6 +1123,13 @@ op("torch.topk", lambda x, k: torch.topk(x, k), (F32,),
    lambda m: [(m((3, 6)), 2), (m((6,)), 1)], fallback=True)
 op("torch.topk", lambda x, k: torch.topk(x, k).values * 2, (F32,),
    lambda m: [(m((3, 6)), 3)], variant="values_then_op", fallback=True)
+op("torch.conv2d", lambda x, w, b: torch.conv2d(x, w, b), (F32,),     # 1x1 on <= 4 positions: a matmul
+   lambda m: [(m((2, 8, 1, 1)), m((5, 8, 1, 1)), m((5,))), (m((3, 6, 2, 2)), m((4, 6, 1, 1)), None),
+              (m((2, 4, 1, 3)), m((3, 4, 1, 1)), m((3,))), (m((2, 4, 3, 3)), m((3, 4, 1, 1)), None),
+              (m((2, 4, 2, 2), nc=True), m((3, 4, 1, 1)), m((3,))), (m((2, 3, 4, 4)), m((2, 3, 3, 3)), None)])
+op("torch.conv2d", lambda x, w, p: torch.conv2d(x, w, None, 1, p), (F32,),
+   lambda m: [(m((2, 4, 2, 2)), m((3, 4, 1, 1)), "same"), (m((2, 4, 1, 1)), m((3, 4, 1, 1)), "valid"),
+              (m((2, 4, 2, 2)), m((3, 4, 1, 1)), 1)], variant="padding")
 op(f"{NNF}.conv1d", lambda x, w, b: F.conv1d(x, w, b, padding=1), (F32,),
    lambda m: [(m((2, 3, 8)), m((4, 3, 3)), m((4,))), (m((1, 3, 8), nc=True), m((4, 3, 3)), None)],
    fallback=True)
