@@ -535,7 +535,7 @@ def test_backward_keeps_no_view_that_changes_nothing_and_pads_slices_back():
 def test_small_pointwise_values_are_saved_and_large_ones_recomputed(rows, monkeypatch):
     """z * z's backward reads z = |x| * 2 (a kernel takes it): a value under RECOMPUTE_FROM
     elements is saved by the forward (the backward runs no abs), a larger one is recomputed in the
-    backward (the forward stores nothing extra); erf is saved at any size (transcendental:
+    backward (the forward stores nothing extra); exp is saved at any size (transcendental:
     recomputing it costs more than reading it back).  The gradients are eager's either way."""
     monkeypatch.setenv("FJIT_MEASURE", "0")
     x = torch.randn(rows, 128, requires_grad=True)
@@ -543,7 +543,7 @@ def test_small_pointwise_values_are_saved_and_large_ones_recomputed(rows, monkey
 
     def f(x, w):
         z = torch.abs(x) * 2
-        return (((z * z) @ w).tanh()).sum() + (torch.erf(x) * x).sum()
+        return (((z * z) @ w).tanh()).sum() + (torch.exp(x) * x).sum()
     jf = fjit.jit(f)
     jf(x, w).backward()
     got = (x.grad.clone(), w.grad.clone())
@@ -552,7 +552,29 @@ def test_small_pointwise_values_are_saved_and_large_ones_recomputed(rows, monkey
     torch.testing.assert_close(got, (x.grad, w.grad))
     backward = str(fjit.last_backward_traces(jf)[-1])
     assert ("abs" in backward) is (rows == 512), backward        # 512 x 128 = 2^16 elements
-    assert "erf(" not in backward, backward
+    assert "exp(" not in backward, backward
+
+
+def test_gelu_backward_recomputes_erf_and_saves_what_eager_saves(monkeypatch):
+    """An MLP's GELU: the forward saves h and GELU's output (fc2's weight gradient reads it), as
+    eager does, not erf(h) as well; the backward kernel computes erf again from h."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(), torch.nn.Linear(128, 32))
+    x = torch.randn(8, 64, 32, requires_grad=True)         # [8, 64, 128]: 2^16 elements
+    jm = fjit.jit(mlp)
+    jm(x).square().sum().backward()
+    got = (x.grad.clone(), *(p.grad.clone() for p in mlp.parameters()))
+    x.grad = None
+    mlp.zero_grad()
+    mlp(x).square().sum().backward()
+    torch.testing.assert_close(got, (x.grad, *(p.grad for p in mlp.parameters())))
+    backward = str(fjit.last_backward_traces(jm)[-1])
+    lines = backward.splitlines()
+    inputs = lines[next(i for i, line in enumerate(lines) if line.startswith("def computation(")) + 1]
+    wide = re.findall(r'(\w+): "cpu f32\[8, 64, 128\]"', inputs)   # the backward's inputs
+    assert len(wide) == 2, backward                                   # h and GELU(h)
+    assert "erf" in backward, backward
 
 
 @pytest.mark.parametrize("what", ["matmul", "linear_bias"])
