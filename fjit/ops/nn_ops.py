@@ -47,15 +47,17 @@ def _log_softmax(x, dim=None, _stacklevel=3, dtype=None):
     return downcast(apply(Prim.SUB, shifted, lse), out_dtype)
 
 
+def _standardized(y, dims: tuple, n: int, eps):
+    """(y - mean) / sqrt(var + eps) over `dims` (`n` values), as layer and group norm compute it."""
+    diff = apply(Prim.SUB, y, apply(Prim.DIV, apply(Prim.SUM, y, dims, True), n))
+    var = apply(Prim.DIV, apply(Prim.SUM, apply(Prim.MUL, diff, diff), dims, True), n)
+    return apply(Prim.MUL, diff, apply(Prim.RSQRT, apply(Prim.ADD, var, eps)))
+
+
 @register(F.layer_norm, torch.layer_norm)
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
-    y = upcast(x)
     dims = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    n = math.prod(normalized_shape)
-    mean = apply(Prim.DIV, apply(Prim.SUM, y, dims, True), n)
-    diff = apply(Prim.SUB, y, mean)
-    var = apply(Prim.DIV, apply(Prim.SUM, apply(Prim.MUL, diff, diff), dims, True), n)
-    out = apply(Prim.MUL, diff, apply(Prim.RSQRT, apply(Prim.ADD, var, eps)))
+    out = _standardized(upcast(x), dims, math.prod(normalized_shape), eps)
     if weight is not None:
         out = apply(Prim.MUL, out, weight)
     if bias is not None:
@@ -77,12 +79,7 @@ def _group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=T
     n, c = x.shape[:2]
     rows = apply(Prim.RESHAPE, upcast(x), (n, num_groups, -1))
     no_empty_reduction(rows, (2,))
-    width = rows.shape[2]
-    mean = apply(Prim.DIV, apply(Prim.SUM, rows, (2,), True), width)
-    diff = apply(Prim.SUB, rows, mean)
-    var = apply(Prim.DIV, apply(Prim.SUM, apply(Prim.MUL, diff, diff), (2,), True), width)
-    out = apply(Prim.RESHAPE, apply(Prim.MUL, diff, apply(Prim.RSQRT, apply(Prim.ADD, var, eps))),
-                tuple(x.shape))
+    out = apply(Prim.RESHAPE, _standardized(rows, (2,), rows.shape[2], eps), tuple(x.shape))
     channel = (c,) + (1,) * (x.ndim - 2)
     if weight is not None:
         out = apply(Prim.MUL, out, apply(Prim.RESHAPE, weight, channel))

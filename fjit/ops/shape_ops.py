@@ -159,11 +159,16 @@ def _select_by_scalar_tensor(x, index, k):
     return apply(Prim.SQUEEZE, rows, (out_dim,))
 
 
+def _along(x, d: int, start: int, stop: int):
+    """x[start:stop] along dim d (non-negative): a view."""
+    return apply(Prim.SLICE, x, (slice(None),) * d + (slice(start, stop),))
+
+
 @register(*torch_callables("narrow"))
 def _narrow(x, dim, start, length):
     d = dim % x.ndim
     start = start % x.shape[d] if start < 0 else start
-    return apply(Prim.SLICE, x, (slice(None),) * d + (slice(start, start + length),))
+    return _along(x, d, start, start + length)
 
 
 @register(*torch_callables("select"))
@@ -192,7 +197,7 @@ def _slices(x, dim, sizes):
     d = dim % x.ndim
     out, start = [], 0
     for n in sizes:
-        out.append(apply(Prim.SLICE, x, (slice(None),) * d + (slice(start, start + n),)))
+        out.append(_along(x, d, start, start + n))
         start += n
     return tuple(out)
 
@@ -214,10 +219,6 @@ def _chunk(x, chunks, dim=0):
     size = -(-n // chunks) if n else 0
     sizes = [min(size, n - i) for i in range(0, n, size)] if size else [0] * (0 if n else 1)
     return _slices(x, dim, sizes)
-
-
-def _along(x, d: int, start: int, stop: int):
-    return apply(Prim.SLICE, x, (slice(None),) * d + (slice(start, stop),))
 
 
 @register(*torch_callables("roll"))
@@ -255,12 +256,11 @@ def _pad(x, pad, mode="constant", value=None):
             if stop < start:
                 raise NotImplementedError   # eager's error
             out = _along(out, d, start, stop)
-        parts = [out]
-        for size, where in ((lo, 0), (hi, 1)):
-            if size > 0:
-                shape = tuple(out.shape[:d]) + (size,) + tuple(out.shape[d + 1:])
-                block = apply(Prim.FULL, shape, 0 if value is None else value, dtype=x.dtype, device=x.device)
-                parts.insert(where * len(parts), block)
+        def filled(size):
+            shape = tuple(out.shape[:d]) + (size,) + tuple(out.shape[d + 1:])
+            return [apply(Prim.FULL, shape, 0 if value is None else value, dtype=x.dtype,
+                          device=x.device)] if size > 0 else []
+        parts = filled(lo) + [out] + filled(hi)
         if len(parts) > 1:
             out = apply(Prim.CAT, parts, d)
     return out if any(p > 0 for p in pad) else apply(Prim.CLONE, out)

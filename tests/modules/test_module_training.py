@@ -248,7 +248,7 @@ class _Attention(nn.Module):
 
     def forward(self, x, y, z):
         key, value = {"self": (x, x), "shared": (y, y), "separate": (y, z)}[self.sources]
-        return self.attention(x if self.sources != "self" else x, key, value, need_weights=False)[0]
+        return self.attention(x, key, value, need_weights=False)[0]
 
 
 @pytest.mark.parametrize("batch_first", [False, True])
