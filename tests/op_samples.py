@@ -740,6 +740,10 @@ VIEWS = [
         (m((3, 1)), (3, 4)), (m((4,)), (2, 3, 4)), (m((3, 1)), (-1, 5)), (m(()), (2, 3)),
         (m((1, 4), nc=True), (2, 3, 4)), (m((3, 1)), (3, 1)), (m((1, 2)), (0, 2))]),
     ("torch.Tensor.expand", lambda x: x.expand(2, -1, 4), lambda m: [(m((3, 1)),)]),
+    ("torch.broadcast_to", lambda x, s: torch.broadcast_to(x, s), lambda m: [
+        (m((3, 1)), (3, 4)), (m((4,)), (2, 3, 4)), (m((3, 1)), (-1, 5)), (m(()), (2, 3)),
+        (m((1, 4), nc=True), (2, 3, 4))]),
+    ("torch.Tensor.broadcast_to", lambda x: x.broadcast_to(2, 3, 4), lambda m: [(m((3, 1)),)]),
     ("torch.Tensor.expand_as", lambda x, y: x.expand_as(y), lambda m: [
         (m((3, 1)), m((3, 4))), (m(()), m((2, 2), dtype=I64)), (m((4,)), m((0, 4)))]),
     ("torch.squeeze", lambda x: torch.squeeze(x), lambda m: [
@@ -801,6 +805,10 @@ BASIC_INDEX = [
     ("x[:]", lambda x: x[:]),
     ("x[1, :, 1:4:2]", lambda x: x[1, :, 1:4:2]),
     ("x[[0, 2]]", lambda x: x[[0, 2]]),             # a list constant: advanced indexing
+    ("x[..., [-2]]", lambda x: x[..., [-2]]),        # one row, kept as a dim (Falcon's qkv)
+    ("x[0, :, [1, 2, 4]]", lambda x: x[0, :, [1, 2, 4]]),    # ints select first in torch
+    ("x[:, [3, 3, 0], None]", lambda x: x[:, [3, 3, 0], None]),
+    ("x[None, [-1, 1], 2]", lambda x: x[None, [-1, 1], 2]),
 ]
 for _variant, _fn in BASIC_INDEX:
     op("operator.getitem", _fn, (F32, BF16, I64, BOOL),
@@ -831,6 +839,11 @@ ADV_INDEX = [
     ("x[..., i]", lambda x, i: x[..., i], lambda m: [(m((2, 3, 4)), m.index((2,), 4))]),
     ("x[None, i]", lambda x, i: x[None, i], lambda m: [(m((3, 4)), m.index((2,), 3))]),
     ("x[i.int()]", lambda x, i: x[i], lambda m: [(m((5, 4)), m.index((3,), 5).to(I32))]),
+    ("x[:, i2d]", lambda x, i: x[:, i], lambda m: [(m((3, 6)), m.index((4, 4), 6)),     # LeViT's
+                                                   (m((2, 5, 3), nc=True), m.index((2, 3), 5))]),  # bias
+    ("x[0, ..., i, None]", lambda x, i: x[0, ..., i, None], lambda m: [
+        (m((2, 3, 4, 5)), m.index((2, 2), 4)), (m((2, 3, 4, 5)), m.index((), 4))]),
+    ("x[None, i, 1:]", lambda x, i: x[None, i, 1:], lambda m: [(m((4, 5)), m.index((3,), 4))]),
 ]
 for _variant, _fn, _make in ADV_INDEX:
     op("operator.getitem", _fn, (F32, BF16, I64, BOOL), _make, variant=_variant,

@@ -12,7 +12,9 @@ after their last use (the generated program deletes dead values).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
+from typing import Callable
 
 import torch
 
@@ -54,6 +56,52 @@ def convolution_args(b: BoundSymbol) -> tuple | None:
     return (x, w, bias, *sizes, groups)
 
 
+_BATCH_NORM = torch.ops.aten._native_batch_norm_legit_functional.default
+
+
+def _batch_norm_args(b: BoundSymbol) -> tuple | None:
+    """(x, weight, bias, eps) of a training batch norm as frontend/stateful_ops traces nn.BatchNorm
+    (ATen's functional op: output, batch mean and inverse std, new running statistics), on a
+    floating tensor, whose only output autograd differentiates is the normalized one."""
+    if b.sym.fn is not _BATCH_NORM or len(b.args) != 8 or b.kwargs:
+        return None
+    x, weight, bias, _, _, training, _, eps = b.args
+    outs = b.outputs()
+    if training is not True or not isinstance(x, TensorVar) or not x.dtype.is_floating_point \
+            or len(outs) != 5 or any(v.requires_grad for v in outs[1:]):
+        return None
+    return x, weight, bias, eps
+
+
+@dataclasses.dataclass(frozen=True)
+class AtenBackward:
+    """How eager's autograd node differentiates an op that runs as traced: `fn(g, *saved, *static,
+    mask)` returns the cotangents of `operands` (None where the op has none, or mask says none
+    is wanted), as the ATen backward function the node calls does."""
+    operands: tuple     # the op's tensor operands, in the order fn returns their cotangents
+    saved: tuple        # forward values fn reads after the cotangent (None where absent)
+    static: tuple       # its other arguments
+    fn: Callable
+    aten: str           # the ATen function fn calls, as the backward trace's comment names it
+
+
+def aten_backward(b: BoundSymbol) -> AtenBackward | None:
+    """A convolution's or a training batch norm's backward; None for any other op."""
+    conv = convolution_args(b)
+    if conv is not None:
+        x, w, bias, stride, padding, dilation, groups = conv
+        return AtenBackward((x, w, bias), (x, w), (list(bias.shape) if bias is not None else None,
+                            list(stride), list(padding), list(dilation), groups), convolution_vjp,
+                            "convolution_backward")
+    bn = _batch_norm_args(b)
+    if bn is not None:
+        x, weight, bias, eps = bn
+        _, mean, invstd = b.outputs()[:3]
+        return AtenBackward((x, weight, bias), (x, weight, mean, invstd), (eps,), batch_norm_vjp,
+                            "native_batch_norm_backward")
+    return None
+
+
 def record(fn, slots, n_leaves, graph_slots, *args, **kwargs):
     """fn(*args, **kwargs) under enable_grad, its differentiable tensor operands replaced by
     detached leaves (slots: (flat position, leaf index)).  Returns the output (detached, for the
@@ -87,12 +135,27 @@ def torch_vjp(graphs, leaves, cotangents):
     return tuple(g.contiguous() for g in grads)
 
 
-def convolution_vjp(g, x, w, bias_sizes, stride, padding, dilation, groups, mask):
+def _laid_out(grads, channels_last):
+    """Each cotangent in the layout the backward trace records for it: channels-last where its
+    operand is (the channels-last form's activations), else contiguous."""
+    return tuple(None if r is None else r.contiguous(memory_format=torch.channels_last) if cl
+                 else r.contiguous() for r, cl in zip(grads, channels_last))
+
+
+def convolution_vjp(g, x, w, bias_sizes, stride, padding, dilation, groups, mask, channels_last):
     """The cotangents of a convolution's input, weight and bias, by ATen's convolution_backward
-    (what eager's autograd node calls), contiguous as the backward trace records them."""
-    grads = torch.ops.aten.convolution_backward.default(
-        g, x, w, bias_sizes, stride, padding, dilation, False, [0] * len(stride), groups, mask)
-    return tuple(r.contiguous() if r is not None else None for r in grads)
+    (what eager's autograd node calls)."""
+    return _laid_out(torch.ops.aten.convolution_backward.default(
+        g, x, w, bias_sizes, stride, padding, dilation, False, [0] * len(stride), groups, mask),
+        channels_last)
+
+
+def batch_norm_vjp(g, x, weight, mean, invstd, eps, mask, channels_last):
+    """The cotangents of a training batch norm's input, weight and bias, by ATen's
+    native_batch_norm_backward on the batch statistics the forward returned (what eager's node
+    calls; the running statistics are not read in training)."""
+    return _laid_out(torch.ops.aten.native_batch_norm_backward.default(
+        g, x, weight, None, None, mean, invstd, True, eps, mask), channels_last)
 
 
 # -- the programs ----------------------------------------------------------------------------------

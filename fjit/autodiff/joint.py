@@ -4,8 +4,9 @@ Each top-level op of the (cleaned) forward trace is one of
 - plain: none of its outputs requires grad; it runs as traced and gets no backward;
 - prims: it is differentiated through its prims' VJP rules (rules.py), and its backward is traced
   as prims the kernel executors fuse, like the forward;
-- convolution: a convolution with numeric padding; it runs as traced, and its backward is ATen's
-  convolution_backward on its saved operands (`convolution_vjp`), as eager's autograd node calls it;
+- aten: a convolution with numeric padding, or a training batch norm; it runs as traced, and its
+  backward is the ATen function eager's autograd node calls (convolution_backward on its saved
+  operands, native_batch_norm_backward on its input and batch statistics: `aten_backward`);
 - recorded: torch autograd keeps it (an opaque op, a prim without a rule, or an op whose prims no
   executor would fuse, where torch's own backward kernel is the fast one): the forward runs it under
   enable_grad on detached leaves (`record`) and saves that small graph; the backward calls
@@ -31,15 +32,15 @@ import torch
 from torch._prims_common import make_contiguous_strides_for
 
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Var, flatten_values, map_values
+from fjit.core.meta import channels_last_strides
 from fjit.core.trace import Trace
-from fjit.autodiff.function import convolution_args, convolution_vjp, record, torch_vjp
+from fjit.autodiff.function import aten_backward, record, torch_vjp
 from fjit.autodiff.rules import NONDIFF, VJP, Pieces, fit, full, has_rule
 from fjit.core.prims import Prim, apply, prim_of
 from fjit.core.prims.layout import reshape_copies, undo_index
 
 RECORD = Symbol("fjit_autodiff.record", record, frozenset({Tag.FALLBACK, Tag.RANDOM}))
 TORCH_VJP = Symbol("fjit_autodiff.torch_vjp", torch_vjp, frozenset({Tag.FALLBACK}))
-CONVOLUTION_VJP = Symbol("fjit_autodiff.convolution_vjp", convolution_vjp, frozenset({Tag.FALLBACK}))
 @dataclasses.dataclass(frozen=True)
 class Recorder:
     """How the backward is recorded on proxies, as the frontend records a traced function."""
@@ -126,7 +127,7 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool | int],
             continue
         prims = b.subsymbols or ((b,) if prim_of(b) is not None else ())
         ok = prims and all(has_rule(prim_of(s)) for s in prims) and decompose(b)
-        kinds.append("prims" if ok else "convolution" if convolution_args(b) else "record")
+        kinds.append("prims" if ok else "aten" if aten_backward(b) else "record")
     # Worth it when kernels take enough work: a recorded op costs a graph in the forward and a
     # nested autograd call in the backward (tens of us on the CPU), which a few fused prims do
     # not pay back; otherwise torch autograd over the forward's torch calls is as fast.
@@ -315,8 +316,8 @@ class _Backward:
                         self._pullback(s)
                 elif kind == "record":
                     self._record_pullback(i, op)
-                elif kind == "convolution":
-                    self._convolution_pullback(op)
+                elif kind == "aten":
+                    self._aten_pullback(op)
             grads = []
             connected = _connected_inputs(b.trace)
             for v in b.trace.inputs:
@@ -371,22 +372,23 @@ class _Backward:
         for var, r in zip(inputs, results):
             self._accumulate(var, self.recorder.tensor(r), var.shape)
 
-    def _convolution_pullback(self, op: BoundSymbol) -> None:
+    def _aten_pullback(self, op: BoundSymbol) -> None:
         out = op.outputs()[0]
         g = self._take(out.name)
         if g is None:
             return
-        x, w, bias, stride, padding, dilation, groups = convolution_args(op)
-        operands = (x, w, bias)
-        mask = [v is not None and differentiable(v) for v in operands]
+        how = aten_backward(op)
+        mask = [v is not None and differentiable(v) for v in how.operands]
+        relaid = [m and v.ndim == 4 and tuple(v.strides) == channels_last_strides(v.shape)
+                  != tuple(make_contiguous_strides_for(v.shape)) for v, m in zip(how.operands, mask)]
         results = tuple(TensorVar(self.ctx.new_name(), v.shape, v.dtype, v.device,
+                                  channels_last_strides(v.shape) if cl else
                                   make_contiguous_strides_for(v.shape), False) if m else None
-                        for v, m in zip(operands, mask))
-        args = (full(g, out).ir, self.value(x, fuses=False).ir, self.value(w, fuses=False).ir,
-                list(bias.shape) if bias is not None else None, list(stride), list(padding),
-                list(dilation), groups, mask)
-        self.ctx.record(BoundSymbol(CONVOLUTION_VJP, args, {}, results,
-                                    comment=f"ATen's convolution_backward, as eager's {op.sym.qualname}"))
-        for var, r in zip(operands, results):
+                        for v, m, cl in zip(how.operands, mask, relaid))
+        saved = tuple(self.value(v, fuses=False).ir if v is not None else None for v in how.saved)
+        symbol = Symbol(f"fjit_autodiff.{how.fn.__name__}", how.fn, frozenset({Tag.FALLBACK}))
+        self.ctx.record(BoundSymbol(symbol, (full(g, out).ir, *saved, *how.static, mask, relaid), {}, results,
+                                    comment=f"ATen's {how.aten}, as eager's {op.sym.qualname}"))
+        for var, r in zip(how.operands, results):
             if r is not None:
                 self._accumulate(var, self.recorder.tensor(r), var.shape)

@@ -187,6 +187,16 @@ def collapse(sizes: tuple, strides: dict) -> tuple[tuple, dict]:
     return tuple(s for s, _ in merged), {k: tuple(st[k] for _, st in merged) for k in strides}
 
 
+def coalesce(domain: tuple, tensors: list, order_by: TensorVar) -> tuple[tuple, dict]:
+    """The domain in `order_by`'s memory order (elements are independent), size-1 dims dropped and
+    neighbouring dims merged where every tensor walks them as one: sizes and, per tensor name, the
+    strides.  A dense region, channels-last included, becomes one dim."""
+    walk = sorted(range(len(domain)), key=lambda j: -domain_strides(order_by, domain)[j])
+    sizes, strides = collapse(tuple(domain[j] for j in walk), {
+        v.name: tuple(domain_strides(v, domain)[j] for j in walk) for v in tensors})
+    return (sizes, strides) if sizes else ((1,), {n: (0,) for n in strides})
+
+
 def levels(bsyms: list, reductions, joined: dict | None = None) -> dict:
     """How many reductions in a row each value waits for (0: computed from the inputs), by name;
     `joined` (id(reduction) -> another reduction) puts a reduction in the other's pass."""

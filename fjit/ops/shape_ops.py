@@ -59,7 +59,7 @@ register(torch.Tensor.T.__get__)(_t)
 register(torch.Tensor.mT.__get__)(lambda x: _swap(x, -2, -1))
 
 
-@register(torch.Tensor.expand)
+@register(torch.Tensor.expand, *torch_callables("broadcast_to"))
 def _expand(x, *sizes):
     return apply(Prim.EXPAND, x, _sizes(sizes))
 
@@ -117,20 +117,16 @@ def _is_basic(i) -> bool:
 @register(torch.Tensor.__getitem__)
 def _getitem(x, index):
     index = index if isinstance(index, tuple) else (index,)
+    if any(isinstance(v, (TensorProxy, NumberProxy)) for i in index if type(i) is slice
+           for v in (i.start, i.stop, i.step)):
+        raise NotImplementedError
     if all(_is_basic(i) and type(i) is not bool for i in index):
-        if any(isinstance(v, (TensorProxy, NumberProxy)) for i in index if type(i) is slice
-               for v in (i.start, i.stop, i.step)):
-            raise NotImplementedError
         return apply(Prim.SLICE, x, index)
-    scalars = [k for k, i in enumerate(index) if _is_int_scalar_tensor(i)]
-    if len(scalars) == 1 and all(_is_basic(i) and type(i) is not bool
-                                 for k, i in enumerate(index) if k != scalars[0]):
-        return _select_by_scalar_tensor(x, index, scalars[0])
-    if len(index) == 1 and isinstance(index[0], TensorProxy) and index[0].dtype in (torch.int64, torch.int32):
-        idx = index[0]
-        flat = apply(Prim.RESHAPE, idx, (-1,)) if idx.ndim != 1 else idx
-        rows = apply(Prim.INDEX_SELECT, x, 0, _wrap_negative(flat, x.shape[0]))
-        return apply(Prim.RESHAPE, rows, tuple(idx.shape) + tuple(x.shape[1:])) if idx.ndim != 1 else rows
+    advanced = [k for k, i in enumerate(index) if not _is_basic(i) or type(i) is bool]
+    if len(advanced) == 1 and _is_int_list(index[advanced[0]]):
+        return _rows_by_int_list(x, index, advanced[0])
+    if len(advanced) == 1 and _is_int_tensor(index[advanced[0]]):
+        return _rows_by_index_tensor(x, index, advanced[0])
     raise NotImplementedError   # other advanced indexing: one torch call
 
 
@@ -140,23 +136,59 @@ def _wrap_negative(i, n):
     return apply(Prim.WHERE, apply(Prim.LT, i, 0), apply(Prim.ADD, i, n), i)
 
 
-def _is_int_scalar_tensor(i) -> bool:
-    return isinstance(i, TensorProxy) and i.ndim == 0 and i.dtype in (
-        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+def _is_int_tensor(i) -> bool:
+    """An integer index tensor (a 0-d one of any integer dtype; uint8 of more dims is a mask)."""
+    return isinstance(i, TensorProxy) and (i.dtype in (torch.int64, torch.int32) or i.ndim == 0 and i.dtype in (
+        torch.int16, torch.int8, torch.uint8))
 
 
-def _select_by_scalar_tensor(x, index, k):
-    """x[..., i, ...] with a 0-d integer tensor i: the basic index with i kept as a full slice,
-    then an index_select of one row along i's dim, which is then dropped."""
+def _is_int_list(i) -> bool:
+    return type(i) is list and all(type(v) is int for v in i)
+
+
+def _one_advanced(x, index, k):
+    """For an index whose k-th entry is the only advanced one (torch applies ints as selects
+    first): x with the basic indices applied and a full slice at k, the indexed dim in x, and
+    its dim in that result."""
     whole = apply(Prim.SLICE, x, index[:k] + (slice(None),) + index[k + 1:])
     ellipsis = x.ndim - sum(1 for i in index if i is not None and i is not Ellipsis)
-    x_dim = out_dim = 0    # i's dim in x, and in `whole`
+    x_dim = out_dim = 0
     for i in index[:k]:
         x_dim += ellipsis if i is Ellipsis else (i is not None)
         out_dim += ellipsis if i is Ellipsis else (i is None or type(i) is slice)
-    i = _wrap_negative(apply(Prim.RESHAPE, index[k], (1,)), x.shape[x_dim])
-    rows = apply(Prim.INDEX_SELECT, whole, out_dim, i)
-    return apply(Prim.SQUEEZE, rows, (out_dim,))
+    return whole, x_dim, out_dim
+
+
+def _rows_by_int_list(x, index, k):
+    """x[..., [i, j, ...], ...] with one constant list of ints: each run of consecutive rows is a
+    slice along the list's dim, joined by a cat (Falcon's fused_qkv[..., [-2], :]).  A result of
+    one run is cloned: eager's advanced indexing never returns a view."""
+    whole, x_dim, out_dim = _one_advanced(x, index, k)
+    n = x.shape[x_dim]
+    rows = [r + n if r < 0 else r for r in index[k]]
+    if not rows or any(not 0 <= r < n for r in rows):
+        raise NotImplementedError   # eager's own IndexError, or an empty result
+    runs: list[list[int]] = []
+    for r in rows:
+        if runs and runs[-1][1] == r:
+            runs[-1][1] += 1
+        else:
+            runs.append([r, r + 1])
+    if len(runs) > 8:
+        raise NotImplementedError   # one gather-like torch call beats many slices
+    parts = [_along(whole, out_dim, a, b) for a, b in runs]
+    return apply(Prim.CLONE, parts[0]) if len(parts) == 1 else apply(Prim.CAT, parts, out_dim)
+
+
+def _rows_by_index_tensor(x, index, k):
+    """x[..., i, ...] with one integer tensor i: the rows along i's dim picked by an index_select
+    of i flattened, laid out in i's shape (a 0-d i drops the dim)."""
+    whole, x_dim, out_dim = _one_advanced(x, index, k)
+    i = index[k]
+    rows = apply(Prim.INDEX_SELECT, whole, out_dim,
+                 _wrap_negative(apply(Prim.RESHAPE, i, (-1,)) if i.ndim != 1 else i, x.shape[x_dim]))
+    shape = tuple(whole.shape[:out_dim]) + tuple(i.shape) + tuple(whole.shape[out_dim + 1:])
+    return rows if i.ndim == 1 else apply(Prim.RESHAPE, rows, shape)
 
 
 def _along(x, d: int, start: int, stop: int):

@@ -553,6 +553,19 @@ def test_large_float32_arithmetic_is_bit_identical_and_broadcasts_read_by_stride
     _check(lambda x: (x + 1) * 2, torch.randn(1 << 16)[::2], kernels=1, exact=True)
 
 
+def test_a_channels_last_region_is_walked_in_memory_order_as_one_loop():
+    """An elementwise region over channels-last activations (a per-channel scale broadcast over
+    them) walks the elements in memory order: one loop with unit stride, not the logical NCHW
+    order with the channel stride innermost; the result has eager's layout and values."""
+    x = torch.randn(4, 24, 10, 10).contiguous(memory_format=torch.channels_last)
+    scale = torch.randn(24, 1, 1)
+    fn = lambda x, s: (x * s + 1.5) * x  # noqa: E731
+    jf = _check(fn, x, scale, kernels=1, exact=True)
+    assert jf(x, scale).stride() == fn(x, scale).stride()
+    text = _kernel_text(jf)
+    assert re.search(r"hi = (lo \+ )?\d+", text) and "* 24]" not in text and "* 24 +" not in text, text
+
+
 def test_costly_row_values_are_kept_for_later_passes_and_huge_trig_arguments_use_libm():
     """softmax's exp is computed once per element (a row buffer holds it for the last pass); a row
     holding a sin argument past vecmath's range is computed again with the C library."""

@@ -508,3 +508,42 @@ def test_batch_norm_training_is_one_aten_pass_with_eagers_statistics():
         torch.testing.assert_close(jm(x), ref(x))
     for a, b in zip(model.buffers(), ref.buffers()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_batch_norm_in_the_joint_program_is_atens_backward_on_the_batch_statistics(monkeypatch,
+                                                                                   channels_last):
+    """In the compiled joint program a training batch norm's backward is ATen's
+    native_batch_norm_backward on the batch mean and inverse std its forward returned (what eager's
+    node calls), not a nested autograd call: gradients and running statistics as eager's, with a
+    ReLU's and a residual add's backward fused around it, affine or not, and on channels-last
+    activations (whose gradients keep that layout)."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")     # the joint program, not a measured choice
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=0.2)
+            self.conv2, self.bn2 = nn.Conv2d(4, 4, 1, bias=False), nn.BatchNorm2d(4, affine=False)
+
+        def forward(self, x):
+            y = F.relu(self.bn1(self.conv1(x)))
+            return (self.bn2(self.conv2(y)) + x).sin()
+    torch.manual_seed(0)
+    model = Block()
+    ref = copy.deepcopy(model)
+    jm = fjit.jit(model)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    for step in range(3):
+        x = torch.randn(3, 4, 6, 6).contiguous(memory_format=fmt).requires_grad_()
+        x_ref = x.detach().clone().requires_grad_()
+        jm(x).square().sum().backward()
+        ref(x_ref).square().sum().backward()
+        torch.testing.assert_close(x.grad, x_ref.grad)
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+        for (name, a), b in zip(model.named_buffers(), ref.buffers()):
+            assert torch.equal(a, b), (step, name)
+    backward = str(fjit.last_backward_traces(jm)[-1])
+    assert backward.count("ATen's native_batch_norm_backward") == 2
+    assert "torch autograd's backward" not in backward and "# C kernel" in backward

@@ -35,7 +35,7 @@ from fjit.executors.c import vecmath
 from fjit.executors.c.accumulators import ColumnSums, accumulate, accumulator, float_lanes
 from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, CLanguage, literal, storage, \
     vector_form
-from fjit.executors.render import HALF, collapse, contiguous_strides, domain_strides, held, index_decomposition, \
+from fjit.executors.render import HALF, coalesce, contiguous_strides, held, index_decomposition, \
     index_terms, small_power
 from fjit.passes.fusion import Region
 
@@ -88,13 +88,6 @@ class Kernel:
 
 def _indent(line: str) -> str:
     return line if line.startswith("#") else "    " + line
-
-
-def _coalesce(domain: tuple, tensors: list) -> tuple[tuple, dict]:
-    """The domain with size-1 dims dropped and neighbouring dims merged where every tensor walks
-    them as one: sizes and, per tensor name, the strides.  A contiguous region becomes one dim."""
-    sizes, strides = collapse(domain, {v.name: domain_strides(v, domain) for v in tensors})
-    return (sizes, strides) if sizes else ((1,), {n: (0,) for n in strides})
 
 
 class CEmitter(render.RegionEmitter):
@@ -268,7 +261,7 @@ class CEmitter(render.RegionEmitter):
         a loop over consecutive elements."""
         r = self.r
         tensors = [v for v in r.inputs if isinstance(v, TensorVar)] + list(r.outputs)
-        sizes, strides = _coalesce(r.domain, tensors)
+        sizes, strides = coalesce(r.domain, tensors, r.outputs[0])
         width, rows = sizes[-1], math.prod(sizes[:-1])
         lines: list[str] = []
         if rows == 1:
