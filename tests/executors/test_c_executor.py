@@ -387,6 +387,35 @@ def test_kernel_source_holds_only_generated_names_and_numbers():
     assert "system" not in _kernel_text(jf) and "rm -rf" not in _kernel_text(jf)
 
 
+def test_kernels_take_tensors_through_their_entry_point_and_agree_with_ctypes():
+    """Where the Python headers are there, a binary carries an entry point taking the tensors
+    themselves (launch.py); it computes what the ctypes call computes, from parameters and from
+    tensor types whose data pointer torch's exported function does not read (asked of the tensor
+    instead), and a wrong argument count is a TypeError, not a crash."""
+    from fjit.executors.c import launch
+
+    class Marked(torch.Tensor):
+        pass
+    fn = lambda x, w, s: ((x * w + s).sin() * 2).exp()  # noqa: E731
+    x, w = torch.randn(40, 33), torch.nn.Parameter(torch.randn(33))
+    with torch.no_grad():
+        jf = _check(fn, x, w, 0.5, kernels=1)
+        expected = fn(x, w, 0.5)
+    binary = next(b for b in list(c_executor._BINARIES.values()) if b.kernel.name == _kernels(jf)[0])
+    assert binary.fn is not None and (binary.fast is not None) == bool(launch.PYTHON_FLAGS)
+    if binary.fast is None:
+        return
+    assert binary.kernel.params == [("in", 0), ("in", 1), ("in", 2), ("out", 0)]   # x, w, s, out
+    for first in (x, x.as_subclass(Marked)):
+        out, out2 = torch.empty_like(expected), torch.empty_like(expected)
+        binary.fast(first, w, 0.5, out)
+        binary.fn(x.data_ptr(), w.data_ptr(), 0.5, out2.data_ptr())
+        torch.testing.assert_close(out, expected)
+        assert torch.equal(out, out2)
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        binary.fast(x, w)
+
+
 def test_integer_division_stays_with_torch():
     """Integer division (whose division by zero raises in torch) stays torch calls."""
     jf = _check(lambda a, b: (a // b) + (a % b) * 2, torch.tensor([7, -7, 5]), torch.tensor([2, 3, -2]),

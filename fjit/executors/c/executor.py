@@ -1,4 +1,4 @@
-"""The C executor: fusion regions over CPU tensors become C functions called through ctypes.
+"""The C executor: fusion regions over CPU tensors become C functions called from Python (launch.py).
 
 Why it exists: on a tensor of a few elements a torch call is all dispatch (about 2-4 us each), so a
 10-op function costs ten dispatches where one fused loop costs well under one; on a big tensor each
@@ -44,6 +44,7 @@ from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, map_values
 from fjit.core.trace import Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
+from fjit.executors.c.launch import HEADER, PYTHON_FLAGS, entry, launcher, python_entry
 from fjit.logs import kernels as log
 from fjit.passes.fusion import Partitioner, Region
 
@@ -143,13 +144,13 @@ def _region_bsym(region: Region) -> BoundSymbol:
     kernel = generate(region, "fused")
     # the flags and the CPU they target are part of what a binary is: a change of either must not
     # load an old one
-    key = " ".join(CFLAGS) + "\n" + _isa() + "\n"
-    digest = hashlib.sha1(key.encode() + kernel.source.encode()).hexdigest()[:16]
+    key = " ".join(CFLAGS + PYTHON_FLAGS) + "\n" + _isa() + "\n"
+    digest = hashlib.sha1((key + kernel.source + entry("fused", kernel.arg_types)).encode()).hexdigest()[:16]
     kernel.name = f"fjit_c_{digest}"
     kernel.source = kernel.source.replace("void fused(", f"void {kernel.name}(")
     binary = _binary(kernel)
     fallback = _Fallback(region, binary)
-    launch = _launcher(region, kernel, binary, fallback)
+    launch = launcher(region, kernel, binary, fallback)
     comment = f"C kernel {kernel.name}\n{kernel.source[kernel.source.index(f'void {kernel.name}('):]}"
     return kernel_bsym(region, kernel.name, launch, comment)
 
@@ -177,49 +178,6 @@ class _Fallback:
         return outs if len(outs) > 1 else outs[0]
 
 
-# -- launching -------------------------------------------------------------------------------------
-
-try:        # torch's CPU allocation without the dispatcher (inductor's): 0.5 us against 1.1 us
-    from torch._C._dynamo.guards import _empty_strided_cpu
-except ImportError:      # pragma: no cover -- a torch without it
-    def _empty_strided_cpu(shape, strides, dtype):
-        return torch.empty_strided(shape, strides, dtype=dtype)
-
-
-def _launcher(region: Region, kernel: Kernel, binary: "_Binary", fallback: _Fallback):
-    """A generated function per kernel: outputs allocated with literal layouts, one ctypes call.
-
-    Its source holds only names this module makes and integer literals; dtypes come in through
-    its namespace."""
-    params = [f"a{k}" for k in range(len(region.inputs))]
-    ns = {"binary": binary, "fallback": fallback, "empty_strided": _empty_strided_cpu,
-          "get_num_threads": torch.get_num_threads}
-    lines = [f"def launch({', '.join(params)}):",
-             "    fn = binary.fn",
-             "    if fn is None:",
-             f"        return fallback({', '.join(params)})"]
-    outs = []
-    for k, v in enumerate(region.outputs):
-        ns[f"dtype{k}"] = v.dtype
-        shape, strides = tuple(int(s) for s in v.shape), tuple(int(s) for s in v.strides)
-        lines.append(f"    out{k} = empty_strided({shape!r}, {strides!r}, dtype{k})")
-        outs.append(f"out{k}")
-    args = []
-    for kind, k in kernel.params:
-        if kind == "out":
-            args.append(f"out{k}.data_ptr()")
-        elif isinstance(region.inputs[k], TensorVar):
-            args.append(f"a{k}.data_ptr()")
-        else:
-            args.append(f"a{k}")
-    if kernel.threaded:       # torch's thread count, read per call (torch.set_num_threads)
-        args.append("get_num_threads()")
-    lines.append(f"    fn({', '.join(args)})")
-    lines.append(f"    return {outs[0] if len(outs) == 1 else '(' + ', '.join(outs) + ')'}")
-    exec(compile("\n".join(lines) + "\n", f"<fjit C launcher {kernel.name}>", "exec"), ns)
-    return ns["launch"]
-
-
 # -- building ----------------------------------------------------------------------------------------
 
 class _Binary:
@@ -228,6 +186,7 @@ class _Binary:
     def __init__(self, kernel: Kernel):
         self.kernel = kernel
         self.fn = None
+        self.fast = None     # the entry point taking tensors (launch.py), where built with one
         self.error: str | None = None
         self.queued = False
         self.done = threading.Event()
@@ -313,7 +272,7 @@ def _build(binary: _Binary) -> None:
             start = time.perf_counter()
             tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"
             with open(f"{tmp}.c", "w") as f:
-                f.write(kernel.source)
+                f.write(HEADER + kernel.source + entry(kernel.name, kernel.arg_types))
             try:
                 result = _compile(tmp)
             finally:
@@ -336,7 +295,7 @@ def _build(binary: _Binary) -> None:
 
 
 def _compile(tmp: str) -> subprocess.CompletedProcess:
-    flags = [f for f in CFLAGS if not (_NO_OPENMP and f == "-fopenmp")]
+    flags = [f for f in CFLAGS + PYTHON_FLAGS if not (_NO_OPENMP and f == "-fopenmp")]
     result = subprocess.run([compiler(), *flags, "-o", tmp, f"{tmp}.c", "-lm"],
                             capture_output=True, text=True, timeout=300)
     if result.returncode != 0 and "-fopenmp" in flags:
@@ -354,6 +313,7 @@ def _load(binary: _Binary, path: str) -> None:
     fn = getattr(library, binary.kernel.name)
     fn.argtypes = [_ARG_TYPES[t] for t in binary.kernel.arg_types]
     fn.restype = None
+    binary.fast = python_entry(library, binary.kernel.name)
     binary.fn = fn
     binary.done.set()
     if hasattr(_ctypes, "dlclose"):     # ctypes never unloads a library by itself
