@@ -14,11 +14,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import math
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
-from fjit.core.ir import BoundSymbol, TensorVar, flatten_values, map_values
+from fjit.core.ir import BoundSymbol, Symbol, TensorVar, flatten_values, map_values
+from fjit.core.meta import meta_tensor, same_layout
 from fjit.core.trace import Trace
 from fjit.logs import recompiles
 
@@ -73,16 +76,56 @@ def _batch_norm_args(b: BoundSymbol) -> tuple | None:
     return x, weight, bias, eps
 
 
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_ATTENTION_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                     "enable_gqa")
+
+
+def _attention_args(b: BoundSymbol) -> tuple | None:
+    """(q, k, v, mask, is_causal, scale) of an attention eager runs as ATen's flash CPU kernel,
+    whose autograd node then calls that kernel's backward: 4-D CPU operands, no dropout, no GQA
+    and a mask that needs no gradient, where torch's own backend choice is that kernel."""
+    if b.sym.fn is not F.scaled_dot_product_attention:
+        return None
+    given = dict(zip(_ATTENTION_PARAMS, b.args))
+    given.update(b.kwargs)
+    q, k, v, mask = (given.get(n) for n in ("query", "key", "value", "attn_mask"))
+    is_causal, scale = given.get("is_causal", False), given.get("scale")
+    if not all(isinstance(t, TensorVar) and t.ndim == 4 and t.device.type == "cpu" for t in (q, k, v)) \
+            or given.get("dropout_p", 0.0) != 0.0 or given.get("enable_gqa", False) is not False \
+            or not (mask is None or isinstance(mask, TensorVar) and not mask.requires_grad) \
+            or type(is_causal) is not bool or not (scale is None or type(scale) is float):
+        return None
+    probe = [torch.empty(t.shape, dtype=t.dtype).requires_grad_(t.requires_grad) for t in (q, k, v)]
+    mask_probe = None if mask is None else torch.empty(mask.shape, dtype=mask.dtype)
+    if torch._fused_sdp_choice(*probe, attn_mask=mask_probe, is_causal=is_causal, scale=scale) \
+            != torch.nn.attention.SDPBackend.FLASH_ATTENTION.value:
+        return None
+    return q, k, v, mask, is_causal, scale
+
+
+def dense(v: TensorVar) -> bool:
+    """Whether v's elements fill its memory with no gap or overlap, in any dim order."""
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(v.strides, v.shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 @dataclasses.dataclass(frozen=True)
 class AtenBackward:
     """How eager's autograd node differentiates an op that runs as traced: `fn(g, *saved, *static,
-    mask)` returns the cotangents of `operands` (None where the op has none, or mask says none
-    is wanted), as the ATen backward function the node calls does."""
+    mask, layouts)` returns the cotangents of `operands` (None where the op has none, or mask says
+    none is wanted), as the ATen backward function the node calls does, in `layouts`."""
     operands: tuple     # the op's tensor operands, in the order fn returns their cotangents
     saved: tuple        # forward values fn reads after the cotangent (None where absent)
     static: tuple       # its other arguments
     fn: Callable
     aten: str           # the ATen function fn calls, as the backward trace's comment names it
+    forward: BoundSymbol | None = None   # what the joint forward runs instead of the op, where
+    #                                     the backward reads a value the op does not return
 
 
 def aten_backward(b: BoundSymbol) -> AtenBackward | None:
@@ -99,6 +142,20 @@ def aten_backward(b: BoundSymbol) -> AtenBackward | None:
         _, mean, invstd = b.outputs()[:3]
         return AtenBackward((x, weight, bias), (x, weight, mean, invstd), (eps,), batch_norm_vjp,
                             "native_batch_norm_backward")
+    attention = _attention_args(b)
+    if attention is not None:
+        q, k, v, mask, is_causal, scale = attention
+        out = b.outputs()[0]
+        lse = _FLASH(*(meta_tensor(t) for t in (q, k, v)), 0.0, is_causal,
+                     attn_mask=meta_tensor(mask) if mask is not None else None, scale=scale)[1]
+        logsumexp = TensorVar(f"{out.name}_logsumexp", tuple(lse.shape), lse.dtype, out.device,
+                              tuple(lse.stride()), False)
+        forward = BoundSymbol(_FLASH_SYMBOL, (q, k, v, mask, is_causal, scale), {}, (out, logsumexp),
+                              comment="eager's attention kernel, which also returns the "
+                                      "log-sum-exp its backward reads")
+        return AtenBackward((q, k, v), (q, k, v, out, logsumexp, mask), (is_causal, scale),
+                            attention_vjp, "_scaled_dot_product_flash_attention_for_cpu_backward",
+                            forward)
     return None
 
 
@@ -135,27 +192,53 @@ def torch_vjp(graphs, leaves, cotangents):
     return tuple(g.contiguous() for g in grads)
 
 
-def _laid_out(grads, channels_last):
-    """Each cotangent in the layout the backward trace records for it: channels-last where its
-    operand is (the channels-last form's activations), else contiguous."""
-    return tuple(None if r is None else r.contiguous(memory_format=torch.channels_last) if cl
-                 else r.contiguous() for r, cl in zip(grads, channels_last))
+def _laid_out(grads, layouts):
+    """Each cotangent in the layout the backward trace records for it (its operand's, where that
+    is dense: a channels-last activation's, attention's transposed q), copied where ATen's
+    backward gave another."""
+    return tuple(None if r is None else r if same_layout(tuple(r.shape), r.stride(), strides) else
+                 torch.empty_strided(r.shape, strides, dtype=r.dtype).copy_(r)
+                 for r, strides in zip(grads, layouts))
 
 
-def convolution_vjp(g, x, w, bias_sizes, stride, padding, dilation, groups, mask, channels_last):
+def convolution_vjp(g, x, w, bias_sizes, stride, padding, dilation, groups, mask, layouts):
     """The cotangents of a convolution's input, weight and bias, by ATen's convolution_backward
     (what eager's autograd node calls)."""
     return _laid_out(torch.ops.aten.convolution_backward.default(
         g, x, w, bias_sizes, stride, padding, dilation, False, [0] * len(stride), groups, mask),
-        channels_last)
+        layouts)
 
 
-def batch_norm_vjp(g, x, weight, mean, invstd, eps, mask, channels_last):
+def batch_norm_vjp(g, x, weight, mean, invstd, eps, mask, layouts):
     """The cotangents of a training batch norm's input, weight and bias, by ATen's
     native_batch_norm_backward on the batch statistics the forward returned (what eager's node
     calls; the running statistics are not read in training)."""
     return _laid_out(torch.ops.aten.native_batch_norm_backward.default(
-        g, x, weight, None, None, mean, invstd, True, eps, mask), channels_last)
+        g, x, weight, None, None, mean, invstd, True, eps, mask), layouts)
+
+
+def _additive(attn_mask, q):
+    """A boolean mask as the additive one F.scaled_dot_product_attention gives ATen's kernel."""
+    if attn_mask is None or attn_mask.dtype != torch.bool:
+        return attn_mask
+    return torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill_(attn_mask.logical_not(), -math.inf)
+
+
+def flash_attention(q, k, v, attn_mask, is_causal, scale):
+    """The attention's output and log-sum-exp, by the flash CPU kernel F.scaled_dot_product_attention
+    runs."""
+    return _FLASH(q, k, v, 0.0, is_causal, attn_mask=_additive(attn_mask, q), scale=scale)
+
+
+def attention_vjp(g, q, k, v, out, logsumexp, attn_mask, is_causal, scale, mask, layouts):
+    """The cotangents of an attention's q, k and v, by the flash CPU kernel's backward (what eager's
+    node calls) on the output and log-sum-exp the forward returned."""
+    return _laid_out(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+        g, q, k, v, out, logsumexp, 0.0, is_causal, attn_mask=_additive(attn_mask, q), scale=scale),
+        layouts)
+
+
+_FLASH_SYMBOL = Symbol("fjit_autodiff.flash_attention", flash_attention, frozenset())
 
 
 # -- the programs ----------------------------------------------------------------------------------

@@ -32,9 +32,8 @@ import torch
 from torch._prims_common import make_contiguous_strides_for
 
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Var, flatten_values, map_values
-from fjit.core.meta import channels_last_strides
 from fjit.core.trace import Trace
-from fjit.autodiff.function import aten_backward, record, torch_vjp
+from fjit.autodiff.function import aten_backward, dense, record, torch_vjp
 from fjit.autodiff.rules import NONDIFF, VJP, Pieces, fit, full, has_rule
 from fjit.core.prims import Prim, apply, prim_of
 from fjit.core.prims.layout import reshape_copies, undo_index
@@ -211,6 +210,8 @@ class _Builder:
                                          dict(b.kwargs), (b.output, tuple(graph), tuple(leaf)),
                                          comment=f"{b.sym.qualname} runs under torch autograd, "
                                                  f"which keeps its backward"))
+            elif kind == "aten" and (how := aten_backward(b)).forward is not None:
+                bsyms.append(how.forward)      # the op's kernel, returning what the backward reads
             elif b.subsymbols and any(v.name in internal for s in b.subsymbols for v in s.outputs()):
                 bsyms.extend(b.subsymbols)     # a value inside the op is saved: run its prims
             else:
@@ -379,15 +380,13 @@ class _Backward:
             return
         how = aten_backward(op)
         mask = [v is not None and differentiable(v) for v in how.operands]
-        relaid = [m and v.ndim == 4 and tuple(v.strides) == channels_last_strides(v.shape)
-                  != tuple(make_contiguous_strides_for(v.shape)) for v, m in zip(how.operands, mask)]
-        results = tuple(TensorVar(self.ctx.new_name(), v.shape, v.dtype, v.device,
-                                  channels_last_strides(v.shape) if cl else
-                                  make_contiguous_strides_for(v.shape), False) if m else None
-                        for v, m, cl in zip(how.operands, mask, relaid))
+        layouts = [None if not m else tuple(v.strides) if dense(v) else
+                   tuple(make_contiguous_strides_for(v.shape)) for v, m in zip(how.operands, mask)]
+        results = tuple(TensorVar(self.ctx.new_name(), v.shape, v.dtype, v.device, s, False)
+                        if m else None for v, m, s in zip(how.operands, mask, layouts))
         saved = tuple(self.value(v, fuses=False).ir if v is not None else None for v in how.saved)
         symbol = Symbol(f"fjit_autodiff.{how.fn.__name__}", how.fn, frozenset({Tag.FALLBACK}))
-        self.ctx.record(BoundSymbol(symbol, (full(g, out).ir, *saved, *how.static, mask, relaid), {}, results,
+        self.ctx.record(BoundSymbol(symbol, (full(g, out).ir, *saved, *how.static, mask, layouts), {}, results,
                                     comment=f"ATen's {how.aten}, as eager's {op.sym.qualname}"))
         for var, r in zip(how.operands, results):
             if r is not None:

@@ -291,6 +291,32 @@ def test_convolution_backward_is_atens_without_a_nested_autograd_call(conv, shap
     assert _c_kernels(backward)
 
 
+@pytest.mark.parametrize("mask_kind", ["none", "float", "bool", "causal", "float_grad"])
+def test_attention_backward_is_the_flash_kernels_without_a_nested_autograd_call(mask_kind):
+    """An attention eager runs as ATen's flash CPU kernel is run by the joint forward as that kernel
+    returning its log-sum-exp too, and differentiated by the kernel's backward (what eager's node
+    calls): no torch autograd call nested in the program.  A mask that needs a gradient is
+    eager's math path, which torch autograd keeps differentiating."""
+    x = _f32(2, 10, 32, grad=True)
+    w = _f32(32, 96, seed=1, grad=True)
+    mask = {"none": None, "float": _f32(10, 10, seed=2, grad=False), "causal": None,
+            "bool": torch.rand(2, 1, 10, 10, generator=torch.Generator().manual_seed(3)) > 0.3,
+            "float_grad": _f32(10, 10, seed=2, grad=True)}[mask_kind]
+
+    def f(x, w, mask):
+        q, k, v = (x @ w).view(2, 10, 3, 4, 8).permute(2, 0, 3, 1, 4).unbind(0)
+        o = F.scaled_dot_product_attention(q * 0.5, k, v, attn_mask=mask,
+                                           is_causal=mask_kind == "causal", scale=0.3)
+        return (o.transpose(1, 2).reshape(2, 10, 32).sin() * 2).sum()
+    # the kernel's sums run in another order where g's layout differs from eager's (errors
+    # against float64 are the same size: ~1e-5 of the gradient's scale)
+    jf = _grads_match(f, (x, w, mask), rtol=1e-4, atol=1e-3)
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    flash = "ATen's _scaled_dot_product_flash_attention_for_cpu_backward" in backward
+    nested = "torch autograd's backward" in backward
+    assert (flash, nested) == ((False, True) if mask_kind == "float_grad" else (True, False)), backward
+
+
 @pytest.mark.parametrize("executors", [("c", "torch"), ("triton", "torch"), ("torch",)])
 def test_clamp_between_two_tensors_differentiates_as_eager_where_the_bounds_meet_or_cross(executors, monkeypatch):
     """Eager's clamp(x, lo, hi) sends the gradient to hi alone where lo > hi, and to nobody where
