@@ -957,6 +957,20 @@ op(f"{NNF}.gelu", lambda x, a: F.gelu(x, approximate=a), FLOATS,
               (m(), "none")], variant="approximate")
 op(f"{NNF}.silu", lambda x: F.silu(x), FLOATS, unary_samples())
 op(f"{NNF}.sigmoid", lambda x: F.sigmoid(x), FLOATS, unary_samples())
+# the hard activations, around and exactly at their bounds (where the gradients' conventions differ)
+_BOUNDS = lambda m: [(m((4, 5), -8.0, 8.0),), (m((2, 3, 4), -8.0, 8.0, nc=True),), (m(()),),  # noqa: E731
+                     (torch.tensor([-3.0, 3.0, 0.0, 6.0, -6.0, -1.0, 1.0, 2.5], dtype=m.dtype),),
+                     (m.specials(),)]
+op(f"{NNF}.hardswish", lambda x: F.hardswish(x), FLOATS, _BOUNDS)
+op(f"{NNF}.hardsigmoid", lambda x: F.hardsigmoid(x), FLOATS, _BOUNDS)
+op(f"{NNF}.relu6", lambda x: F.relu6(x), FLOATS, _BOUNDS)
+op(f"{NNF}.hardtanh", lambda x: F.hardtanh(x), FLOATS, _BOUNDS)
+op(f"{NNF}.hardtanh", lambda x: F.hardtanh(x, -0.5, 2), FLOATS, _BOUNDS, variant="bounds")
+op(f"{NNF}.adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, 1), FLOATS,
+   lambda m: [(m((2, 3, 5, 4)),), (m((3, 4, 4)),), (m((2, 3, 5, 4), nc=True),),
+              (m((2, 3, 4, 4)).contiguous(memory_format=torch.channels_last),), (m((2, 3, 1, 1)),)])
+op(f"{NNF}.adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (2, 3)), FLOATS,
+   lambda m: [(m((2, 3, 4, 6)),)], variant="not_global")
 op(f"{NNF}.tanh", lambda x: F.tanh(x), FLOATS, unary_samples())
 
 

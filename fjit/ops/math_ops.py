@@ -121,6 +121,43 @@ def _gelu(x, approximate="none"):
     return downcast(out, x.dtype)
 
 
+# The hard activations as ATen computes them (x * min(max(x + 3, 0), 6) / 6, ...).  hardtanh's and
+# hardsigmoid's backward pass the gradient only strictly inside the bounds (hardtanh_backward),
+# where clamp's rule passes it at the bounds too: a select between the bounds and x (or the ramp)
+# differentiates as eager does.  hardswish's backward (x / 3 + 0.5 on [-3, 3], inclusive) is
+# what the product's and clamp's rules give, at the bounds too.
+@register(F.hardtanh)
+def _hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
+    if not x.dtype.is_floating_point or any(isinstance(v, (TensorProxy, NumberProxy)) for v in (min_val, max_val)):
+        raise NotImplementedError
+    inside = apply(Prim.WHERE, apply(Prim.GE, x, max_val), max_val, x)
+    return apply(Prim.WHERE, apply(Prim.LE, x, min_val), min_val, inside)
+
+
+@register(F.relu6)
+def _relu6(x, inplace=False):
+    return _hardtanh(x, 0.0, 6.0)
+
+
+@register(F.hardsigmoid)
+def _hardsigmoid(x, inplace=False):
+    if not x.dtype.is_floating_point:
+        raise NotImplementedError
+    y = upcast(x)
+    ramp = apply(Prim.DIV, apply(Prim.ADD, y, 3.0), 6.0)
+    inside = apply(Prim.WHERE, apply(Prim.GE, y, 3.0), 1.0, ramp)
+    return downcast(apply(Prim.WHERE, apply(Prim.LE, y, -3.0), 0.0, inside), x.dtype)
+
+
+@register(F.hardswish)
+def _hardswish(x, inplace=False):
+    if not x.dtype.is_floating_point:
+        raise NotImplementedError
+    y = upcast(x)
+    gate = apply(Prim.CLAMP_MAX, apply(Prim.CLAMP_MIN, apply(Prim.ADD, y, 3.0), 0.0), 6.0)
+    return downcast(apply(Prim.DIV, apply(Prim.MUL, y, gate), 6.0), x.dtype)
+
+
 @register(F.silu)
 def _silu(x, inplace=False):
     y = upcast(x)

@@ -442,10 +442,26 @@ def _run(steps, reduce_dim, *xs):
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(_programs())
 def test_random_programs_gradients_match_eager(program):
+    """Compiled gradients agree with eager's, judged against float64: a compiled program's sums
+    run in another order (a broadcast input's gradient summed in one kernel, in double lanes), so
+    where eager's float32 result is itself off by more than the default tolerance, the compiled
+    one must be no farther from the exact value than eager's (plus a few float32 roundings)."""
     shapes, steps, reduce_dim = program
     xs = [_f32(*s, seed=i) for i, s in enumerate(shapes)]
     fn = lambda *t: _run(steps, reduce_dim, *t)  # noqa: E731
-    _grads_match(fn, xs, jf=fjit.jit(fn))
+    jf = fjit.jit(fn)
+    for _ in range(2):      # the compiling call, then the cached program
+        got = jf(*xs)
+        got_grads = torch.autograd.grad(got, xs, allow_unused=True, materialize_grads=True)
+    want = fn(*xs)
+    want_grads = torch.autograd.grad(want, xs, allow_unused=True, materialize_grads=True)
+    exact = [x.detach().double().requires_grad_() for x in xs]
+    exact_grads = torch.autograd.grad(fn(*exact), exact, allow_unused=True, materialize_grads=True)
+    for g, w, e in zip((got, *got_grads), (want, *want_grads), (fn(*exact), *exact_grads)):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        ours, eagers = (g.double() - e).abs().max(), (w.double() - e).abs().max()
+        scale = e.abs().max() + 1
+        assert ours <= 2 * eagers + 8 * torch.finfo(torch.float32).eps * scale, (ours, eagers, scale)
 
 
 @pytest.mark.parametrize("op", [
