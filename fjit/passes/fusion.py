@@ -167,6 +167,7 @@ class Partitioner:
             split = b.subsymbols and b.sym.qualname not in self.whole_ops and (
                 self.split_partial_ops or all(map(supported, b.subsymbols)))
             flat.extend(b.subsymbols if split else (b,))
+        flat = _sink_relabels(flat, trace, supported)
         items: list = []
         # Regions still open, oldest first.  An op joins the newest region that takes it; a region
         # closes when an op it cannot take reads it, but a view of its values waits with it, so a
@@ -238,6 +239,59 @@ class Partitioner:
             elif item.outputs:
                 bsyms.extend(item.bsyms)
         return trace.with_stage(stage, bsyms)
+
+
+def _sink_relabels(flat: list, trace: Trace, supported: Callable[[BoundSymbol], bool]) -> list:
+    """An elementwise prim whose only reader is a reshape viewing its result in another shape (a
+    residual add's [B, L, D] read as [B*L, D] by the next norm, a kernel's value reshaped for a
+    matmul's cotangent) is computed in that shape instead, from views of its operands: the view
+    then no longer stands between it and what reads it, so they fuse.  Only where each tensor
+    operand has the result's shape and views as the new one, and a prim a kernel takes reads the
+    view (else the move only adds views); repeated up a chain of such prims."""
+    outputs = {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}
+    changed = True
+    while changed:
+        changed = False
+        uses: dict = {}
+        for b in flat:
+            for v in b.inputs():
+                uses[v.name] = uses.get(v.name, 0) + 1
+        made = {b.outputs()[0].name: i for i, b in enumerate(flat) if len(b.outputs()) == 1}
+        fused_reads = {v.name for b in flat if supported(b) for v in b.inputs()}
+        for i, r in enumerate(flat):
+            if prim_of(r) is not Prim.RESHAPE:    # a torch-level view of one reshape prim too
+                r = r.subsymbols[0] if len(r.subsymbols) == 1 else r
+            if prim_of(r) is not Prim.RESHAPE or not isinstance(r.args[0], TensorVar):
+                continue
+            y, z = r.args[0], r.outputs()[0]
+            p = made.get(y.name)
+            e = flat[p] if p is not None else None
+            if e is None or not e.sym.has(Tag.ELEMENTWISE) or e.kwargs or uses.get(y.name) != 1 or \
+                    z.name not in fused_reads or \
+                    y.name in outputs or tuple(z.strides) != tuple(contiguous_strides(tuple(z.shape))):
+                continue
+            operands = [a for a in e.inputs() if isinstance(a, TensorVar)]
+            views = [_view_as(a, z) for a in operands]
+            if any(a.shape != y.shape or v is None for a, v in zip(operands, views)):
+                continue
+            relabeled = {a.name: BoundSymbol(r.sym, (a, tuple(z.shape)), {}, v)
+                         for a, v in zip(operands, views)}
+            args = tuple(relabeled[a.name].output if isinstance(a, TensorVar) else a for a in e.args)
+            flat = flat[:p] + list(relabeled.values()) + [e.replace(args=args, output=z)] + \
+                flat[p + 1:i] + flat[i + 1:]
+            changed = True
+            break
+    return flat
+
+
+def _view_as(a: TensorVar, z: TensorVar) -> TensorVar | None:
+    """a viewed in z's shape (a reshape that moves no data), or None where that would copy."""
+    try:
+        strides = torch.empty_strided(a.shape, a.strides, dtype=a.dtype, device="meta").view(z.shape).stride()
+    except RuntimeError:
+        return None
+    return TensorVar(f"{a.name}_as_{z.name}", tuple(z.shape), a.dtype, a.device, tuple(strides),
+                     a.requires_grad)
 
 
 def _rematerialize(items: list, trace: Trace, kernels: set) -> bool:

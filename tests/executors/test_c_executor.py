@@ -793,6 +793,23 @@ def test_interleaved_independent_chains_fuse_each_into_one_kernel():
     assert not re.search(r"= prims\.", str(fjit.last_traces(jf)[-1]))
 
 
+def test_an_elementwise_prim_read_through_a_reshape_fuses_with_its_reader():
+    """A residual add whose result the next norm reads reshaped ([B, L, D] as [B*L, D]) is computed
+    in the reshaped shape, from views of its operands: one kernel, not an add, a view and a
+    norm kernel.  Where the reshape would copy (a transposed operand) or its reader fuses with
+    nothing, the add stays where it was."""
+    x, r, w = torch.randn(2, 6, 16), torch.randn(2, 6, 16), torch.randn(16)
+    fn = lambda x, r, w: F.layer_norm((x + r).reshape(12, 16), (16,), w) * 2  # noqa: E731
+    jf = _check(fn, x, r, w, kernels=1)
+    assert "prims.add" not in str(fjit.last_traces(jf)[-1])
+    t = torch.randn(2, 16, 6).transpose(1, 2)
+    jf = _check(fn, x, t, w, kernels=1)   # a transposed operand cannot view as [12, 16]: add kept
+    assert "prims.add" in str(fjit.last_traces(jf)[-1])
+    m = torch.randn(16, 5)
+    jf = _check(lambda x, r, m: (x * r + 1).reshape(12, 16) @ m, x, r, m)
+    assert "_as_" not in str(fjit.last_traces(jf)[-1])   # a matmul fuses with nothing: not moved
+
+
 def test_a_view_of_a_regions_value_waits_for_the_region():
     """A view taken of a value a region computes runs right after the region, which stays open:
     an op that reads such a view never joins that region (it would read the view before it is
