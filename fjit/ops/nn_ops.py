@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch._prims_common import make_contiguous_strides_for
 
 from fjit.core.ir import Symbol, Tag
-from fjit.core.prims import Prim, apply, torch_callables
+from fjit.core.prims import Prim, apply, prim_of, torch_callables
+from fjit.core.prims.layout import reshape_copies
 from fjit.frontend.context import current
 from fjit.frontend.record import REPLACEMENTS, trace_call
 from fjit.core.prims.toolkit import reduced_dims
@@ -245,6 +246,54 @@ def _linear(x, weight, bias=None):
 @register(*torch_callables("matmul"), *torch_callables("mm"), *torch_callables("bmm"), torch.Tensor.__matmul__)
 def _matmul(a, b):
     return apply(Prim.MATMUL, a, b)
+
+
+def _made(var):
+    """The prim that made `var` in the trace being recorded (a top-level op of one prim counts as
+    it), or None."""
+    for scope in reversed(current().scopes):
+        for b in reversed(scope):
+            if any(v.name == var.name for v in b.outputs()):
+                return b if prim_of(b) is not None or len(b.subsymbols) != 1 else b.subsymbols[0]
+    return None
+
+
+def _repeated(t):
+    """(kv, groups) where t ([B, Hkv * groups, L, D]) is kv ([B, Hkv, 1, L, D]) repeated per group
+    head by an expand and a copying reshape (transformers' repeat_kv for grouped-query attention)."""
+    r = _made(t) if t.ndim == 4 else None
+    if r is None or prim_of(r) is not Prim.RESHAPE or r.args[0].ndim != 5:
+        return None
+    e = _made(r.args[0])
+    if e is None or prim_of(e) is not Prim.EXPAND:
+        return None
+    kv, (b, hkv, groups, length, d) = e.args[0], tuple(r.args[0].shape)
+    if tuple(kv.shape) != (b, hkv, 1, length, d) or tuple(t.shape) != (b, hkv * groups, length, d) or groups < 2:
+        return None
+    return kv, groups
+
+
+@replace(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+def _grouped_matmul(a, b):
+    """q @ repeat_kv(k).mT and p @ repeat_kv(v) recorded as matmuls of each key/value head with its
+    group of query heads stacked as rows: the same sums, without copying k and v once per group
+    (the copies are then dead), and gradients without a sum over each group."""
+    from fjit.frontend.dispatch import dispatch
+    if not (isinstance(a, TensorProxy) and isinstance(b, TensorProxy) and a.ndim == 4 and b.ndim == 4):
+        raise NotImplementedError
+    made, t = _made(b.ir), b.ir
+    transposed = made is not None and prim_of(made) is Prim.PERMUTE and tuple(made.args[1]) == (0, 1, 3, 2)
+    found = _repeated(made.args[0] if transposed else t)
+    n, h, m, k = a.shape
+    if found is None or reshape_copies(a.ir, (n, h // found[1], found[1] * m, k)):
+        raise NotImplementedError
+    kv, groups = found
+    heads = dispatch(torch.Tensor.reshape, (TensorProxy(kv), (kv.shape[0], kv.shape[1], kv.shape[3], kv.shape[4])), {})
+    if transposed:
+        heads = dispatch(torch.Tensor.transpose, (heads, 2, 3), {})
+    rows = dispatch(torch.Tensor.reshape, (a, (n, h // groups, groups * m, k)), {})
+    out = dispatch(torch.matmul, (rows, heads), {})
+    return dispatch(torch.Tensor.reshape, (out, (n, h, m, out.shape[-1])), {})
 
 
 @register(*torch_callables("addmm"))

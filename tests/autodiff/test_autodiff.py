@@ -317,6 +317,27 @@ def test_attention_backward_is_the_flash_kernels_without_a_nested_autograd_call(
     assert (flash, nested) == ((False, True) if mask_kind == "float_grad" else (True, False)), backward
 
 
+@pytest.mark.parametrize("transposed_query", [False, True])
+def test_grouped_query_attention_matmuls_read_each_key_value_head_once(transposed_query):
+    """transformers' repeat_kv (an expand and a copying reshape per key/value tensor) feeding
+    q @ k.mT and p @ v is recorded as matmuls of each key/value head with its group of query heads
+    stacked as rows: no copy of k or v per group in the program, and eager's values and
+    gradients.  A query whose heads cannot be regrouped without a copy keeps the repeat."""
+    def repeat_kv(h, n):
+        b, kvh, length, d = h.shape
+        return h[:, :, None, :, :].expand(b, kvh, n, length, d).reshape(b, kvh * n, length, d)
+
+    def f(q, k, v):
+        q = q.transpose(1, 2) if transposed_query else q
+        p = torch.softmax(torch.matmul(q, repeat_kv(k, 3).transpose(2, 3)) * 0.25, -1)
+        return torch.matmul(p, repeat_kv(v, 3)).sin().sum()
+    q = _f32(*((2, 5, 6, 8) if transposed_query else (2, 6, 5, 8)))
+    k, v = _f32(2, 2, 5, 8, seed=1), _f32(2, 2, 5, 8, seed=2)
+    jf = _grads_match(f, (q, k, v), rtol=1e-5, atol=1e-5)
+    forward = str(fjit.last_traces(jf)[-1])
+    assert ("torch.Tensor.expand(" in forward) == transposed_query, forward
+
+
 @pytest.mark.parametrize("executors", [("c", "torch"), ("triton", "torch"), ("torch",)])
 def test_clamp_between_two_tensors_differentiates_as_eager_where_the_bounds_meet_or_cross(executors, monkeypatch):
     """Eager's clamp(x, lo, hi) sends the gradient to hi alone where lo > hi, and to nobody where
@@ -773,12 +794,14 @@ def test_softmax_max_shift_is_a_constant_to_the_backward(op):
 def test_a_reshape_that_copies_is_saved_not_copied_again_in_the_backward():
     """Grouped-query attention repeats keys by expanding and reshaping them, a reshape that must
     copy: the backward reads the forward's copy (a small value is saved) instead of making the
-    copy again, as it would for a reshape that is a view."""
+    copy again, as it would for a reshape that is a view.  (The query is transposed, so its heads
+    cannot be regrouped as rows without a copy and the repeat stays: see
+    test_grouped_query_attention_matmuls_read_each_key_value_head_once.)"""
     def f(q, k):
         keys = k[:, :, None].expand(2, 2, 2, 16, 8).reshape(2, 4, 16, 8)
-        scores = torch.softmax((q @ keys.transpose(-1, -2)) * 0.3 + 1, -1)
+        scores = torch.softmax((q.transpose(1, 2) @ keys.transpose(-1, -2)) * 0.3 + 1, -1)
         return (scores.mul(2).add(1).tanh() * scores.sigmoid()).sum()
-    q = torch.randn(2, 4, 16, 8, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(2, 16, 4, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, 2, 16, 8, dtype=torch.float64, requires_grad=True)
     jf = fjit.jit(f)
     for _ in range(2):
