@@ -14,6 +14,7 @@ import dataclasses
 from typing import Callable
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
 import torch.utils._pytree as pytree
 
 import fjit.autodiff as autodiff
@@ -218,6 +219,10 @@ def _channels_last_traces(fn, args, kwargs, leaves, mode, first: Trace) -> list[
         except Exception:       # noqa: BLE001 -- a layout the function cannot take: no such form
             return None
         traces = lower(result.trace, (Executor.TORCH,), leaves)
+        if any(b.sym.has(Tag.RANDOM) and any(_relaid(v) for v in b.inputs()) for b in traces[0].bsyms):
+            # a draw shaped like a channels-last value (dropout after a convolution) fills it in
+            # memory order: other numbers at each position than eager's
+            return None
         with torch.no_grad(), rng_preserved(traces[0].bsyms):
             _, wrong = torch_executor.run_observing_layouts(traces[0], leaves)
         if not wrong:
@@ -230,6 +235,12 @@ def _channels_last_traces(fn, args, kwargs, leaves, mode, first: Trace) -> list[
                                       for name, (shape, strides) in wrong.items()):
         return None
     return traces
+
+
+def _relaid(v) -> bool:
+    """A 4-D value laid out otherwise than contiguous (the channels-last form's activations)."""
+    return isinstance(v, TensorVar) and v.ndim == 4 and not same_layout(
+        tuple(v.shape), tuple(v.strides), tuple(make_contiguous_strides_for(tuple(v.shape))))
 
 
 def _relaid_convolution(b) -> bool:

@@ -966,11 +966,6 @@ op(f"{NNF}.hardsigmoid", lambda x: F.hardsigmoid(x), FLOATS, _BOUNDS)
 op(f"{NNF}.relu6", lambda x: F.relu6(x), FLOATS, _BOUNDS)
 op(f"{NNF}.hardtanh", lambda x: F.hardtanh(x), FLOATS, _BOUNDS)
 op(f"{NNF}.hardtanh", lambda x: F.hardtanh(x, -0.5, 2), FLOATS, _BOUNDS, variant="bounds")
-op(f"{NNF}.adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, 1), FLOATS,
-   lambda m: [(m((2, 3, 5, 4)),), (m((3, 4, 4)),), (m((2, 3, 5, 4), nc=True),),
-              (m((2, 3, 4, 4)).contiguous(memory_format=torch.channels_last),), (m((2, 3, 1, 1)),)])
-op(f"{NNF}.adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (2, 3)), FLOATS,
-   lambda m: [(m((2, 3, 4, 6)),)], variant="not_global")
 op(f"{NNF}.tanh", lambda x: F.tanh(x), FLOATS, unary_samples())
 
 

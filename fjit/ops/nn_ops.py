@@ -224,18 +224,6 @@ def _conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return apply(Prim.CONTIGUOUS, out)
 
 
-@register(F.adaptive_avg_pool2d)
-def _adaptive_avg_pool2d(x, output_size):
-    """A global average pool (output size 1, a classifier head's or a squeeze-excitation's): the
-    mean over the spatial dims, which kernels fuse with what reads and feeds it."""
-    if output_size not in (1, (1, 1), [1, 1]) or x.ndim not in (3, 4) or not x.dtype.is_floating_point \
-            or x.shape[-1] * x.shape[-2] == 0:
-        raise NotImplementedError
-    y = upcast(x)
-    dims = (x.ndim - 2, x.ndim - 1)
-    return downcast(apply(Prim.DIV, apply(Prim.SUM, y, dims, True), x.shape[-2] * x.shape[-1]), x.dtype)
-
-
 @register(F.linear)
 def _linear(x, weight, bias=None):
     wt = apply(Prim.PERMUTE, weight, tuple(reversed(range(weight.ndim))))

@@ -454,6 +454,34 @@ def test_channels_last_form_keeps_eagers_results_and_layouts(monkeypatch, channe
     assert ("channels-last convolutions took" in stage) is channels_last_wins
 
 
+def test_channels_last_form_is_not_offered_where_a_random_draw_reads_a_relaid_value(monkeypatch):
+    """Dropout after a convolution (SqueezeNet's classifier) draws its mask in its input's memory
+    order: on the channels-last form's activations each position would get another number than
+    eager's.  Such a program does not offer that form, however fast it would be, and every
+    step's outputs and gradients are eager's under the same seed."""
+    import fjit.program_choice as program_choice
+    monkeypatch.setenv("FJIT_MEASURE", "all")
+    monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", 1e9)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Dropout(0.5), nn.Conv2d(8, 5, 1),
+                          nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten())
+    eager = copy.deepcopy(model)
+    jitted = fjit.jit(model)
+    for step in range(4):
+        x = torch.randn(2, 3, 10, 10)
+        results = []
+        for m, call in ((eager, eager), (model, jitted)):
+            m.zero_grad()
+            torch.manual_seed(step)
+            out = call(x)
+            out.square().sum().backward()
+            results.append((out, [p.grad for p in m.parameters()]))
+        torch.testing.assert_close(results[1][0], results[0][0])
+        for got, want in zip(results[1][1], results[0][1]):
+            torch.testing.assert_close(got, want)
+    assert "channels-last" not in fjit.last_backward_traces(jitted)[-1].stage
+
+
 def test_channels_last_form_is_not_offered_where_an_output_layout_cannot_be_eagers(monkeypatch):
     """An output that eager gives neither contiguous nor as the channels-last trace does (a
     permuted feature map) drops the channels-last form: the program keeps eager's layouts."""
