@@ -96,8 +96,9 @@ def _attention_args(b: BoundSymbol) -> tuple | None:
             or not (mask is None or isinstance(mask, TensorVar) and not mask.requires_grad) \
             or type(is_causal) is not bool or not (scale is None or type(scale) is float):
         return None
-    probe = [torch.empty(t.shape, dtype=t.dtype).requires_grad_(t.requires_grad) for t in (q, k, v)]
-    mask_probe = None if mask is None else torch.empty(mask.shape, dtype=mask.dtype)
+    probe = [torch.empty_strided(t.shape, t.strides, dtype=t.dtype).requires_grad_(t.requires_grad)
+             for t in (q, k, v)]      # the choice reads layouts too
+    mask_probe = None if mask is None else torch.empty_strided(mask.shape, mask.strides, dtype=mask.dtype)
     if torch._fused_sdp_choice(*probe, attn_mask=mask_probe, is_causal=is_causal, scale=scale) \
             != torch.nn.attention.SDPBackend.FLASH_ATTENTION.value:
         return None
@@ -195,8 +196,8 @@ def torch_vjp(graphs, leaves, cotangents):
 def _laid_out(grads, layouts):
     """Each cotangent in the layout the backward trace records for it (its operand's, where that
     is dense: a channels-last activation's, attention's transposed q), copied where ATen's
-    backward gave another."""
-    return tuple(None if r is None else r if same_layout(tuple(r.shape), r.stride(), strides) else
+    backward gave another; None where none is wanted (the flash backward returns all three)."""
+    return tuple(None if r is None or strides is None else r if same_layout(tuple(r.shape), r.stride(), strides) else
                  torch.empty_strided(r.shape, strides, dtype=r.dtype).copy_(r)
                  for r, strides in zip(grads, layouts))
 

@@ -317,6 +317,21 @@ def test_attention_backward_is_the_flash_kernels_without_a_nested_autograd_call(
     assert (flash, nested) == ((False, True) if mask_kind == "float_grad" else (True, False)), backward
 
 
+@pytest.mark.parametrize("shape", [(2, 5, 3, 8), (1, 2, 2, 1), (1, 1, 1, 1)])
+def test_attention_on_transposed_operands_with_a_query_needing_no_gradient(shape):
+    """The flash backward returns all three cotangents: the query's, which nothing wants here, is
+    dropped, not laid out; transposed (non-contiguous) operands get the backend torch chooses for
+    their layout, so the output has eager's layout and values (property runs found both)."""
+    q, k, v = _f32(*shape, grad=False), _f32(*shape, seed=1), _f32(*shape, seed=2)
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    jf = _grads_match(lambda q, k, v: f(q, k, v).sin().sum(), (q, k, v), rtol=1e-4, atol=1e-5)
+    got, want = fjit.jit(f)(q, k, v), f(q, k, v)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert got.is_contiguous() == want.is_contiguous() and jf is not None
+
+
 @pytest.mark.parametrize("transposed_query", [False, True])
 def test_grouped_query_attention_matmuls_read_each_key_value_head_once(transposed_query):
     """transformers' repeat_kv (an expand and a copying reshape per key/value tensor) feeding
