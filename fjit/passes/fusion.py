@@ -22,6 +22,7 @@ from torch._prims_common import make_contiguous_strides_for as contiguous_stride
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.trace import Trace
+from fjit.passes.regroup import absorb_into_cats, sink_relabels
 
 # The widest row a reduction region takes by default (a generator without looped kernels).
 MAX_ROW = 1 << 16
@@ -41,6 +42,7 @@ class Region:
     columns: set = dataclasses.field(default_factory=set)       # sums over the outer dims
     inputs: list = dataclasses.field(default_factory=list)      # external Vars, in first-use order
     outputs: list = dataclasses.field(default_factory=list)     # Vars used after the region
+    private: set = dataclasses.field(default_factory=set)       # names only a CAT's pieces read
 
     @property
     def domain(self) -> tuple:
@@ -49,6 +51,10 @@ class Region:
     @property
     def has_reduction(self) -> bool:
         return bool(self.row_vars)
+
+    @property
+    def has_cat(self) -> bool:
+        return any(prim_of(b) is Prim.CAT for b in self.bsyms)
 
 
 @dataclasses.dataclass(eq=False)
@@ -83,15 +89,30 @@ class Partitioner:
         self.split_partial_ops = split_partial_ops
         self.whole_ops = whole_ops    # qualnames of torch-level ops never split into their prims
 
-    def _try_add(self, region: Region | None, b: BoundSymbol, supported) -> Region | None:
-        """`region` extended by `b`, a new region for `b` when region is None, or None."""
+    def _try_add(self, region: Region | None, b: BoundSymbol, supported, privates=()) -> Region | None:
+        """`region` extended by `b` (a CAT: with the prims only its pieces read), a new region for
+        `b` when region is None, or None."""
         if not supported(b):
             return None
         out = b.outputs()[0]
         tensors = [v for v in b.inputs() if isinstance(v, TensorVar)]
         if region is not None and any(v.name in region.columns for v in tensors):
             return None       # a column sum is complete only when the region is
+        if prim_of(b) is Prim.CAT:
+            # an elementwise region over the concatenated value; its pieces read nothing the region
+            # computes (that would be at another index)
+            if region is None:
+                region = Region([], (), tuple(out.shape))
+            elif region.has_reduction or region.columns or region.domain != tuple(out.shape) or \
+                    {v.name for p in (*privates, b) for v in p.inputs()} & \
+                    {v.name for p in region.bsyms for v in p.outputs()}:
+                return None
+            region.bsyms += [*privates, b]
+            region.private |= {p.outputs()[0].name for p in privates}
+            return region
         if b.sym.has(Tag.REDUCTION):
+            if region is not None and region.has_cat:
+                return None   # a kernel computes a concatenation's pieces in elementwise loops
             x = tensors[0]
             dims, keepdim = tuple(b.args[1]), b.args[2]
             k = len(dims)
@@ -167,7 +188,9 @@ class Partitioner:
             split = b.subsymbols and b.sym.qualname not in self.whole_ops and (
                 self.split_partial_ops or all(map(supported, b.subsymbols)))
             flat.extend(b.subsymbols if split else (b,))
-        flat = _sink_relabels(flat, trace, supported)
+        flat = sink_relabels(flat, trace, supported)
+        flat, absorbed = absorb_into_cats(flat, trace, supported)
+        privates = {id(p) for ps in absorbed.values() for p in ps}
         items: list = []
         # Regions still open, oldest first.  An op joins the newest region that takes it; a region
         # closes when an op it cannot take reads it, but a view of its values waits with it, so a
@@ -181,36 +204,38 @@ class Partitioner:
             items.append(entry.region)
             items.extend(entry.views)
 
-        def close_read_by(b: BoundSymbol, keep: _Open | None = None) -> None:
-            reads = {v.name for v in b.inputs()}
+        def close_read_by(reads: set, keep: _Open | None = None) -> None:
             for entry in [e for e in open_ if e is not keep and reads & e.made]:
                 close(entry)
 
         for b in flat:
+            if id(b) in privates:        # joins with the CAT reading it
+                continue
             if b.sym.has(Tag.MODE):      # a region runs under one mode
                 for entry in list(open_):
                     close(entry)
-            reads = {v.name for v in b.inputs()}
-            made = {v.name for v in b.outputs()}
+            group = [*absorbed.get(id(b), ()), b]
+            reads = {v.name for p in group for v in p.inputs()}
+            made = {v.name for p in group for v in p.outputs()}
             # (a region never takes an op that reads one of the views waiting for it)
             joined = next((e for e in reversed(open_) if not reads & e.view_names and
-                           self._try_add(e.region, b, supported) is not None), None)
+                           self._try_add(e.region, b, supported, group[:-1]) is not None), None)
             if joined is not None:
                 joined.made |= made
-                close_read_by(b, keep=joined)
+                close_read_by(reads, keep=joined)
                 continue
             viewed = next((e for e in reversed(open_) if reads & e.made), None)
             if viewed is not None and (b.sym.has(Tag.SHAPE) or b.sym.has(Tag.VIEW)) and \
                     not (b.sym.has(Tag.RANDOM) or b.sym.has(Tag.IMPURE)):
-                close_read_by(b, keep=viewed)
+                close_read_by(reads, keep=viewed)
                 viewed.made |= made
                 viewed.view_names |= made
                 viewed.views.append(b)
                 continue
-            close_read_by(b)
-            fresh = self._try_add(None, b, supported)
+            close_read_by(reads)
+            fresh = self._try_add(None, b, supported, group[:-1])
             if fresh is None:
-                items.append(b)
+                items.extend(group)
                 continue
             if len(open_) == MAX_OPEN:
                 close(open_[0])
@@ -241,59 +266,6 @@ class Partitioner:
         return trace.with_stage(stage, bsyms)
 
 
-def _sink_relabels(flat: list, trace: Trace, supported: Callable[[BoundSymbol], bool]) -> list:
-    """An elementwise prim whose only reader is a reshape viewing its result in another shape (a
-    residual add's [B, L, D] read as [B*L, D] by the next norm, a kernel's value reshaped for a
-    matmul's cotangent) is computed in that shape instead, from views of its operands: the view
-    then no longer stands between it and what reads it, so they fuse.  Only where each tensor
-    operand has the result's shape and views as the new one, and a prim a kernel takes reads the
-    view (else the move only adds views); repeated up a chain of such prims."""
-    outputs = {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}
-    changed = True
-    while changed:
-        changed = False
-        uses: dict = {}
-        for b in flat:
-            for v in b.inputs():
-                uses[v.name] = uses.get(v.name, 0) + 1
-        made = {b.outputs()[0].name: i for i, b in enumerate(flat) if len(b.outputs()) == 1}
-        fused_reads = {v.name for b in flat if supported(b) for v in b.inputs()}
-        for i, r in enumerate(flat):
-            if prim_of(r) is not Prim.RESHAPE:    # a torch-level view of one reshape prim too
-                r = r.subsymbols[0] if len(r.subsymbols) == 1 else r
-            if prim_of(r) is not Prim.RESHAPE or not isinstance(r.args[0], TensorVar):
-                continue
-            y, z = r.args[0], r.outputs()[0]
-            p = made.get(y.name)
-            e = flat[p] if p is not None else None
-            if e is None or not e.sym.has(Tag.ELEMENTWISE) or e.kwargs or uses.get(y.name) != 1 or \
-                    z.name not in fused_reads or \
-                    y.name in outputs or tuple(z.strides) != tuple(contiguous_strides(tuple(z.shape))):
-                continue
-            operands = [a for a in e.inputs() if isinstance(a, TensorVar)]
-            views = [_view_as(a, z) for a in operands]
-            if any(a.shape != y.shape or v is None for a, v in zip(operands, views)):
-                continue
-            relabeled = {a.name: BoundSymbol(r.sym, (a, tuple(z.shape)), {}, v)
-                         for a, v in zip(operands, views)}
-            args = tuple(relabeled[a.name].output if isinstance(a, TensorVar) else a for a in e.args)
-            flat = flat[:p] + list(relabeled.values()) + [e.replace(args=args, output=z)] + \
-                flat[p + 1:i] + flat[i + 1:]
-            changed = True
-            break
-    return flat
-
-
-def _view_as(a: TensorVar, z: TensorVar) -> TensorVar | None:
-    """a viewed in z's shape (a reshape that moves no data), or None where that would copy."""
-    try:
-        strides = torch.empty_strided(a.shape, a.strides, dtype=a.dtype, device="meta").view(z.shape).stride()
-    except RuntimeError:
-        return None
-    return TensorVar(f"{a.name}_as_{z.name}", tuple(z.shape), a.dtype, a.device, tuple(strides),
-                     a.requires_grad)
-
-
 def _rematerialize(items: list, trace: Trace, kernels: set) -> bool:
     """Compute again, in a later kernel, the elementwise values it reads from an earlier kernel of
     the same domain, from that kernel's own inputs: a value stored by one kernel and loaded by the
@@ -311,8 +283,8 @@ def _rematerialize(items: list, trace: Trace, kernels: set) -> bool:
                 for j, b in enumerate(r.bsyms)}
     changed = False
     for k, item in enumerate(items):
-        if not isinstance(item, Region) or id(item) not in kernels:
-            continue
+        if not isinstance(item, Region) or id(item) not in kernels or item.has_cat:
+            continue     # (a concatenation's pieces read its inputs at their own index)
         copied: list = []
         for v in item.inputs:
             made = producer.get(v.name)

@@ -700,7 +700,8 @@ def test_cotangents_of_slices_of_one_value_are_one_cat(name, monkeypatch):
     monkeypatch.setenv("FJIT_MEASURE", "0")
     fn, joined = _SLICED[name]
     jf = _grads_match(lambda x, w: fn(x @ w), (_f32(4, 5), _f32(5, 12, seed=1)))
-    backward = str(fjit.last_backward_traces(jf)[-1])
+    # the stage before kernel fusion (a C kernel may then compute the cat piece by piece)
+    backward = str(next(t for t in fjit.last_backward_traces(jf) if t.stage == "dce"))
     run = "\n".join(line for line in backward.splitlines() if not line.lstrip().startswith("#"))
     assert ("prims.cat" in run) is (joined == "cat"), backward     # a pad's own cat is in its comment
     assert ("functional.pad" in run) is (joined == "pad"), backward

@@ -542,7 +542,7 @@ def test_large_regions_are_threaded_and_bit_identical_whatever_the_thread_count(
     want = fn(x, y)
     for k in (0, 2, 3):
         torch.testing.assert_close(results[0][k], want[k], rtol=1e-5, atol=1e-5)
-    # float32 sums: within codegen.SUM_BLOCK's bound of the exact sum (test below); against
+    # float32 sums: within accumulators.SUM_BLOCK's bound of the exact sum (test below); against
     # torch's, whose summation order is another, a 2048-term sum of magnitude ~100 can differ by
     # 1e-4 (a fixed 1e-5 tolerance failed on some random draws)
     exact = (x.double() * y.double()).sum(-1)
@@ -552,7 +552,7 @@ def test_large_regions_are_threaded_and_bit_identical_whatever_the_thread_count(
 
 @pytest.mark.parametrize("width", [17, 1024, 1030, 5000, 1 << 18])
 def test_float32_sums_in_float_lanes_stay_within_their_bound_and_near_torch(width):
-    """codegen.SUM_BLOCK's precision argument, measured: a float32 row sum adds blocks of 1024
+    """accumulators.SUM_BLOCK's precision argument, measured: a float32 row sum adds blocks of 1024
     elements in 16 float lanes (64 roundings each) folded into double, so its error against the
     exact sum is at most 64 * 2^-24 * sum|x| plus the final rounding, whatever the row's length;
     and over many rows it is as close to the exact sum as torch's own float32 sum, on mixed signs
@@ -847,3 +847,56 @@ def test_a_column_sum_of_a_row_with_a_huge_trig_argument_adds_the_row_once():
     _check(f, x)
     jf = _check(f, x)
     assert "fj_all0" in _kernel_text(jf)
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _code(trace) -> str:
+    return "\n".join(line for line in str(trace).splitlines() if not line.lstrip().startswith("#"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_a_rotary_embedding_is_one_kernel_computing_the_cat_piece_by_piece(dtype):
+    """q * cos + rotate_half(q) * sin, q a transposed view as a projection gives it: the negation
+    and the concatenation are computed inside the kernel along each half of the last dim (no cat,
+    no lone negation), bit-identical to eager; the backward's cat([g2, -g1]) of the halves of
+    g * sin likewise, with eager's gradients."""
+    fn = lambda q, cos, sin: q * cos + _rotate_half(q) * sin  # noqa: E731
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 5, 3, 8, generator=g).to(dtype).transpose(1, 2)
+    cos, sin = (torch.randn(1, 1, 5, 8, generator=g).to(dtype) for _ in range(2))
+    jf = _check(fn, q, cos, sin, kernels=1, exact=True)
+    assert not re.search(r"cat|neg", _code(fjit.last_traces(jf)[-1])), fjit.last_traces(jf)[-1]
+    q = q.detach().requires_grad_()
+    jf = fjit.jit(fn)
+    for _ in range(2):
+        got = torch.autograd.grad(jf(q, cos, sin).square().sum(), q)
+    want = torch.autograd.grad(fn(q, cos, sin).square().sum(), q)
+    torch.testing.assert_close(got, want)
+    backward = fjit.last_backward_traces(jf)[-1]
+    assert not re.search(r"cat|neg", _code(backward)), backward
+
+
+def test_cats_of_several_uneven_pieces_and_pieces_read_elsewhere_match_eager():
+    """Three pieces of uneven widths (each a chain of elementwise prims, one a broadcast [.., 1]
+    operand's product), two concatenations with different cuts in one kernel, a piece whose value
+    is also read whole after the cat (so it is stored, not recomputed), and a sliced value also read
+    whole (its slices are not pushed through it): all eager's values."""
+    def pieces(x, y, s):
+        a = (x[..., :3] * s).exp()
+        b = x[..., 3:4] + y[..., 1:]
+        c = torch.cat((a, b, (x[..., 4:] - 1).abs()), dim=-1)
+        d = torch.cat((x[..., 5:], x[..., :5] * 2), dim=-1)
+        return c * d + x, a.sum()
+    g = torch.Generator().manual_seed(1)
+    args = (torch.randn(4, 3, 7, generator=g), torch.randn(3, 2, generator=g), torch.randn(4, 3, 1, generator=g))
+    jf = _check(pieces, *args)
+    assert not re.search(r"= (torch\.cat|prims\.cat)", _code(fjit.last_traces(jf)[-1]))
+
+    def shared(x):
+        y = x * 2
+        return torch.cat((y[:, 4:], y[:, :4]), dim=-1) + y
+    _check(shared, torch.randn(3, 6))

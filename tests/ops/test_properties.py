@@ -797,6 +797,8 @@ class Builder:
         kinds = ["reshape", "unsqueeze", "squeeze", "expand", "flatten", "contiguous"]
         if rank >= 1:
             kinds += ["permute", "transpose", "cat", "stack", "chunk"]
+        if rank >= 1 and shape[-1] >= 2:
+            kinds += ["rotate"]      # a rotary embedding's cat of the halves, computed piecewise
         if rank <= 2:
             kinds += ["t"]
         kind = d(st.sampled_from(kinds))
@@ -857,6 +859,9 @@ class Builder:
             pair = [x, other.name] if d(st.booleans()) else [other.name, x]
             dim = dim - (rank + (kind == "stack")) if d(st.booleans()) else dim
             expr = f"torch.{kind}([{', '.join(pair)}], dim={dim})"
+        elif kind == "rotate":
+            k = d(st.integers(1, shape[-1] - 1))
+            expr = f"torch.cat(({x}[..., {k}:] * 2, {x}[..., :{k}] + 1), dim=-1)"
         else:  # chunk
             dim = d(st.integers(0, rank - 1))
             chunks = d(st.integers(1, 3))

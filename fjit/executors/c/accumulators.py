@@ -1,6 +1,7 @@
-"""How a C kernel's reductions accumulate.
+"""How a C kernel's reductions loop and accumulate.
 
-A row reduction (a reduction over a region's inner dims) keeps LANES partial accumulators per row,
+A region with reductions is a loop over rows and one loop over the row per reduction level
+(RowLoops, which the C emitter inherits).  A row reduction (a reduction over a region's inner dims) keeps LANES partial accumulators per row,
 in the dtype below (float sums and products in double, a float32 sum first in float lanes: see
 codegen.py); `accumulator` declares one, `accumulate` adds a value into it.
 
@@ -24,6 +25,20 @@ from fjit.executors.render import held
 
 # Row ranges of a threaded kernel with column sums (the work a thread pool shares).
 CHUNKS = 16
+# Reductions keep LANES partial accumulators per row.
+LANES = 16
+# A float32 sum adds blocks of SUM_BLOCK elements in LANES float lanes (64 roundings a lane), folded
+# into double lanes: |error| <= 64 * 2^-24 * sum|x| at any row length, at float32 vector width
+# (tests/executors/test_c_executor.py measures it, and torch's cascade sum, against float64).
+SUM_BLOCK = 1024
+# Bytes of a row's costly values (exp, tanh, libm calls) a reduction region keeps in per-thread
+# stack buffers for its later passes, instead of computing them again (softmax's exp).
+SCRATCH_BYTES = 1 << 16
+REDUCE = frozenset({Prim.SUM, Prim.PROD, Prim.AMAX, Prim.AMIN})
+
+
+def indent(line: str) -> str:
+    return line if line.startswith("#") else "    " + line
 
 
 class ColumnSums:
@@ -91,3 +106,106 @@ def accumulate(b: BoundSymbol, acc: str, value: str) -> str:
     if p is Prim.PROD:
         return f"{acc} *= {value};"
     return f"{acc} = {'FJ_MAX' if p is Prim.AMAX else 'FJ_MIN'}({acc}, {value});"
+
+
+class RowLoops:
+    """The loops of a region with reductions, written by the C emitter that inherits them (its
+    `element_code`, `bind`, `fresh`, `costly` and language)."""
+
+    def reduction_body(self, passes: int, names: dict) -> tuple[list[str], int]:
+        rows = math.prod(self.r.outer)
+        row_lines = self.row_loop(passes, names)
+        return [f"for (int64_t r = 0; r < {rows}; r++) {{"] + [indent(x) for x in row_lines] + ["}"], rows
+
+    def row_loop(self, passes: int, names: dict) -> list[str]:
+        """The work of row `r`."""
+        self.choose_scratch(passes)
+        return self.index_lines("o", self.r.outer, "r") + \
+            self.guarded_twice(lambda: self.row_code(passes, names))
+
+    def choose_scratch(self, passes: int) -> None:
+        """Costly elementwise values (a vector-math or libm call) that a later pass over the row
+        reads again: each gets a row buffer, while they fit in SCRATCH_BYTES."""
+        r, width, budget = self.r, math.prod(self.r.inner), SCRATCH_BYTES
+        for b in r.bsyms:
+            o = b.outputs()[0]
+            if prim_of(b) in REDUCE or o.name in self.rows or not self.costly(b):
+                continue
+            lvl = self.level[o.name]
+            later = any(o.name in {v.name for v in b2.inputs()} and self.level[b2.outputs()[0].name] > lvl
+                        and b2.outputs()[0].name not in self.rows and prim_of(b2) not in REDUCE
+                        for b2 in r.bsyms)
+            size = width * torch.empty((), dtype=held(o.dtype)).element_size()
+            if later and lvl < passes and size <= budget:
+                budget -= size
+                self.scratch[o.name] = f"fj_s{len(self.scratch)}"
+
+    def row_code(self, passes: int, names: dict) -> list[str]:
+        r = self.r
+        width = math.prod(r.inner)
+        row_lines: list[str] = [f"{C_TYPE[held(v.dtype)]} {buffer}[{width}];"
+                                for v in (b.outputs()[0] for b in r.bsyms)
+                                for buffer in [self.scratch.get(v.name)] if buffer]
+        row_names = dict(names)
+        for p in range(passes + 1):
+            # row values of level p: reductions finished by pass p - 1, then elementwise on rows
+            for b in r.bsyms:
+                o = b.outputs()[0]
+                if o.name in self.rows and self.level[o.name] == p and prim_of(b) not in REDUCE:
+                    self.compute(b, row_names, row_lines)
+            if p == passes:
+                break
+            reductions = [b for b in self.row_bsyms() if prim_of(b) in REDUCE and
+                          self.level[b.outputs()[0].name] == p + 1]
+            if not reductions:
+                loop, _ = self.element_code(p, row_names, p)
+                row_lines.append(f"for (int64_t c = 0; c < {width}; c++) {{")
+                row_lines += ["    " + x for x in loop]
+                row_lines.append("}")
+                continue
+            accs = []
+            for b in reductions:
+                acc = self.fresh()
+                ctype, identity = accumulator(b, self.lang)
+                row_lines += [f"{ctype} {acc}[{LANES}];",
+                              f"for (int l = 0; l < {LANES}; l++) {acc}[l] = {identity};"]
+                accs.append((b, acc))
+            # LANES partial accumulators, lane = c % LANES: blocks of LANES, then the tail (a
+            # float32 sum's in float lanes per SUM_BLOCK elements, folded into double lanes)
+            blocked = {acc for b, acc in accs if float_lanes(b)}
+            row_lines += ["{", "    int64_t c0 = 0;"]
+            if blocked:
+                row_lines += [f"    while (c0 + {LANES} <= {width}) {{",
+                              f"    int64_t cb = c0 + {SUM_BLOCK} < {width} ? c0 + {SUM_BLOCK} : {width};"]
+                for acc in sorted(blocked):
+                    row_lines += [f"    float {acc}_b[{LANES}];",
+                                  f"    for (int l = 0; l < {LANES}; l++) {acc}_b[l] = 0;"]
+            end = "cb" if blocked else width
+            # (the lane loop must not be unrolled before the vectorizer sees it: unrolled, its
+            # NaN-propagating max/min stay scalar)
+            for head, tail in (([f"for (; c0 + {LANES} <= {end}; c0 += {LANES}) {{",
+                                 "#pragma GCC unroll 1",
+                                 f"for (int64_t l = 0; l < {LANES}; l++) {{"], ["}", "}"]),
+                               ([f"for (int64_t l = 0; c0 + l < {width}; l++) {{"], ["}"])):
+                loop, local = self.element_code(p, row_names, p, ["int64_t c = c0 + l;"])
+                for b, acc in accs:
+                    lane = f"{acc}_b[l]" if acc in blocked and tail == ["}", "}"] else f"{acc}[l]"
+                    loop.append(accumulate(b, lane, local[b.args[0].name][0]))
+                row_lines += [indent(x) for x in head]
+                row_lines += ["        " + x for x in loop]
+                row_lines += ["    " + x for x in tail]
+                if blocked and tail == ["}", "}"]:
+                    row_lines += [f"    for (int l = 0; l < {LANES}; l++) {acc}[l] += {acc}_b[l];"
+                                  for acc in sorted(blocked)] + ["    }"]
+            row_lines.append("}")
+            for b, acc in accs:
+                o = b.outputs()[0]
+                combine = accumulate(b, f"{acc}[l]", f"{acc}[l + w]")
+                row_lines.append(f"for (int w = {LANES // 2}; w > 0; w >>= 1) "
+                                 f"for (int l = 0; l < w; l++) {combine}")
+                self.bind(o, f"({C_TYPE[held(o.dtype)]}){acc}[0]", o.dtype, row_names, row_lines)
+        for k, v in enumerate(r.outputs):
+            if v.name in self.rows:
+                row_lines.append(f"out{k}[{self.offset(v, rows_only=True)}] = "
+                                 f"{self.store(v, row_names)};")
+        return row_lines

@@ -9,7 +9,7 @@ among threads the same way) and one loop over the row per reduction level, recom
 elementwise values rather than storing them; each reduction keeps LANES partial accumulators (lane
 = element index mod LANES) combined pairwise in a fixed order, so a result never depends on the
 thread count and the loop vectorizes without reassociating anything; a float32 sum adds blocks of
-SUM_BLOCK elements in float lanes, folded into double lanes.
+SUM_BLOCK elements in float lanes, folded into double lanes (accumulators.py).
 
 Shapes and strides are literals (a trace is specialized to them), so the source is the cache key.
 Values are computed in the dtype torch computes them in: a Python number is rounded to that dtype
@@ -23,7 +23,7 @@ of float64's, are the C library's scalar ones.
 from __future__ import annotations
 
 import dataclasses
-import functools
+import itertools
 import math
 
 import torch
@@ -32,9 +32,10 @@ from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.core.prims import Prim, kernel_table, prim_of
 from fjit.executors import render
 from fjit.executors.c import vecmath
-from fjit.executors.c.accumulators import ColumnSums, accumulate, accumulator, float_lanes
+from fjit.executors.c.accumulators import REDUCE, ColumnSums, RowLoops
 from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, CLanguage, literal, storage, \
     vector_form
+from fjit.executors.c.accumulators import indent as _indent
 from fjit.executors.render import HALF, coalesce, contiguous_strides, held, index_decomposition, \
     index_terms, small_power
 from fjit.passes.fusion import Region
@@ -46,27 +47,32 @@ _C_EXPRS = kernel_table("c")
 # float32 prims computed by vecmath's inline vector forms rather than by a libm call
 _VEC_EXPRS = {**_C_EXPRS, **vecmath.VECTOR_FORMS}
 _CHEAP_LIBM = {Prim.SQRT, Prim.RSQRT, Prim.FLOOR, Prim.CEIL, Prim.TRUNC, Prim.ROUND}
-_REDUCE = frozenset({Prim.SUM, Prim.PROD, Prim.AMAX, Prim.AMIN})
 
 
-C = CLanguage("c", _C_EXPRS, frozenset(DTYPES), _REDUCE, "INFINITY")
-# Whether this generator can emit `b` inside a region (CPU tensors only).
-supported = functools.partial(render.supported, lang=C)
+C = CLanguage("c", _C_EXPRS, frozenset(DTYPES), REDUCE, "INFINITY")
+
+
+def supported(b: BoundSymbol) -> bool:
+    """Whether this generator can emit `b` inside a region (CPU tensors only): the prims both
+    generators emit, and a concatenation along the last dim (computed piece by piece)."""
+    return render.supported(b, C) or _cat_along_rows(b)
+
+
+def _cat_along_rows(b: BoundSymbol) -> bool:
+    if prim_of(b) is not Prim.CAT or len(b.outputs()) != 1:
+        return False
+    out, parts = b.outputs()[0], b.args[0]
+    dim = b.args[1] if len(b.args) > 1 else b.kwargs.get("dim", 0)
+    return isinstance(out, TensorVar) and out.ndim > 0 and isinstance(dim, int) and \
+        dim % out.ndim == out.ndim - 1 and out.dtype in DTYPES and len(parts) > 1 and all(
+            isinstance(t, TensorVar) and t.dtype == out.dtype and t.ndim == out.ndim and t.shape[-1] > 0
+            and tuple(t.shape[:-1]) == tuple(out.shape[:-1]) for t in parts)
 
 
 # A region of at least this many elements shares its work among threads (fewer: no thread pool is
-# entered).  Elements of a flat loop are handed out in blocks of BLOCK; reductions keep LANES
-# partial accumulators per row.
+# entered).  Elements of a flat loop are handed out in blocks of BLOCK (reductions: accumulators.py).
 PARALLEL_MIN = 1 << 15
 BLOCK = 1 << 13
-LANES = 16
-# A float32 sum adds blocks of SUM_BLOCK elements in LANES float lanes (64 roundings a lane), folded
-# into double lanes: |error| <= 64 * 2^-24 * sum|x| at any row length, at float32 vector width
-# (tests/executors/test_c_executor.py measures it, and torch's cascade sum, against float64).
-SUM_BLOCK = 1024
-# Bytes of a row's costly values (exp, tanh, libm calls) a reduction region keeps in per-thread
-# stack buffers for its later passes, instead of computing them again (softmax's exp).
-SCRATCH_BYTES = 1 << 16
 
 
 def calls_libm(b: BoundSymbol) -> bool:
@@ -86,11 +92,9 @@ class Kernel:
     threaded: bool = False   # its last parameter is the thread count (int64 fj_nt)
 
 
-def _indent(line: str) -> str:
-    return line if line.startswith("#") else "    " + line
 
 
-class CEmitter(render.RegionEmitter):
+class CEmitter(RowLoops, render.RegionEmitter):
     """A region's C function: the shared walk in loop nests (see the module docstring)."""
 
     lang = C
@@ -102,6 +106,9 @@ class CEmitter(render.RegionEmitter):
         self.exact = False        # libm instead of the vector forms (the guarded chunk's rerun)
         self.guarded = False      # a guarded vector form was emitted
         self.flat: dict = {}      # elementwise regions: tensor name -> its offset expression
+        self.piece = 0            # regions with a CAT: the first column of the run being emitted
+        self.side: set = set()    # ... the inputs only its pieces read (loaded at their index)
+        self.bases: dict = {}     # ... tensor name -> (its row's offset, its stride along a row)
         self.scratch: dict = {}   # reductions: value name -> its row buffer, for later passes
         self.columns = ColumnSums(region, math.prod(region.domain) >= PARALLEL_MIN)
 
@@ -121,8 +128,8 @@ class CEmitter(render.RegionEmitter):
     def assign_levels(self) -> int:
         """Each value's level; the number of passes over a row."""
         self.level = {v.name: 0 for v in self.r.inputs}
-        self.level.update(render.levels(self.row_bsyms(), _REDUCE))
-        passes = max([1] + [self.level[b.outputs()[0].name] for b in self.row_bsyms() if prim_of(b) in _REDUCE])
+        self.level.update(render.levels(self.row_bsyms(), REDUCE))
+        passes = max([1] + [self.level[b.outputs()[0].name] for b in self.row_bsyms() if prim_of(b) in REDUCE])
         for v in self.r.outputs:
             if v.name not in self.rows and v.name not in self.columns.names:
                 passes = max(passes, self.level[v.name] + 1)
@@ -130,6 +137,10 @@ class CEmitter(render.RegionEmitter):
             passes = max(passes, self.level[b.args[0].name] + 1)
             self.level[b.outputs()[0].name] = self.level[b.args[0].name]
         return passes
+
+    def costly(self, b: BoundSymbol) -> bool:
+        """Whether `b` costs a vector-math or libm call per element."""
+        return calls_libm(b) or bool(vector_form(b))
 
     def row_bsyms(self) -> list:
         """The region's prims but its column sums (which only the passes' element loops add to)."""
@@ -201,6 +212,8 @@ class CEmitter(render.RegionEmitter):
         if r.columns:
             (before, body), items = self.columns.wrap(self.row_loop(passes, names)), self.columns.chunks
             after = self.columns.stores(r.outputs)
+        elif r.has_cat:
+            body, items = self.piece_body(names)
         else:
             body, items = self.reduction_body(passes, names) if r.has_reduction else self.flat_body(names)
         threaded = math.prod(r.domain) >= PARALLEL_MIN and items > 1
@@ -233,13 +246,17 @@ class CEmitter(render.RegionEmitter):
             lines += self.index_lines("i", r.inner, "c")
         local = dict(names)
         for k, v in enumerate(r.inputs):
-            if isinstance(v, TensorVar):
+            if isinstance(v, TensorVar) and v.name not in self.side:
                 var = f"x{k}"
                 lines.append(f"{C_TYPE[held(v.dtype)]} {var} = {self.load(v, k)};")
                 local[v.name] = (var, held(v.dtype))
         for b in r.bsyms:
             out = b.outputs()[0]
-            if prim_of(b) in _REDUCE or out.name in self.rows or self.level[out.name] > upto:
+            if prim_of(b) in REDUCE or out.name in self.rows or self.level[out.name] > upto or \
+                    out.name in r.private:
+                continue
+            if prim_of(b) is Prim.CAT:
+                self.piece_value(b, local, lines)
                 continue
             buffer = self.scratch.get(out.name)
             if buffer is not None and self.level[out.name] < upto:
@@ -290,103 +307,72 @@ class CEmitter(render.RegionEmitter):
             [_indent(x) for x in head + self.guarded_twice(emit)] + ["}"]
         return lines, items
 
-    def reduction_body(self, passes: int, names: dict) -> tuple[list[str], int]:
-        rows = math.prod(self.r.outer)
-        row_lines = self.row_loop(passes, names)
-        return [f"for (int64_t r = 0; r < {rows}; r++) {{"] + [_indent(x) for x in row_lines] + ["}"], rows
-
-    def row_loop(self, passes: int, names: dict) -> list[str]:
-        """The work of row `r`."""
-        self.choose_scratch(passes)
-        return self.index_lines("o", self.r.outer, "r") + \
-            self.guarded_twice(lambda: self.row_code(passes, names))
-
-    def choose_scratch(self, passes: int) -> None:
-        """Costly elementwise values (a vector-math or libm call) that a later pass over the row
-        reads again: each gets a row buffer, while they fit in SCRATCH_BYTES."""
-        r, width, budget = self.r, math.prod(self.r.inner), SCRATCH_BYTES
+    def piece_body(self, names: dict) -> tuple[list[str], int]:
+        """An elementwise region with concatenations along its last dim: a loop over rows, and along
+        a row one loop per run of columns in which each concatenation reads one piece (so no loop
+        branches, and each vectorizes)."""
+        r, dom = self.r, self.r.domain
+        cuts = {0, dom[-1]}
         for b in r.bsyms:
-            o = b.outputs()[0]
-            if prim_of(b) in _REDUCE or o.name in self.rows or not (calls_libm(b) or vector_form(b)):
-                continue
-            lvl = self.level[o.name]
-            later = any(o.name in {v.name for v in b2.inputs()} and self.level[b2.outputs()[0].name] > lvl
-                        and b2.outputs()[0].name not in self.rows and prim_of(b2) not in _REDUCE
-                        for b2 in r.bsyms)
-            size = width * torch.empty((), dtype=held(o.dtype)).element_size()
-            if later and lvl < passes and size <= budget:
-                budget -= size
-                self.scratch[o.name] = f"fj_s{len(self.scratch)}"
+            if prim_of(b) is Prim.CAT:
+                cuts.update(itertools.accumulate(t.shape[-1] for t in b.args[0]))
+        cuts = sorted(cuts)
+        reads = lambda bs: {v.name for b in bs for v in b.inputs()}   # noqa: E731
+        pieces = [b for b in r.bsyms if prim_of(b) is Prim.CAT or b.outputs()[0].name in r.private]
+        self.side = reads(pieces) - reads(b for b in r.bsyms if b not in pieces)
+        head = self.index_lines("o", dom[:-1], "it")
+        for k, v in enumerate([v for v in r.inputs if isinstance(v, TensorVar)] + list(r.outputs)):
+            strides = render.domain_strides(v, dom)
+            terms = [f"o{j} * {st}" if st != 1 else f"o{j}" for j, st in enumerate(strides[:-1]) if st]
+            if terms:
+                head.append(f"int64_t b{k} = {' + '.join(terms)};")
+            self.bases[v.name] = (f"b{k}" if terms else None, strides[-1])
+            self.flat[v.name] = self.piece_offset(v, 0)
 
-    def row_code(self, passes: int, names: dict) -> list[str]:
-        r = self.r
-        width = math.prod(r.inner)
-        row_lines: list[str] = [f"{C_TYPE[held(v.dtype)]} {buffer}[{width}];"
-                                for v in (b.outputs()[0] for b in r.bsyms)
-                                for buffer in [self.scratch.get(v.name)] if buffer]
-        row_names = dict(names)
-        for p in range(passes + 1):
-            # row values of level p: reductions finished by pass p - 1, then elementwise on rows
-            for b in r.bsyms:
-                o = b.outputs()[0]
-                if o.name in self.rows and self.level[o.name] == p and prim_of(b) not in _REDUCE:
-                    self.compute(b, row_names, row_lines)
-            if p == passes:
+        def emit():
+            lines = []
+            for self.piece, end in zip(cuts, cuts[1:]):
+                inner, _ = self.element_code(0, names, None)
+                lines += [f"for (int64_t c = {self.piece}; c < {end}; c++) {{"] + \
+                    [_indent(x) for x in inner] + ["}"]
+            return lines
+        rows = math.prod(dom[:-1])
+        return [f"for (int64_t it = 0; it < {rows}; it++) {{"] + \
+            [_indent(x) for x in head + self.guarded_twice(emit)] + ["}"], rows
+
+    def piece_offset(self, v: TensorVar, start: int) -> str:
+        """v's element offset at column c of a row, v read as a piece that starts at `start`."""
+        base, step = self.bases[v.name]
+        column = "c" if not start else f"(c - {start})"
+        column = "" if not step else column if step == 1 else f"{column} * {step}"
+        return " + ".join(t for t in (base, column) if t) or "0"
+
+    def piece_value(self, b: BoundSymbol, local: dict, lines: list) -> None:
+        """The concatenation `b` at the current run of columns: its piece there, computed by the
+        prims only that piece reads, from inputs loaded at the piece's own index."""
+        start = 0
+        for v in b.args[0]:
+            if self.piece < start + v.shape[-1]:
                 break
-            reductions = [b for b in self.row_bsyms() if prim_of(b) in _REDUCE and
-                          self.level[b.outputs()[0].name] == p + 1]
-            if not reductions:
-                loop, _ = self.element_code(p, row_names, p)
-                row_lines.append(f"for (int64_t c = 0; c < {width}; c++) {{")
-                row_lines += ["    " + x for x in loop]
-                row_lines.append("}")
-                continue
-            accs = []
-            for b in reductions:
-                acc = self.fresh()
-                ctype, identity = accumulator(b, C)
-                row_lines += [f"{ctype} {acc}[{LANES}];",
-                              f"for (int l = 0; l < {LANES}; l++) {acc}[l] = {identity};"]
-                accs.append((b, acc))
-            # LANES partial accumulators, lane = c % LANES: blocks of LANES, then the tail (a
-            # float32 sum's in float lanes per SUM_BLOCK elements, folded into double lanes)
-            blocked = {acc for b, acc in accs if float_lanes(b)}
-            row_lines += ["{", "    int64_t c0 = 0;"]
-            if blocked:
-                row_lines += [f"    while (c0 + {LANES} <= {width}) {{",
-                              f"    int64_t cb = c0 + {SUM_BLOCK} < {width} ? c0 + {SUM_BLOCK} : {width};"]
-                for acc in sorted(blocked):
-                    row_lines += [f"    float {acc}_b[{LANES}];",
-                                  f"    for (int l = 0; l < {LANES}; l++) {acc}_b[l] = 0;"]
-            end = "cb" if blocked else width
-            # (the lane loop must not be unrolled before the vectorizer sees it: unrolled, its
-            # NaN-propagating max/min stay scalar)
-            for head, tail in (([f"for (; c0 + {LANES} <= {end}; c0 += {LANES}) {{",
-                                 "#pragma GCC unroll 1",
-                                 f"for (int64_t l = 0; l < {LANES}; l++) {{"], ["}", "}"]),
-                               ([f"for (int64_t l = 0; c0 + l < {width}; l++) {{"], ["}"])):
-                loop, local = self.element_code(p, row_names, p, ["int64_t c = c0 + l;"])
-                for b, acc in accs:
-                    lane = f"{acc}_b[l]" if acc in blocked and tail == ["}", "}"] else f"{acc}[l]"
-                    loop.append(accumulate(b, lane, local[b.args[0].name][0]))
-                row_lines += [_indent(x) for x in head]
-                row_lines += ["        " + x for x in loop]
-                row_lines += ["    " + x for x in tail]
-                if blocked and tail == ["}", "}"]:
-                    row_lines += [f"    for (int l = 0; l < {LANES}; l++) {acc}[l] += {acc}_b[l];"
-                                  for acc in sorted(blocked)] + ["    }"]
-            row_lines.append("}")
-            for b, acc in accs:
-                o = b.outputs()[0]
-                combine = accumulate(b, f"{acc}[l]", f"{acc}[l + w]")
-                row_lines.append(f"for (int w = {LANES // 2}; w > 0; w >>= 1) "
-                                 f"for (int l = 0; l < w; l++) {combine}")
-                self.bind(o, f"({C_TYPE[held(o.dtype)]}){acc}[0]", o.dtype, row_names, row_lines)
-        for k, v in enumerate(r.outputs):
-            if v.name in self.rows:
-                row_lines.append(f"out{k}[{self.offset(v, rows_only=True)}] = "
-                                 f"{self.store(v, row_names)};")
-        return row_lines
+            start += v.shape[-1]
+        chain, wanted = [], {v.name}
+        for p in reversed(self.r.bsyms):
+            if p.outputs()[0].name in wanted and p.outputs()[0].name in self.r.private:
+                chain.insert(0, p)
+                wanted |= {u.name for u in p.inputs()}
+        made = {p.outputs()[0].name for p in chain}
+        env = dict(local)
+        slots = {u.name: k for k, u in enumerate(self.r.inputs)}
+        for u in dict.fromkeys(u for p in chain for u in p.inputs()) if chain else [v]:
+            if isinstance(u, TensorVar) and u.name not in made:
+                element = f"in{slots[u.name]}[{self.piece_offset(u, start)}]"
+                if u.dtype in HALF:
+                    element = f"fj_from_{HALF_NAME[u.dtype]}({element})"
+                env[u.name] = (self.fresh(), held(u.dtype))
+                lines.append(f"{C_TYPE[held(u.dtype)]} {env[u.name][0]} = {element};")
+        for p in chain:
+            self.compute(p, env, lines)
+        self.bind(b.outputs()[0], *env[v.name], local, lines)
 
 
 def generate(region: Region, name: str) -> Kernel:
