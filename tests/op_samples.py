@@ -516,6 +516,15 @@ op("torch.where", lambda c, x: torch.where(c, 1.0, x), NUMERIC, lambda m: [
 op("torch.where", lambda c: torch.where(c, 1.0, 0), (BOOL,), lambda m: [
     (m((3, 4)),), (m(()),)], variant="two_scalars")
 op("torch.Tensor.where", lambda c, x, y: x.where(c, y), (F32,), _where_samples)
+op("torch.Tensor.masked_fill", lambda x, c, v: x.masked_fill(c, v), NUMERIC + (BOOL,), lambda m: [
+    (m((3, 4)), m((3, 4), dtype=BOOL), -100.0 if m.dtype.is_floating_point else 7),
+    (m((2, 3, 4)), m((3, 1), dtype=BOOL), 2 if m.dtype != BOOL else True),
+    (m((3, 4), nc=True), m((4,), dtype=BOOL), 0),
+    (m((3, 4)), m((3, 4), dtype=BOOL), 2.5),                 # into an integer tensor: truncated
+    (m((3, 4)), m((3, 4), dtype=BOOL), m(())),
+    (m((0, 4)), m((0, 4), dtype=BOOL), 1)])
+op("torch.masked_fill", lambda x, c, v: torch.masked_fill(x, c, v), (F32,), lambda m: [
+    (m((3, 4)), m((3, 4), dtype=BOOL), float("-inf")), (m(()), m((), dtype=BOOL), 3)])
 
 
 def _clamp_samples(m: Maker):
@@ -925,6 +934,13 @@ for _like in ("zeros_like", "ones_like"):
        lambda m: [(m((2, 3)),), (m(()),), (m((0, 3)),), (m((2, 3), nc=True),)])
     op(f"torch.{_like}", lambda x, d, _l=_like: getattr(torch, _l)(x, dtype=d), (F32, I64),
        lambda m: [(m((2, 3)), I64), (m((2, 3)), BF16), (m((2, 3)), BOOL)], variant="dtype")
+op("torch.Tensor.new_zeros", lambda x: x.new_zeros((2, 5)), NUMERIC + (BOOL,),
+   lambda m: [(m((2, 3)),), (m(()),)])
+op("torch.Tensor.new_zeros", lambda x, d: x.new_zeros(4, 3, dtype=d), (F32,),
+   lambda m: [(m((2, 3)), I64), (m((2, 3)), BF16)], variant="dtype")
+op("torch.Tensor.new_ones", lambda x: x.new_ones(3), NUMERIC + (BOOL,), lambda m: [(m((2, 3)),)])
+op("torch.Tensor.new_full", lambda x, v: x.new_full((2, 2), v), NUMERIC,
+   lambda m: [(m((2, 3)), 2.5 if m.dtype.is_floating_point else 2), (m(()), 1)])
 op("torch.full_like", lambda x, v: torch.full_like(x, v), NUMERIC + (BOOL,),
    lambda m: [(m((2, 3)), 2.5 if m.dtype.is_floating_point else 2), (m(()), 1),
               (m((0, 2)), 3), (m((2, 3), nc=True), 0)])

@@ -239,6 +239,14 @@ class RegionEmitter:
         """The statements that make `var` (held in `dt`) `expr`, rounded to `half` if given."""
         raise NotImplementedError
 
+    def rounded(self, val: str, half: torch.dtype) -> str:
+        """`val` (float32) rounded to the half type, still float32."""
+        raise NotImplementedError
+
+    def number_value(self, expr: str) -> str:
+        """A runtime number's float32 expression as `rounded` takes it."""
+        return expr
+
     def form(self, b: BoundSymbol, ct: torch.dtype, ops: list, lines: list) -> str:
         """The prim's expression over its operands; a form may first add statements to `lines`."""
         return (small_power(b) or self.lang.exprs[prim_of(b)]).format(*ops)
@@ -266,6 +274,17 @@ class RegionEmitter:
             return self.convert(expr, dt, held(out.dtype)), held(out.dtype)
         ct = computes_in(b)
         ops = [self.operand(a, None if p is Prim.WHERE and j == 0 else ct, values) for j, a in enumerate(b.args)]
+        half = computation_dtype(b) if p in (Prim.ADD, Prim.SUB) else None
+        if half in HALF:
+            # torch's add and sub first convert a scalar operand (a Python number, a 0-d tensor of
+            # another dtype) to the half type; mul and div take it in float32 unrounded
+            for j, a in enumerate(b.args):
+                if isinstance(a, (int, float)) and not isinstance(a, bool):
+                    ops[j] = self.literal(float(torch.tensor(a, dtype=torch.float64).to(half)), ct)
+                elif isinstance(a, NumberVar):
+                    ops[j] = self.rounded(self.number_value(ops[j]), half)
+                elif isinstance(a, TensorVar) and a.ndim == 0 and a.dtype != half:
+                    ops[j] = self.rounded(ops[j], half)
         return self.form(b, ct, ops, lines), torch.bool if p in BOOL_RESULT else ct
 
     def bind(self, v: TensorVar, expr: str, dt: torch.dtype, values: dict, lines: list) -> None:

@@ -69,6 +69,8 @@ def _binary(p, swap=False):
         no_kwargs(kwargs)
         # (a runtime float alpha is multiplied in whatever its value: comparing it would specialize)
         if alpha is not None and (isinstance(alpha, NumberProxy) or alpha != 1):
+            if not isinstance(b, TensorProxy):
+                raise NotImplementedError   # a number times alpha: torch rounds them its own way
             b = apply(Prim.MUL, b, alpha)
         return apply(p2, b, a) if swap else apply(p2, a, b)
     return decomposition

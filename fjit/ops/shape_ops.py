@@ -347,6 +347,23 @@ register(torch.ones_like)(_filled_like(1))
 register(torch.full_like)(_filled_like(None))
 
 
+def _filled_new(value):
+    """x.new_zeros(size), x.new_ones(size), x.new_full(size, fill): x's dtype and device unless
+    given; x's values are not read, so a mask built from one folds to a constant."""
+    def decomposition(x, *args, **kwargs):
+        size, fill = (args[0], args[1]) if value is None else (_sizes(args), value)
+        kw = _factory_kwargs(kwargs)
+        kw.setdefault("dtype", x.dtype)
+        kw.setdefault("device", x.device)
+        return apply(Prim.FULL, tuple(size), fill, **kw)
+    return decomposition
+
+
+register(torch.Tensor.new_zeros)(_filled_new(0))
+register(torch.Tensor.new_ones)(_filled_new(1))
+register(torch.Tensor.new_full)(_filled_new(None))
+
+
 @register(torch.arange)
 def _arange(*args, **kwargs):
     return apply(Prim.IOTA, *args, **_factory_kwargs(kwargs))

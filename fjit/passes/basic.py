@@ -144,22 +144,28 @@ def constant_fold(trace: Trace) -> Trace:
     folded: set[str] = set()
     kept = []
     for b in trace.bsyms:
-        ins, outs = b.inputs(), b.outputs()
-        foldable = (outs and not b.sym.has(Tag.RANDOM) and not b.sym.has(Tag.IMPURE)
-                    and not b.sym.has(Tag.NUMBER)
+        # an op whose prims read less than it does (x.new_zeros(n) reads no element of x) folds
+        # when its prims read only constants: they are evaluated instead of the op
+        steps = b.subsymbols if b.subsymbols and not all(v.name in folded for v in b.inputs()) else (b,)
+        made = {v.name for s in steps[:-1] for v in s.outputs()}
+        ins, outs = [v for s in steps for v in s.inputs() if v.name not in made], b.outputs()
+        foldable = (outs and not any(s.sym.has(Tag.RANDOM) or s.sym.has(Tag.IMPURE) or s.sym.has(Tag.NUMBER)
+                                     for s in (b, *steps))
                     and all(v.name in folded for v in ins) and not any(v.name in captured for v in ins)
                     and not any(v.name in aliasable for v in outs)
-                    and all(isinstance(v, TensorVar) and v.numel() <= 1 << 20 for v in outs))
+                    and all(isinstance(v, TensorVar) and v.numel() <= 1 << 20 for v in outs)
+                    and {v.name for v in outs} <= {v.name for s in steps for v in s.outputs()})
         if not foldable:
             kept.append(b)
             continue
-        args, kwargs = map_values(lambda x: consts[x.name] if isinstance(x, Var) else x, (b.args, b.kwargs))
-        with torch.no_grad():
-            value = b.sym.fn(*args, **kwargs)
-        for var, val in zip(flatten_values(b.output), flatten_values(value)):
-            if isinstance(var, Var):
-                consts[var.name] = val
-                folded.add(var.name)
+        for s in steps:
+            args, kwargs = map_values(lambda x: consts[x.name] if isinstance(x, Var) else x, (s.args, s.kwargs))
+            with torch.no_grad():
+                value = s.sym.fn(*args, **kwargs)
+            for var, val in zip(flatten_values(s.output), flatten_values(value)):
+                if isinstance(var, Var):
+                    consts[var.name] = val
+                    folded.add(var.name)
     return trace.with_stage("constant_fold", kept, consts=consts)
 
 

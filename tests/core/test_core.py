@@ -66,6 +66,22 @@ def test_passes_remove_dead_and_common_code_and_fold_constants():
     assert out1.data_ptr() != out2.data_ptr()
 
 
+def test_a_mask_built_from_new_zeros_of_an_input_folds_to_a_constant():
+    """Swin's shifted-window mask: x.new_zeros(...) reads no element of x, so the region labels
+    written into it, the masked_fills and the comparison fold once at compile time."""
+    def f(x):
+        img = x.new_zeros((6, 6))
+        for k, (h, w) in enumerate([(slice(0, -2), slice(0, -2)), (slice(0, -2), slice(-2, None)),
+                                    (slice(-2, None), slice(None))]):
+            img[h, w] = k
+        diff = img.reshape(1, 36) - img.reshape(36, 1)
+        mask = diff.masked_fill(diff != 0, -100.0).masked_fill(diff == 0, 0.0)
+        return x + mask
+    jf = _eager_and_jit(f, torch.randn(36, 36))
+    final = str(fjit.last_traces(jf)[-1])
+    assert not re.search(r"new_zeros|setitem|masked_fill", final), final
+
+
 def test_free_dead_values_deletes_intermediates():
     jf = _eager_and_jit(lambda x: torch.exp(torch.sin(x)).sum(), torch.randn(3))
     assert "del " in str(fjit.last_traces(jf)[-1])

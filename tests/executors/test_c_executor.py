@@ -1,4 +1,5 @@
 """The C executor: small CPU regions as C kernels built by the system compiler (FJIT_C_KERNELS)."""
+import math
 import os
 import re
 import signal
@@ -900,3 +901,20 @@ def test_cats_of_several_uneven_pieces_and_pieces_read_elsewhere_match_eager():
         y = x * 2
         return torch.cat((y[:, 4:], y[:, :4]), dim=-1) + y
     _check(shared, torch.randn(3, 6))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_add_and_sub_round_a_scalar_operand_first_as_torch(dtype):
+    """torch's add and sub convert a scalar operand (a literal, a runtime float, a 0-d tensor of
+    another dtype) to the half type before adding; mul and div take it unrounded.  Each is
+    bit-identical to eager, alpha times a number included (left to torch)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1000, generator=g).to(dtype)
+    s = torch.tensor(0.4054651)
+    programs = [lambda x, s, r: (x + 0.4054651) * 1, lambda x, s, r: (0.4054651 - x) * 1,
+                lambda x, s, r: (x - math.log(abs(r) + 1.5)) * 1, lambda x, s, r: (x + s) * 1,
+                lambda x, s, r: (x * 1.3862943) / 1.3862943, lambda x, s, r: torch.add(x, 0.4054651, alpha=3) * 1]
+    for fn in programs:
+        jf = fjit.jit(fn)
+        for r in (2.5, 0.0):
+            torch.testing.assert_close(jf(x, s, r), fn(x, s, r), rtol=0, atol=0)

@@ -457,7 +457,7 @@ class Builder:
             shape = shape[d(st.integers(0, len(shape))):]
             shape = [1 if d(st.booleans()) else s for s in shape]
         elif mode == "super":
-            lead = d(st.lists(st.integers(1, 3), max_size=2))
+            lead = d(st.lists(st.integers(1, 3), max_size=2))[:max(0, 6 - len(shape))]   # rank <= 6
             shape = lead + [d(st.integers(1, 3)) if s == 1 and d(st.booleans()) else s
                             for s in shape]
         return tuple(shape)

@@ -68,6 +68,21 @@ def _where_method(x, condition, y):
     return apply(Prim.WHERE, condition, x, y)    # x.where(cond, y): self is the "true" branch
 
 
+def _masked_fill(x, mask, value):
+    """x.masked_fill(mask, value) as where(mask, value, x), where that keeps x's dtype and shape: a
+    Python number of x's kind (a float into an integer tensor truncates in torch) or a 0-d tensor
+    of x's dtype, and a mask that broadcasts to x."""
+    if is_tensor(value):
+        if value.ndim or value.dtype != x.dtype:
+            raise NotImplementedError
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not x.dtype.is_floating_point) or x.dtype == torch.bool:
+        raise NotImplementedError
+    if mask.dtype != torch.bool or torch.broadcast_shapes(mask.shape, x.shape) != x.shape:
+        raise NotImplementedError
+    return apply(Prim.WHERE, mask, value, x)
+
+
 def _where_vjp(b, g, value):
     cond, a, c = b.args[:3]
     vcond = operand(cond, value)
@@ -80,5 +95,6 @@ def _where_vjp(b, g, value):
 
 
 define("WHERE", Kind.WHERE, decompositions=(((torch.where,), _where),
-                                             ((torch.Tensor.where,), _where_method)),
+                                             ((torch.Tensor.where,), _where_method),
+                                             ((torch.masked_fill, torch.Tensor.masked_fill), _masked_fill)),
        vjp=_where_vjp, c="({0} ? {1} : {2})", triton="tl.where({0}, {1}, {2})", aten=("where.self",))

@@ -157,9 +157,10 @@ class CEmitter(RowLoops, render.RegionEmitter):
         return literal(value, ct if ct is not None else torch.float64)
 
     def define(self, var: str, expr: str, dt: torch.dtype, half: torch.dtype | None) -> list[str]:
-        if half is not None:
-            expr = f"fj_round_{HALF_NAME[half]}({expr})"
-        return [f"{C_TYPE[dt]} {var} = {expr};"]
+        return [f"{C_TYPE[dt]} {var} = {expr if half is None else self.rounded(expr, half)};"]
+
+    def rounded(self, val: str, half: torch.dtype) -> str:
+        return f"fj_round_{HALF_NAME[half]}({val})"
 
     def form(self, b: BoundSymbol, ct: torch.dtype, ops: list, lines: list) -> str:
         """C's form of the prim; a guarded vector form adds its range check to `lines`."""

@@ -142,6 +142,9 @@ class TileEmitter(render.RegionEmitter):
         """`val` rounded to the half type, as torch rounds each op's result, still float32."""
         return f"_round_to_bf16({val})" if half == torch.bfloat16 else f"{val}.to(tl.float16).to(tl.float32)"
 
+    def number_value(self, expr: str) -> str:
+        return f"tl.full([], {expr}, tl.float32)"     # (the interpreter passes a Python float)
+
     def define(self, var: str, expr: str, dt: torch.dtype, half: torch.dtype | None) -> list[str]:
         return [f"{var} = {expr}"] + ([f"{var} = {self.rounded(var, half)}"] if half else [])
 
