@@ -551,6 +551,28 @@ def test_large_regions_are_threaded_and_bit_identical_whatever_the_thread_count(
     assert ((results[0][1].double() - exact).abs() <= bound).all()
 
 
+def test_a_softmax_of_narrow_rows_is_threaded_from_fewer_elements():
+    """A row reduction over costly values (softmax's exp) is shared among threads from
+    PARALLEL_MIN_COSTLY_ROWS elements (attention's rows of 16 keys), a cheap one not; either way
+    the result is the same whatever the thread count."""
+    from fjit.executors.c import codegen
+    x = torch.randn(512, 16)
+    assert codegen.PARALLEL_MIN_COSTLY_ROWS <= x.numel() < codegen.PARALLEL_MIN
+    threads = torch.get_num_threads()
+    for fn, threaded in ((lambda x: torch.softmax(x, -1), True), (lambda x: (x * 2).sum(-1), False)):
+        jf = fjit.jit(fn)
+        try:
+            results = []
+            for n in (1, 2, 3):
+                torch.set_num_threads(n)
+                results.append(jf(x))
+        finally:
+            torch.set_num_threads(threads)
+        assert ("omp parallel for" in str(fjit.last_traces(jf)[-1])) is threaded
+        assert all(torch.equal(results[0], r) for r in results[1:])
+        torch.testing.assert_close(results[0], fn(x))
+
+
 @pytest.mark.parametrize("width", [17, 1024, 1030, 5000, 1 << 18])
 def test_float32_sums_in_float_lanes_stay_within_their_bound_and_near_torch(width):
     """accumulators.SUM_BLOCK's precision argument, measured: a float32 row sum adds blocks of 1024

@@ -4,7 +4,8 @@ A region becomes one C function.  An elementwise region is a loop nest over its 
 dims every tensor walks alike merged (a contiguous region is one flat loop), the innermost loop over
 consecutive elements so that the compiler vectorizes it; the work is cut into items (rows, or
 blocks of BLOCK elements of a flat loop) that an OpenMP loop shares among `fj_nt` threads when the
-region has at least PARALLEL_MIN elements.  A region with reductions is a loop over rows (shared
+region has at least PARALLEL_MIN elements (a row reduction of costly values: PARALLEL_MIN_COSTLY_ROWS).
+A region with reductions is a loop over rows (shared
 among threads the same way) and one loop over the row per reduction level, recomputing the cheap
 elementwise values rather than storing them; each reduction keeps LANES partial accumulators (lane
 = element index mod LANES) combined pairwise in a fixed order, so a result never depends on the
@@ -73,6 +74,9 @@ def _cat_along_rows(b: BoundSymbol) -> bool:
 # entered).  Elements of a flat loop are handed out in blocks of BLOCK (reductions: accumulators.py).
 PARALLEL_MIN = 1 << 15
 BLOCK = 1 << 13
+# ... and a region with row reductions and a costly value per element (softmax's exp) from this
+# many: torch's softmax shares rows of 16 among threads from 4096 elements too.
+PARALLEL_MIN_COSTLY_ROWS = 1 << 12
 
 
 def calls_libm(b: BoundSymbol) -> bool:
@@ -110,7 +114,10 @@ class CEmitter(RowLoops, render.RegionEmitter):
         self.side: set = set()    # ... the inputs only its pieces read (loaded at their index)
         self.bases: dict = {}     # ... tensor name -> (its row's offset, its stride along a row)
         self.scratch: dict = {}   # reductions: value name -> its row buffer, for later passes
-        self.columns = ColumnSums(region, math.prod(region.domain) >= PARALLEL_MIN)
+        self.parallel = math.prod(region.domain) >= (
+            PARALLEL_MIN_COSTLY_ROWS if region.has_reduction and any(map(self.costly, region.bsyms))
+            else PARALLEL_MIN)
+        self.columns = ColumnSums(region, self.parallel)
 
     # -- indexing -------------------------------------------------------------------------------
     def offset(self, v: TensorVar, rows_only: bool = False) -> str:
@@ -217,7 +224,7 @@ class CEmitter(RowLoops, render.RegionEmitter):
             body, items = self.piece_body(names)
         else:
             body, items = self.reduction_body(passes, names) if r.has_reduction else self.flat_body(names)
-        threaded = math.prod(r.domain) >= PARALLEL_MIN and items > 1
+        threaded = self.parallel and items > 1
         if threaded:
             signature.append("int64_t fj_nt")
             body = ["#pragma omp parallel for num_threads(fj_nt) schedule(static) if(fj_nt > 1)"] + body
