@@ -233,6 +233,12 @@ def _linear(x, weight, bias=None):
 
 @register(*torch_callables("matmul"), *torch_callables("mm"), *torch_callables("bmm"), torch.Tensor.__matmul__)
 def _matmul(a, b):
+    # A batched operand whose batch dims do not merge into one (attention's q, k and v as views of
+    # a fused projection) is copied by torch.matmul's reshape; copied here instead, explicitly, the
+    # copy is what the backward's matmuls read too (eager's saves its copies), not the view again.
+    if isinstance(a, TensorProxy) and isinstance(b, TensorProxy) and a.ndim >= 3 and b.ndim >= 3 \
+            and tuple(a.shape[:-2]) == tuple(b.shape[:-2]):
+        a, b = (apply(Prim.CONTIGUOUS, x) if reshape_copies(x.ir, (-1, *x.shape[-2:])) else x for x in (a, b))
     return apply(Prim.MATMUL, a, b)
 
 

@@ -842,3 +842,37 @@ def test_a_divisors_gradient_is_torchs_bit_for_bit():
         got = torch.autograd.grad(jf(a, c), (a, c), cotangent)
     want = torch.autograd.grad(f(a, c), (a, c), cotangent)
     assert all(torch.equal(x, y) for x, y in zip(got, want))
+
+
+def test_attention_matmuls_of_a_fused_projection_copy_once_as_eager():
+    """q, k and v as views of one projection ([B, N, 3, H, D] permuted): torch.matmul copies a
+    batched operand whose batch dims do not merge; the compiled forward makes that copy explicitly,
+    so the backward's matmuls read it rather than copying the views again.  The backward then
+    copies no more elements than eager's, and the gradients are eager's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.elements = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in (torch.ops.aten.clone.default, torch.ops.aten.copy_.default):
+                self.elements += out.numel()
+            return out
+
+    def attention(x, w):
+        b, n, c = x.shape
+        q, k, v = (x @ w).reshape(b, n, 3, 2, c // 2).permute(2, 0, 3, 1, 4).unbind(0)
+        return ((q * 0.5) @ k.transpose(-2, -1)).softmax(-1) @ v
+
+    x, w = _f32(4, 8, 16), _f32(16, 48, seed=1, grad=False).mul(0.25).requires_grad_()
+    jf = _grads_match(lambda x, w: attention(x, w).tanh().sum(), (x, w))
+    counts = []
+    for fn in (jf, lambda x, w: attention(x, w).tanh().sum()):
+        loss = fn(x, w)
+        with Copies() as mode:
+            loss.backward()
+        counts.append(mode.elements)
+    assert counts[0] <= counts[1], counts
