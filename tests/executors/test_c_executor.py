@@ -940,3 +940,18 @@ def test_half_add_and_sub_round_a_scalar_operand_first_as_torch(dtype):
         jf = fjit.jit(fn)
         for r in (2.5, 0.0):
             torch.testing.assert_close(jf(x, s, r), fn(x, s, r), rtol=0, atol=0)
+
+
+def test_a_contiguous_copy_joins_the_kernel_computing_its_operand():
+    """Attention's q * scale read as a contiguous copy by the matmul (q a view of a fused
+    projection), in a training forward: the product is written contiguous by one kernel (no lone multiply, no copy
+    after it), and v's copy joins the softmax's kernel; values as eager's."""
+    def attention(x, w):
+        b, n, c = x.shape
+        q, k, v = (x @ w).reshape(b, n, 3, 2, c // 2).permute(2, 0, 3, 1, 4).unbind(0)
+        return ((q * 0.5) @ k.transpose(-2, -1)).softmax(-1) @ v
+    g = torch.Generator().manual_seed(0)
+    x, w = (torch.randn(*s, generator=g, requires_grad=True) for s in ((4, 8, 16), (16, 48)))
+    jf = _check(attention, x, w, kernels=2)     # (the training forward splits matmul into its prims)
+    code = _code(fjit.last_traces(jf)[-1])
+    assert not re.search(r"= (prims\.mul|prims\.contiguous|torch\.Tensor\.contiguous)\(", code), code

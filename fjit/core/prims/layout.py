@@ -143,7 +143,7 @@ def _gather_vjp(b, g, value):
 
 
 define("CAT", D, vjp=_cat_vjp, aten=("cat.default",), notes=_SHAPE_OPS)
-define("CONTIGUOUS", D, aliases=True, lowering=lambda x: x.contiguous(), vjp=identity, notes={
+define("CONTIGUOUS", D, aliases=True, lowering=lambda x: x.contiguous(), vjp=identity, c="{0}", notes={
     **_SHAPE_OPS, "aten": "AOT graphs write it as aten.clone with a memory format (CLONE's row)"})
 define("INDEX_SELECT", D, vjp=_index_select_vjp, notes={
     "decomposition": "integer-tensor indexing and F.embedding reach it (ops/shape_ops.py, "
