@@ -108,7 +108,8 @@ def kernel_bsym(region, name: str, launch: Callable, comment: str) -> BoundSymbo
     name = f"{name}_{_region_digest(region)}"
     register_kernel(name, launch)
     outs = tuple(region.outputs)
-    return BoundSymbol(Symbol(name, launch, frozenset({Tag.KERNEL})), tuple(region.inputs), {},
+    args = tuple(region.bases[k][0] if k in region.bases else v for k, v in enumerate(region.inputs))
+    return BoundSymbol(Symbol(name, launch, frozenset({Tag.KERNEL})), args, {},
                        outs if len(outs) > 1 else outs[0], comment=comment)
 
 

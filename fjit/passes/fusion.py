@@ -43,6 +43,7 @@ class Region:
     inputs: list = dataclasses.field(default_factory=list)      # external Vars, in first-use order
     outputs: list = dataclasses.field(default_factory=list)     # Vars used after the region
     private: set = dataclasses.field(default_factory=set)       # names only a CAT's pieces read
+    bases: dict = dataclasses.field(default_factory=dict)       # input k -> (var it views, offset)
 
     @property
     def domain(self) -> tuple:
@@ -82,9 +83,10 @@ class Partitioner:
 
     def __init__(self, supported: Callable[[BoundSymbol], bool], split_partial_ops: bool = True,
                  whole_ops: frozenset = frozenset(), max_row: int | None = MAX_ROW,
-                 columns: bool = False):
+                 columns: bool = False, read_views: bool = False):
         self.supported = supported
         self.columns = columns    # whether a region takes sums over its outer dims
+        self.read_views = read_views   # whether a kernel reads an input view from what it views
         self.max_row = max_row    # widest row a reduction region takes (None: any)
         self.split_partial_ops = split_partial_ops
         self.whole_ops = whole_ops    # qualnames of torch-level ops never split into their prims
@@ -255,6 +257,8 @@ class Partitioner:
             return None
         if _rematerialize(items, trace, kernels):
             _connect(items, trace)
+        if self.read_views:
+            _read_through_views(items, kernels)
         bsyms = []
         for item in items:
             if not isinstance(item, Region):
@@ -264,6 +268,43 @@ class Partitioner:
             elif item.outputs:
                 bsyms.extend(item.bsyms)
         return trace.with_stage(stage, bsyms)
+
+
+def _read_through_views(items: list, kernels: set) -> None:
+    """A kernel input that a chain of views makes from another value is read from that value at
+    the view's strides and offset (`Region.bases`): the views then cost no call where nothing else
+    reads them (a program runs ~100 of them a training step of a small transformer)."""
+    chains: dict = {}         # name -> (the value its chain of views starts from, the views)
+    for item in items:
+        if isinstance(item, Region) or not (item.sym.has(Tag.SHAPE) or item.sym.has(Tag.VIEW)) or \
+                item.sym.has(Tag.RANDOM) or item.sym.has(Tag.IMPURE) or len(item.outputs()) != 1:
+            continue
+        x, out = item.args[0] if item.args else None, item.outputs()[0]
+        if isinstance(x, TensorVar) and isinstance(out, TensorVar) and out.dtype == x.dtype and \
+                [v.name for v in item.inputs() if isinstance(v, TensorVar)] == [x.name]:
+            base, views = chains.get(x.name, (x, []))
+            chains[out.name] = (base, views + [item])
+    for region in (i for i in items if isinstance(i, Region) and id(i) in kernels):
+        for k, v in enumerate(region.inputs):
+            if isinstance(v, TensorVar) and v.name in chains:
+                offset = _view_offset(v, *chains[v.name])
+                if offset is not None:
+                    region.bases[k] = (chains[v.name][0], offset)
+
+
+def _view_offset(v: TensorVar, base: TensorVar, views: list) -> int | None:
+    """The element offset of `v` in `base`'s storage, where its views give v's shape and strides."""
+    try:
+        m = root = torch.empty_strided(base.shape, base.strides, dtype=base.dtype, device="meta")
+        for b in views:
+            m = b.sym.fn(m, *b.args[1:], **b.kwargs)
+    except Exception:       # noqa: BLE001 -- a view meta tensors cannot replay: read as it is
+        return None
+    # (a reshape that copies is no view: its elements are not where its strides say in base)
+    if not isinstance(m, torch.Tensor) or m._base is not root or tuple(m.shape) != tuple(v.shape) \
+            or tuple(m.stride()) != tuple(v.strides):
+        return None
+    return m.storage_offset()
 
 
 def _rematerialize(items: list, trace: Trace, kernels: set) -> bool:

@@ -955,3 +955,20 @@ def test_a_contiguous_copy_joins_the_kernel_computing_its_operand():
     jf = _check(attention, x, w, kernels=2)     # (the training forward splits matmul into its prims)
     code = _code(fjit.last_traces(jf)[-1])
     assert not re.search(r"= (prims\.mul|prims\.contiguous|torch\.Tensor\.contiguous)\(", code), code
+
+
+def test_a_kernel_reads_its_input_views_from_the_value_they_view():
+    """Slices and transposes feeding a kernel are read from the tensor they view, at their strides
+    and offset: no view call is left in the program.  A reshape that copies (of a transposed
+    value) is no view and stays a copy: values as eager's either way, also while the kernel
+    builds (its fallback rebuilds the views)."""
+    def views(x, y):
+        a = x[:, 2:].t() * 2 + y[1:].t()
+        b = x.t().reshape(8, 3) + 1       # a copy: x.t() is not viewable as [8, 3]
+        return a.exp(), b.sin()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4, 6, generator=g), torch.randn(5, 4, generator=g)
+    jf = _check(views, x, y)
+    code = _code(fjit.last_traces(jf)[-1])
+    assert re.search(r"= fjit_c_\w+\(x, y\)", code), code          # a's kernel reads x and y themselves
+    assert code.count("reinterpret") == 1, code                    # the view the copying reshape reads

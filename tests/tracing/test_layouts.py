@@ -156,10 +156,11 @@ def test_a_chain_of_views_is_one_reinterpretation_of_its_start():
     forward, backward = fjit.last_traces(jf)[-1], fjit.last_backward_traces(jf)[-1]
     for trace in (forward, backward):
         assert "fjit_ops.reinterpret(" in str(trace)
-    # the matmul's reshape, permute and slice are one reinterpretation of the matmul's result
+    # the matmul's reshape, permute and slice are at most one reinterpretation of the matmul's
+    # result (none where the C kernel reading them reads the result at their strides)
     mm = next(b for b in forward.bsyms if "matmul" in b.sym.qualname).output
     views = [b for b in forward.bsyms if b.sym.qualname == "fjit_ops.reinterpret"]
-    assert [b.args[0].name for b in views].count(mm.name) == 1
+    assert [b.args[0].name for b in views].count(mm.name) <= 1
     assert not any(q in str(forward) for q in ("Tensor.permute(", "prims.permute("))
 
 

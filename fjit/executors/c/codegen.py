@@ -188,8 +188,13 @@ class CEmitter(RowLoops, render.RegionEmitter):
             template = _C_EXPRS[p]
         return template.format(*ops, f="f" if ct == torch.float32 else "")
 
-    def load(self, v: TensorVar, k: int) -> str:
-        element = f"in{k}[{self.offset(v)}]"
+    def load(self, v: TensorVar, k: int, offset: str | None = None) -> str:
+        """Input k's element at `offset` (v's offset at the loop indices by default), in the value
+        it views where the kernel reads through its views."""
+        offset = self.offset(v) if offset is None else offset
+        if k in self.r.bases:
+            offset = f"{self.r.bases[k][1]} + {offset}"
+        element = f"in{k}[{offset}]"
         return f"fj_from_{HALF_NAME[v.dtype]}({element})" if v.dtype in HALF else element
 
     def store(self, v: TensorVar, values: dict) -> str:
@@ -373,11 +378,9 @@ class CEmitter(RowLoops, render.RegionEmitter):
         slots = {u.name: k for k, u in enumerate(self.r.inputs)}
         for u in dict.fromkeys(u for p in chain for u in p.inputs()) if chain else [v]:
             if isinstance(u, TensorVar) and u.name not in made:
-                element = f"in{slots[u.name]}[{self.piece_offset(u, start)}]"
-                if u.dtype in HALF:
-                    element = f"fj_from_{HALF_NAME[u.dtype]}({element})"
                 env[u.name] = (self.fresh(), held(u.dtype))
-                lines.append(f"{C_TYPE[held(u.dtype)]} {env[u.name][0]} = {element};")
+                lines.append(f"{C_TYPE[held(u.dtype)]} {env[u.name][0]} = "
+                             f"{self.load(u, slots[u.name], self.piece_offset(u, start))};")
         for p in chain:
             self.compute(p, env, lines)
         self.bind(b.outputs()[0], *env[v.name], local, lines)

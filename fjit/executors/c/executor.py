@@ -111,7 +111,7 @@ def _claimable(b: BoundSymbol) -> bool:
 # gelu stays one torch call: eager's vectorized CPU kernel gives nan at +-inf (AVX512 here), where
 # its erf/tanh prims computed in C give +-inf, and the contract is eager's answer.
 _PARTITIONER = Partitioner(_claimable, split_partial_ops=False,
-                           whole_ops=frozenset({"torch.nn.functional.gelu"}), columns=True)
+                           whole_ops=frozenset({"torch.nn.functional.gelu"}), columns=True, read_views=True)
 
 
 name = "c"
@@ -162,6 +162,9 @@ class _Fallback:
 
     def __init__(self, region: Region, binary: "_Binary"):
         self.params = [v.name for v in region.inputs]
+        # an input the kernel reads through its views arrives as the value it views
+        self.views = {k: (tuple(v.shape), tuple(v.strides), region.bases[k][1])
+                      for k, v in enumerate(region.inputs) if k in region.bases}
         self.bsyms = list(region.bsyms)
         self.outputs = [v.name for v in region.outputs]
         self.binary = binary
@@ -169,6 +172,8 @@ class _Fallback:
     def __call__(self, *inputs):
         if not self.binary.queued and self.binary.error is None:
             _binary(self.binary.kernel)
+        inputs = [x.as_strided(self.views[k][0], self.views[k][1], x.storage_offset() + self.views[k][2])
+                  if k in self.views else x for k, x in enumerate(inputs)]
         env = dict(zip(self.params, inputs))
         value = lambda a: env[a.name] if isinstance(a, Var) else a  # noqa: E731
         for b in self.bsyms:
