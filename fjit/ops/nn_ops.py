@@ -279,9 +279,13 @@ def _grouped_matmul(a, b):
     transposed = made is not None and prim_of(made) is Prim.PERMUTE and tuple(made.args[1]) == (0, 1, 3, 2)
     found = _repeated(made.args[0] if transposed else t)
     n, h, m, k = a.shape
-    if found is None or reshape_copies(a.ir, (n, h // found[1], found[1] * m, k)):
+    if found is None:
         raise NotImplementedError
     kv, groups = found
+    if reshape_copies(a.ir, (n, h // groups, groups * m, k)):
+        # a query laid out [B, L, H, D] (a rotary embedding keeps the projection's layout): one
+        # copy of it, which the kernel computing it writes, instead of one of each k or v per group
+        a = dispatch(torch.Tensor.contiguous, (a,), {})
     heads = dispatch(torch.Tensor.reshape, (TensorProxy(kv), (kv.shape[0], kv.shape[1], kv.shape[3], kv.shape[4])), {})
     if transposed:
         heads = dispatch(torch.Tensor.transpose, (heads, 2, 3), {})
