@@ -167,6 +167,7 @@ class _Fallback:
                       for k, v in enumerate(region.inputs) if k in region.bases}
         self.bsyms = list(region.bsyms)
         self.outputs = [v.name for v in region.outputs]
+        self.layouts = [(tuple(v.shape), tuple(v.strides)) for v in region.outputs]
         self.binary = binary
 
     def __call__(self, *inputs):
@@ -179,7 +180,13 @@ class _Fallback:
         for b in self.bsyms:
             env[b.outputs()[0].name] = b.sym.fn(*map_values(value, b.args),
                                                  **map_values(value, b.kwargs))
-        outs = tuple(env[name] for name in self.outputs)
+        # what the kernel returns: fresh tensors (a contiguous() of a contiguous input is that
+        # input, which a later op writing into the result in place would change) in the recorded
+        # layouts (what reads them assumes those strides)
+        storages = {x.untyped_storage().data_ptr() for x in inputs if isinstance(x, torch.Tensor)}
+        outs = tuple(val if val.untyped_storage().data_ptr() not in storages and tuple(val.stride()) == strides
+                     else torch.empty_strided(shape, strides, dtype=val.dtype).copy_(val)
+                     for val, (shape, strides) in zip((env[name] for name in self.outputs), self.layouts))
         return outs if len(outs) > 1 else outs[0]
 
 
