@@ -151,6 +151,8 @@ def _cat_chain(flat: list, c: BoundSymbol, outputs: set, supported) -> tuple | N
     they make by name) for the concatenation `c`, or None when it has none."""
     made = {v.name: b for b in flat for v in b.outputs()}
     position = {id(b): j for j, b in enumerate(flat)}
+    # a prim made under another grad or autocast mode than the cat's stays where it is
+    since = max([j for j, b in enumerate(flat[:position[id(c)]]) if b.sym.has(Tag.MODE)], default=-1)
     uses = _uses(flat)
     mine: set = set()        # names read only inside c's chain
     privates, views, dropped, pushed = [], [], set(), []
@@ -158,7 +160,7 @@ def _cat_chain(flat: list, c: BoundSymbol, outputs: set, supported) -> tuple | N
     while work:
         v = work.pop()
         p = made.get(v.name)
-        if p is None or v.name in outputs or len(uses.get(v.name, ())) != 1:
+        if p is None or v.name in outputs or len(uses.get(v.name, ())) != 1 or position[id(p)] < since:
             continue
         if len(privates) + len(pushed) == MAX_ABSORBED:
             break
@@ -169,7 +171,7 @@ def _cat_chain(flat: list, c: BoundSymbol, outputs: set, supported) -> tuple | N
             continue
         sliced = _last_dim_slice(p)
         e = made.get(sliced[0].name) if sliced else None
-        if e is None or not _elementwise(e, supported) or sliced[0].name in outputs or \
+        if e is None or not _elementwise(e, supported) or sliced[0].name in outputs or position[id(e)] < since or \
                 tuple(e.outputs()[0].shape) != tuple(sliced[0].shape):
             continue
         pushed.append((p, e, v))
