@@ -17,8 +17,9 @@ from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.trace import Trace
 
-# The most prims a concatenation takes into its kernel (each computed in every piece's code).
+# The most prims a concatenation takes into its kernel (each in the code of the piece reading it).
 MAX_ABSORBED = 12
+
 
 def sink_relabels(flat: list, trace: Trace, supported: Callable[[BoundSymbol], bool]) -> list:
     """An elementwise prim whose only reader is a reshape viewing its result in another shape (a
@@ -31,10 +32,7 @@ def sink_relabels(flat: list, trace: Trace, supported: Callable[[BoundSymbol], b
     changed = True
     while changed:
         changed = False
-        uses: dict = {}
-        for b in flat:
-            for v in b.inputs():
-                uses[v.name] = uses.get(v.name, 0) + 1
+        uses = _uses(flat)
         made = {b.outputs()[0].name: i for i, b in enumerate(flat) if len(b.outputs()) == 1}
         fused_reads = {v.name for b in flat if supported(b) for v in b.inputs()}
         for i, r in enumerate(flat):
@@ -45,7 +43,7 @@ def sink_relabels(flat: list, trace: Trace, supported: Callable[[BoundSymbol], b
             y, z = r.args[0], r.outputs()[0]
             p = made.get(y.name)
             e = flat[p] if p is not None else None
-            if e is None or not e.sym.has(Tag.ELEMENTWISE) or e.kwargs or uses.get(y.name) != 1 or \
+            if e is None or not e.sym.has(Tag.ELEMENTWISE) or e.kwargs or len(uses.get(y.name, ())) != 1 or \
                     z.name not in fused_reads or \
                     y.name in outputs or tuple(z.strides) != tuple(contiguous_strides(tuple(z.shape))):
                 continue

@@ -33,10 +33,9 @@ from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.core.prims import Prim, kernel_table, prim_of
 from fjit.executors import render
 from fjit.executors.c import vecmath
-from fjit.executors.c.accumulators import REDUCE, ColumnSums, RowLoops
+from fjit.executors.c.accumulators import REDUCE, ColumnSums, RowLoops, indent
 from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, CLanguage, literal, storage, \
     vector_form
-from fjit.executors.c.accumulators import indent as _indent
 from fjit.executors.render import HALF, coalesce, contiguous_strides, held, index_decomposition, \
     index_terms, small_power
 from fjit.passes.fusion import Region
@@ -96,8 +95,6 @@ class Kernel:
     threaded: bool = False   # its last parameter is the thread count (int64 fj_nt)
 
 
-
-
 class CEmitter(RowLoops, render.RegionEmitter):
     """A region's C function: the shared walk in loop nests (see the module docstring)."""
 
@@ -112,7 +109,7 @@ class CEmitter(RowLoops, render.RegionEmitter):
         self.flat: dict = {}      # elementwise regions: tensor name -> its offset expression
         self.piece = 0            # regions with a CAT: the first column of the run being emitted
         self.side: set = set()    # ... the inputs only its pieces read (loaded at their index)
-        self.bases: dict = {}     # ... tensor name -> (its row's offset, its stride along a row)
+        self.row_terms: dict = {}  # ... tensor name -> (its row's offset, its stride along a row)
         self.scratch: dict = {}   # reductions: value name -> its row buffer, for later passes
         self.parallel = math.prod(region.domain) >= (
             PARALLEL_MIN_COSTLY_ROWS if region.has_reduction and any(map(self.costly, region.bsyms))
@@ -235,7 +232,7 @@ class CEmitter(RowLoops, render.RegionEmitter):
             body = ["#pragma omp parallel for num_threads(fj_nt) schedule(static) if(fj_nt > 1)"] + body
         body = before + body + after
         source = vecmath.PRELUDE + f"\nvoid {name}({', '.join(signature)})\n{{\n" + \
-            "\n".join(_indent(line) for line in body) + "\n}\n"
+            "\n".join(indent(line) for line in body) + "\n}\n"
         return Kernel(name, source, params, arg_types + (["q"] if threaded else []), threaded)
 
     def guarded_twice(self, emit) -> list[str]:
@@ -248,7 +245,7 @@ class CEmitter(RowLoops, render.RegionEmitter):
         self.exact = True
         exact = emit()
         self.exact = False
-        return ["int fj_bad = 0;"] + fast + ["if (fj_bad) {"] + [_indent(x) for x in exact] + ["}"]
+        return ["int fj_bad = 0;"] + fast + ["if (fj_bad) {"] + [indent(x) for x in exact] + ["}"]
 
     def element_code(self, upto: int, names: dict, store_level: int | None,
                      lines: list | None = None) -> tuple[list, dict]:
@@ -302,22 +299,15 @@ class CEmitter(RowLoops, render.RegionEmitter):
         else:
             items = rows
             head = [f"int64_t lo = 0, hi = {width};"] + self.index_lines("o", tuple(sizes[:-1]), "it")
-            bases = {}
-            for k, v in enumerate(tensors):
-                terms = [f"o{j} * {s}" if s != 1 else f"o{j}" for j, s in enumerate(strides[v.name][:-1]) if s]
-                if terms:
-                    bases[v.name] = f"b{k}"
-                    head.append(f"int64_t b{k} = {' + '.join(terms)};")
+            bases = {v.name: _row_base(k, strides[v.name], head) for k, v in enumerate(tensors)}
         for v in tensors:
-            step = strides[v.name][-1]
-            inner = "c" if step == 1 else f"c * {step}" if step else ""
-            self.flat[v.name] = " + ".join(t for t in (bases.get(v.name), inner) if t) or "0"
+            self.flat[v.name] = _at(bases.get(v.name), strides[v.name][-1])
 
         def emit():
             inner, _ = self.element_code(0, names, None)
-            return ["for (int64_t c = lo; c < hi; c++) {"] + [_indent(x) for x in inner] + ["}"]
+            return ["for (int64_t c = lo; c < hi; c++) {"] + [indent(x) for x in inner] + ["}"]
         lines = [f"for (int64_t it = 0; it < {items}; it++) {{"] + \
-            [_indent(x) for x in head + self.guarded_twice(emit)] + ["}"]
+            [indent(x) for x in head + self.guarded_twice(emit)] + ["}"]
         return lines, items
 
     def piece_body(self, names: dict) -> tuple[list[str], int]:
@@ -336,10 +326,7 @@ class CEmitter(RowLoops, render.RegionEmitter):
         head = self.index_lines("o", dom[:-1], "it")
         for k, v in enumerate([v for v in r.inputs if isinstance(v, TensorVar)] + list(r.outputs)):
             strides = render.domain_strides(v, dom)
-            terms = [f"o{j} * {st}" if st != 1 else f"o{j}" for j, st in enumerate(strides[:-1]) if st]
-            if terms:
-                head.append(f"int64_t b{k} = {' + '.join(terms)};")
-            self.bases[v.name] = (f"b{k}" if terms else None, strides[-1])
+            self.row_terms[v.name] = (_row_base(k, strides, head), strides[-1])
             self.flat[v.name] = self.piece_offset(v, 0)
 
         def emit():
@@ -347,18 +334,15 @@ class CEmitter(RowLoops, render.RegionEmitter):
             for self.piece, end in zip(cuts, cuts[1:]):
                 inner, _ = self.element_code(0, names, None)
                 lines += [f"for (int64_t c = {self.piece}; c < {end}; c++) {{"] + \
-                    [_indent(x) for x in inner] + ["}"]
+                    [indent(x) for x in inner] + ["}"]
             return lines
         rows = math.prod(dom[:-1])
         return [f"for (int64_t it = 0; it < {rows}; it++) {{"] + \
-            [_indent(x) for x in head + self.guarded_twice(emit)] + ["}"], rows
+            [indent(x) for x in head + self.guarded_twice(emit)] + ["}"], rows
 
     def piece_offset(self, v: TensorVar, start: int) -> str:
         """v's element offset at column c of a row, v read as a piece that starts at `start`."""
-        base, step = self.bases[v.name]
-        column = "c" if not start else f"(c - {start})"
-        column = "" if not step else column if step == 1 else f"{column} * {step}"
-        return " + ".join(t for t in (base, column) if t) or "0"
+        return _at(*self.row_terms[v.name], start)
 
     def piece_value(self, b: BoundSymbol, local: dict, lines: list) -> None:
         """The concatenation `b` at the current run of columns: its piece there, computed by the
@@ -384,6 +368,23 @@ class CEmitter(RowLoops, render.RegionEmitter):
         for p in chain:
             self.compute(p, env, lines)
         self.bind(b.outputs()[0], *env[v.name], local, lines)
+
+
+def _row_base(k: int, strides: tuple, head: list) -> str | None:
+    """The name of tensor k's offset at the row indices o<j> (`strides` along the row dims, then
+    along the row), its definition added to `head`; None where it is 0."""
+    terms = [f"o{j} * {st}" if st != 1 else f"o{j}" for j, st in enumerate(strides[:-1]) if st]
+    if not terms:
+        return None
+    head.append(f"int64_t b{k} = {' + '.join(terms)};")
+    return f"b{k}"
+
+
+def _at(base: str | None, step: int, start: int = 0) -> str:
+    """The offset at column c of a row: the row's `base` plus c (less `start`) times `step`."""
+    column = "c" if not start else f"(c - {start})"
+    column = "" if not step else column if step == 1 else f"{column} * {step}"
+    return " + ".join(t for t in (base, column) if t) or "0"
 
 
 def generate(region: Region, name: str) -> Kernel:
