@@ -200,23 +200,42 @@ def _multi_head_attention(query, key, value, embed_dim_to_check, num_heads, in_p
     return call(torch.Tensor.view, out, tgt_len, bsz, embed_dim), None
 
 
+# A patch embedding (kernel == stride) whose patches hold at least this many elements is a matmul
+# of the patches as rows: oneDNN's forward and backward of ViT-style stems measured 1.2x (16x16
+# patches of 3 channels) to 6x (32x32) the copy and matmuls; at 4x4 patches oneDNN is as fast.
+PATCH_MATMUL_MIN = 256
+
+
 @register(torch.conv2d)
 def _conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """A 1x1 convolution over at most 4 positions (the late stages of a CNN on small images) as
-    one matmul of its positions' channel rows: oneDNN's backward of it measured 1.4x (2x2) to 5x
-    (1x1, 2048 -> 512 channels, batch 8) the matmuls' time; over more positions oneDNN wins.  Its
-    sums run in another order than oneDNN's: results agree to rounding, not bit for bit."""
+    """Two convolutions as matmuls (their sums run in another order than oneDNN's: results agree
+    to rounding, not bit for bit):
+    - a 1x1 convolution over at most 4 positions (the late stages of a CNN on small images) as one
+      matmul of its positions' channel rows: oneDNN's backward of it measured 1.4x (2x2) to 5x (1x1,
+      2048 -> 512 channels, batch 8) the matmuls' time; over more positions oneDNN wins;
+    - a patch embedding (non-overlapping k x k patches, PATCH_MATMUL_MIN) as one matmul of its
+      patches' rows, each patch laid out (channel, row, column) as the weight is."""
     if not (isinstance(x, TensorProxy) and isinstance(weight, TensorProxy) and x.ndim == 4
-            and weight.ndim == 4 and tuple(weight.shape[1:]) == (x.shape[1], 1, 1) and groups == 1
+            and weight.ndim == 4 and weight.shape[1] == x.shape[1] and groups == 1
             and x.dtype in (torch.float32, torch.float64) and weight.dtype == x.dtype
             and (bias is None or isinstance(bias, TensorProxy) and bias.dtype == x.dtype)
-            and _pair(stride, "stride") == [1, 1] and _pair(dilation, "dilation") == [1, 1]
-            and (padding in ("valid", "same") or _pair(padding, "padding") == [0, 0])
-            and 0 < x.shape[2] * x.shape[3] <= 4 and x.shape[0] > 0
+            and _pair(dilation, "dilation") == [1, 1]
+            and (padding == "valid" or padding != "same" and _pair(padding, "padding") == [0, 0])
+            and x.ir.numel() > 0
             and tuple(x.ir.strides) == make_contiguous_strides_for(x.shape)):
         raise NotImplementedError
     n, c, h, w = x.shape
-    rows = apply(Prim.RESHAPE, apply(Prim.PERMUTE, x, (0, 2, 3, 1)), (n * h * w, c))
+    kh, kw = weight.shape[2:]
+    if (kh, kw) == (1, 1) and _pair(stride, "stride") == [1, 1] and h * w <= 4:
+        rows = apply(Prim.RESHAPE, apply(Prim.PERMUTE, x, (0, 2, 3, 1)), (n * h * w, c))
+    elif _pair(stride, "stride") == [kh, kw] and c * kh * kw >= PATCH_MATMUL_MIN \
+            and h % kh == 0 and w % kw == 0:
+        h, w = h // kh, w // kw
+        patches = apply(Prim.PERMUTE, apply(Prim.RESHAPE, x, (n, c, h, kh, w, kw)), (0, 2, 4, 1, 3, 5))
+        rows = apply(Prim.RESHAPE, apply(Prim.CONTIGUOUS, patches), (n * h * w, c * kh * kw))
+        c = c * kh * kw
+    else:
+        raise NotImplementedError
     out = apply(Prim.MATMUL, rows, apply(Prim.PERMUTE, apply(Prim.RESHAPE, weight, (-1, c)), (1, 0)))
     if bias is not None:
         out = apply(Prim.ADD, out, bias)

@@ -22,7 +22,7 @@ from torch._prims_common import make_contiguous_strides_for as contiguous_stride
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.trace import Trace
-from fjit.passes.regroup import absorb_into_cats, sink_relabels
+from fjit.passes.regroup import absorb_into_cats, sink_relabels, split_ops
 
 # The widest row a reduction region takes by default (a generator without looped kernels).
 MAX_ROW = 1 << 16
@@ -83,10 +83,11 @@ class Partitioner:
 
     def __init__(self, supported: Callable[[BoundSymbol], bool], split_partial_ops: bool = True,
                  whole_ops: frozenset = frozenset(), max_row: int | None = MAX_ROW,
-                 columns: bool = False, read_views: bool = False):
+                 columns: bool = False, read_views: bool = False, unroll_matmuls: bool = False):
         self.supported = supported
         self.columns = columns    # whether a region takes sums over its outer dims
         self.read_views = read_views   # whether a kernel reads an input view from what it views
+        self.unroll_matmuls = unroll_matmuls   # thin matmuls as products and sums (regroup.py)
         self.max_row = max_row    # widest row a reduction region takes (None: any)
         self.split_partial_ops = split_partial_ops
         self.whole_ops = whole_ops    # qualnames of torch-level ops never split into their prims
@@ -185,11 +186,7 @@ class Partitioner:
             if verdict is None:
                 verdict = verdicts[id(b)] = self.supported(b)
             return verdict
-        flat = []
-        for b in trace.bsyms:
-            split = b.subsymbols and b.sym.qualname not in self.whole_ops and (
-                self.split_partial_ops or all(map(supported, b.subsymbols)))
-            flat.extend(b.subsymbols if split else (b,))
+        flat = split_ops(trace.bsyms, supported, self.whole_ops, self.split_partial_ops, self.unroll_matmuls)
         flat = sink_relabels(flat, trace, supported)
         flat, absorbed = absorb_into_cats(flat, trace, supported)
         privates = {id(p) for ps in absorbed.values() for p in ps}

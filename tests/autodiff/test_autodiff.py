@@ -883,3 +883,44 @@ def test_attention_matmuls_of_a_fused_projection_copy_once_as_eager():
             loss.backward()
         counts.append(mode.elements)
     assert counts[0] <= counts[1], counts
+
+
+@pytest.mark.parametrize("features", [2, 4, 8, 16])
+def test_a_token_mixing_mlp_over_a_few_tokens_trains_as_eager(features):
+    """MLP-Mixer's token MLP over `features` tokens: the forward's `x @ w1.T` and the backward's
+    cotangent times w2 multiply over `features` terms, so up to 8 they are products and sums in
+    the kernel around them (no matmul of that shape left), and the weight gradient `g.T @ x`
+    with `features` columns runs as `(x.T @ g).T`; gradients agree with eager's to rounding."""
+    x = _f32(4, features, 96)
+    w1, b1 = _f32(64, features, seed=1), _f32(64, seed=2)
+    w2, b2 = _f32(features, 64, seed=3), _f32(features, seed=4)
+
+    def f(x, w1, b1, w2, b2):
+        t = x.transpose(1, 2)
+        h = torch.relu(F.linear(t, w1, b1))
+        return ((F.linear(h, w2, b2).transpose(1, 2) + x) ** 2).sum()
+    jf = _grads_match(f, (x, w1, b1, w2, b2), rtol=1e-4, atol=1e-4)
+    traces = str(fjit.last_traces(jf)[-1]) + str(fjit.last_backward_traces(jf)[-1])
+    results = re.findall(r'prims\.matmul\(.*# \w+: "cpu f32\[([\d, ]+)\]"', traces)
+    # products over `features` terms: x's through w1 and the cotangent's through w2, [4, 96, 64]
+    assert ("4, 96, 64" in results) == (features > 8), results
+    # w1's gradient [64, features] is the transposed result of a [features, 64] matmul
+    assert (f"64, {features}" in results) == (features > 8), results
+    assert _c_kernels(fjit.last_traces(jf)[-1]) and _c_kernels(fjit.last_backward_traces(jf)[-1])
+
+
+def test_a_patch_embedding_is_a_matmul_of_its_patches():
+    """A convolution whose stride is its kernel (a ViT or Mixer stem: 3 x 16 x 16 patches) is one
+    matmul of the patches laid out as the weight is: gradients as eager's, no convolution left."""
+    x = _f32(2, 3, 32, 48, grad=False)
+    w, b = _f32(8, 3, 16, 16, seed=1), _f32(8, seed=2)
+
+    def f(x, w, b):
+        y = F.conv2d(x, w, b, stride=16)
+        return (y.flatten(2).transpose(1, 2).sin() * y.mean()).sum()
+    jf = _grads_match(f, (x, w, b), rtol=1e-4, atol=1e-3)      # sums of 768 products, reordered
+    traces = str(fjit.last_traces(jf)[-1]) + str(fjit.last_backward_traces(jf)[-1])
+    assert "conv" not in traces and "prims.matmul" in traces
+    # a 4 x 4 patch of 3 channels (48 values) stays oneDNN's convolution
+    jf = _grads_match(lambda x, w: F.conv2d(x, w, stride=4).sin().sum(), (x, _f32(8, 3, 4, 4, seed=3)))
+    assert "convolution" in str(fjit.last_backward_traces(jf)[-1])

@@ -111,7 +111,8 @@ def _claimable(b: BoundSymbol) -> bool:
 # gelu stays one torch call: eager's vectorized CPU kernel gives nan at +-inf (AVX512 here), where
 # its erf/tanh prims computed in C give +-inf, and the contract is eager's answer.
 _PARTITIONER = Partitioner(_claimable, split_partial_ops=False,
-                           whole_ops=frozenset({"torch.nn.functional.gelu"}), columns=True, read_views=True)
+                           whole_ops=frozenset({"torch.nn.functional.gelu"}), columns=True, read_views=True,
+                           unroll_matmuls=True)
 
 
 name = "c"
