@@ -1132,6 +1132,21 @@ op("torch.matmul", lambda a, b: torch.matmul(a, b), (F32, BF16, I64),
               (m((2, 1, 3, 4)), m((5, 4, 2))), (m((3, 4), nc=True), m((4, 5), nc=True)),
               (m((0, 4)), m((4, 5))), (m((3, 0)), m((0, 5)))])
 op("torch.Tensor.matmul", lambda a, b: a.matmul(b), (F32,), lambda m: [(m((3, 4)), m((4, 2)))])
+op("torch.einsum", lambda a, b: torch.einsum("bghid,bghjd->bghij", a, b), (F32, BF16, I64),
+   lambda m: [(m((2, 3, 2, 4, 5)), m((2, 3, 2, 6, 5))), (m((1, 2, 1, 3, 4), nc=True), m((1, 2, 1, 3, 4))),
+              (m((2, 1, 2, 0, 3)), m((2, 1, 2, 4, 3)))])
+op("torch.einsum", lambda a, b: torch.einsum("b h w c, h k c -> b h w k", a, b), (F32,),
+   lambda m: [(m((2, 4, 5, 8)), m((4, 7, 8)))], variant="relative_positions")
+op("torch.einsum", lambda a, b: torch.einsum("nm,hnm->h", (a, b)), (F32,),
+   lambda m: [(m((5, 6)), m((3, 5, 6)))], variant="operand_tuple")
+op("torch.einsum", lambda a, b: torch.einsum("ij,ji->i", a, b), (F32,),
+   lambda m: [(m((3, 4)), m((4, 3)))], variant="diagonal_of_product")
+op("torch.einsum", lambda a, b: torch.einsum("i,j->ij", a, b), (F32,),
+   lambda m: [(m((3,)), m((4,)))], variant="outer")
+op("torch.einsum", lambda a, b: torch.einsum("ij,kj->", a, b), (F32,),
+   lambda m: [(m((3, 4)), m((2, 4)))], variant="summed_in_one_operand")
+op("torch.einsum", lambda a, b: torch.einsum("ij,jk->ik", a, b), (F32,),
+   lambda m: [(m((3, 1)), m((4, 5)))], variant="broadcast_size")
 op("torch.mm", lambda a, b: torch.mm(a, b), (F32, BF16, I64),
    lambda m: [(m((3, 4)), m((4, 5))), (m((3, 4), nc=True), m((4, 5))), (m((1, 4)), m((4, 1))),
               (m((3, 0)), m((0, 2)))])

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from fjit.core.prims import ROWS, Kind, Prim, apply, torch_callables
 from fjit.core.prims.toolkit import no_kwargs, reduced_dims
-from fjit.frontend.record import DECOMPOSITIONS
+from fjit.frontend.record import DECOMPOSITIONS, REPLACEMENTS
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -29,6 +29,15 @@ def register(*funcs):
         for f in funcs:
             DECOMPOSITIONS[f] = decomposition
         return decomposition
+    return deco
+
+
+def replace(*funcs):
+    """A replacement records other torch-level ops in the op's place (each its own op of the
+    trace, as eager's composite would call them), where a decomposition records prims under it."""
+    def deco(replacement):
+        REPLACEMENTS.update(dict.fromkeys(funcs, replacement))
+        return replacement
     return deco
 
 
@@ -272,3 +281,42 @@ def _all(x, dim=None, keepdim=False):
     no_empty_reduction(x, dims)
     nz = apply(Prim.NE, x, 0) if x.dtype != torch.bool else x
     return apply(Prim.AMIN, nz, dims, keepdim)
+
+
+@replace(torch.einsum)
+def _einsum(equation, *operands):
+    """A two-operand einsum without ellipsis or repeated letters (MaxViT's and T5-style attention
+    'bghid,bghjd->bghij', SAM's relative positions 'bhwc,hkc->bhwk') as the permutes, reshapes and
+    one batched matmul torch's own einsum runs, recorded as those ops: the joint backward
+    differentiates them, where the whole op was one call torch autograd kept, graph and all."""
+    from fjit.frontend.dispatch import dispatch
+    if len(operands) == 1 and isinstance(operands[0], (tuple, list)):
+        operands = tuple(operands[0])
+    if not isinstance(equation, str) or len(operands) != 2 or \
+            not all(isinstance(t, TensorProxy) for t in operands):
+        raise NotImplementedError
+    inputs, arrow, out = equation.replace(" ", "").partition("->")
+    terms = inputs.split(",")
+    a, b = operands
+    if not arrow or len(terms) != 2 or not (inputs.replace(",", "") + out).isalpha() or \
+            [len(t) for t in terms] != [a.ndim, b.ndim] or any(len(set(t)) != len(t) for t in (*terms, out)) \
+            or not set(out) <= set(inputs) - {","} or a.dtype != b.dtype:
+        raise NotImplementedError
+    size = {c: n for t, x in zip(terms, operands) for c, n in zip(t, x.shape)}
+    if any(size[c] != n for t, x in zip(terms, operands) for c, n in zip(t, x.shape)) or \
+            any(c not in out and c not in terms[1 - k] for k, t in enumerate(terms) for c in t):
+        raise NotImplementedError    # broadcast sizes, or a letter summed within one operand
+    batch = [c for c in out if c in terms[0] and c in terms[1]]
+    left, right = ([c for c in out if c in t and c not in u] for t, u in (terms, terms[::-1]))
+    inner = [c for c in terms[0] if c in terms[1] and c not in out]
+
+    def call(f, *args):
+        return dispatch(f, args, {})
+
+    def grouped(x, term, order):
+        x = call(torch.Tensor.permute, x, tuple(term.index(c) for c in order[0] + order[1] + order[2]))
+        return call(torch.Tensor.reshape, x, (*[size[c] for c in order[0]],
+                    math.prod(size[c] for c in order[1]), math.prod(size[c] for c in order[2])))
+    y = call(torch.matmul, grouped(a, terms[0], (batch, left, inner)), grouped(b, terms[1], (batch, inner, right)))
+    y = call(torch.Tensor.reshape, y, tuple(size[c] for c in batch + left + right))
+    return call(torch.Tensor.permute, y, tuple((batch + left + right).index(c) for c in out))

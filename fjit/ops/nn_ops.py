@@ -14,10 +14,10 @@ from fjit.core.ir import Symbol, Tag
 from fjit.core.prims import Prim, apply, prim_of, torch_callables
 from fjit.core.prims.layout import reshape_copies
 from fjit.frontend.context import current
-from fjit.frontend.record import REPLACEMENTS, trace_call
+from fjit.frontend.record import trace_call
 from fjit.core.prims.toolkit import reduced_dims
 from fjit.frontend.proxies import NumberProxy, TensorProxy
-from fjit.ops.math_ops import downcast, no_empty_reduction, register, upcast
+from fjit.ops.math_ops import downcast, no_empty_reduction, register, replace, upcast
 from fjit.runtime import fjit_ops
 
 
@@ -108,13 +108,6 @@ def _rms_norm(x, normalized_shape, weight=None, eps=None):
 
 
 MAX_POOL = Symbol("fjit_ops.max_pool2d", fjit_ops.max_pool2d, frozenset({Tag.FALLBACK}))
-
-
-def replace(*funcs):
-    def deco(replacement):
-        REPLACEMENTS.update(dict.fromkeys(funcs, replacement))
-        return replacement
-    return deco
 
 
 def _pair(v, name: str) -> list:

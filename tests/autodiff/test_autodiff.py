@@ -924,3 +924,18 @@ def test_a_patch_embedding_is_a_matmul_of_its_patches():
     # a 4 x 4 patch of 3 channels (48 values) stays oneDNN's convolution
     jf = _grads_match(lambda x, w: F.conv2d(x, w, stride=4).sin().sum(), (x, _f32(8, 3, 4, 4, seed=3)))
     assert "convolution" in str(fjit.last_backward_traces(jf)[-1])
+
+
+def test_einsum_attention_is_differentiated_by_the_joint_backward():
+    """torchvision MaxViT's attention, `einsum("B G H I D, B G H J D -> B G H I J")` then softmax
+    and the einsum with v, records the permutes, reshapes and batched matmul torch's einsum runs:
+    no nested torch autograd call per einsum, gradients as eager's."""
+    q, k, v = (_f32(2, 3, 2, 4, 8, seed=s) for s in range(3))
+
+    def f(q, k, v):
+        p = torch.einsum("B G H I D, B G H J D -> B G H I J", q * 0.3, k).softmax(-1)
+        return torch.einsum("B G H I J, B G H J D -> B G H I D", p, v).sin().sum()
+    jf = _grads_match(f, (q, k, v))
+    forward, backward = str(fjit.last_traces(jf)[-1]), str(fjit.last_backward_traces(jf)[-1])
+    assert "einsum" not in forward and "torch autograd's backward" not in backward
+    assert _c_kernels(backward)
