@@ -230,9 +230,10 @@ def _substituted(args, renamed: dict):
 
 
 def unroll_thin_matmuls(flat: list, supported: Callable[[BoundSymbol], bool]) -> list:
-    """A float matmul `a @ w` of a 2-D `w` over an inner dim of at most THIN_MATMUL_K (MLP-Mixer's
-    token MLP over 4 tokens, its backward's cotangent times that weight) as the sum of its K
-    broadcast products, `a[..., k:k+1] * w[k:k+1]` added in order of k: elementwise prims a kernel
+    """A float matmul `a @ w` of a 2-D `w` (or one with a's batch dims) over an inner dim of at most
+    THIN_MATMUL_K (MLP-Mixer's token MLP over 4 tokens, its backward's cotangent times that weight,
+    attention over windows of 4) as the sum of its K broadcast products,
+    `a[..., k:k+1] * w[..., k:k+1, :]` added in order of k: elementwise prims a kernel
     computes per output element, reading a and w where they lie, and fuses with the bias add and
     activation around it.  A BLAS call on such a product runs at a fraction of memory speed (MKL:
     0.18 ms for [4096, 4] @ [4, 256], 0.07 ms as one kernel).  Rounding: each product is rounded
@@ -280,8 +281,9 @@ def _unrolled(m: BoundSymbol) -> tuple | None:
     """(views, products and sums) computing matmul `m` as unroll_thin_matmuls says, or None."""
     a, w = m.args[:2] if len(m.args) >= 2 and not m.kwargs else (None, None)
     z = m.outputs()[0]
-    if not (isinstance(a, TensorVar) and isinstance(w, TensorVar) and a.ndim >= 2 and w.ndim == 2
-            and 0 < w.shape[0] <= THIN_MATMUL_K and a.shape[-1] == w.shape[0] and z.ndim == a.ndim
+    if not (isinstance(a, TensorVar) and isinstance(w, TensorVar) and a.ndim >= 2
+            and (w.ndim == 2 or w.ndim == a.ndim and tuple(w.shape[:-2]) == tuple(a.shape[:-2]))
+            and 0 < w.shape[-2] <= THIN_MATMUL_K and a.shape[-1] == w.shape[-2] and z.ndim == a.ndim
             and math.prod(z.shape) >= THIN_MATMUL_MIN_NUMEL
             and a.dtype == w.dtype == z.dtype and a.dtype in (torch.float32, torch.float64)
             and a.device == w.device == z.device and len(m.outputs()) == 1
@@ -293,15 +295,15 @@ def _unrolled(m: BoundSymbol) -> tuple | None:
                           tuple(contiguous_strides(tuple(w.shape))), w.requires_grad)
         views.append(BoundSymbol(Prim.CONTIGUOUS.block.symbol, (w,), {}, dense))
         w = dense
-    for k in range(w.shape[0]):
+    for k in range(w.shape[-2]):
         pair = []
-        for x, index in ((a, (Ellipsis, slice(k, k + 1))), (w, (slice(k, k + 1), slice(None)))):
+        for x, index in ((a, (Ellipsis, slice(k, k + 1))), (w, (Ellipsis, slice(k, k + 1), slice(None)))):
             view = torch.empty_strided(x.shape, x.strides, dtype=x.dtype, device="meta")[index]
             v = TensorVar(f"{z.name}_{'aw'[x is w]}{k}", tuple(view.shape), x.dtype, x.device,
                           tuple(view.stride()), x.requires_grad)
             views.append(BoundSymbol(Prim.SLICE.block.symbol, (x, index), {}, v))
             pair.append(v)
-        last = k == w.shape[0] - 1
+        last = k == w.shape[-2] - 1
         product = z if last and total is None else TensorVar(
             f"{z.name}_p{k}", tuple(z.shape), z.dtype, z.device, tuple(z.strides), z.requires_grad)
         sums.append(BoundSymbol(Prim.MUL.block.symbol, tuple(pair), {}, product))

@@ -972,3 +972,20 @@ def test_a_kernel_reads_its_input_views_from_the_value_they_view():
     code = _code(fjit.last_traces(jf)[-1])
     assert re.search(r"= fjit_c_\w+\(x, y\)", code), code          # a's kernel reads x and y themselves
     assert code.count("reinterpret") == 1, code                    # the view the copying reshape reads
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_a_batched_matmul_over_a_few_products_is_one_kernel(k):
+    """Attention over windows of 4 (MaxViT, EfficientViT: `p @ v` with 4 keys) multiplies over k
+    terms: its products and sums are one kernel with what reads it, each of p and v read through
+    one pointer however many slices of it the kernel takes."""
+    p, v = torch.randn(64, 16, k), torch.randn(64, k, 32)
+    jf = _check(lambda p, v: (p @ v) * 2.0 + 1.0, p, v, kernels=1)
+    trace = str(fjit.last_traces(jf)[-1])
+    assert "matmul" not in trace
+    assert set(re.findall(r"\bin\d+\[", _kernel_text(jf))) == {"in0[", "in1["}
+    # past 8 terms, or below 4096 results, the matmul stays BLAS's
+    assert "matmul" in str(fjit.last_traces(_check(lambda p, v: (p @ v) * 2.0, torch.randn(64, 16, 9),
+                                                   torch.randn(64, 9, 32)))[-1])
+    assert "matmul" in str(fjit.last_traces(_check(lambda p, v: (p @ v) * 2.0, torch.randn(2, 16, k),
+                                                   torch.randn(2, k, 32)))[-1])
