@@ -17,6 +17,7 @@ from torch._prims_common import make_contiguous_strides_for as contiguous_stride
 
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.prims import Prim, prim_of
+from fjit.core.prims.layout import reshape_copies
 from fjit.core.trace import Trace
 
 # The most prims a concatenation takes into its kernel (each in the code of the piece reading it).
@@ -25,18 +26,21 @@ MAX_ABSORBED = 12
 # its result (below it a BLAS call costs a few microseconds either way: the trace stays readable).
 THIN_MATMUL_K = 8
 THIN_MATMUL_MIN_NUMEL = 4096
+# The fewest elements a copy has to be made a kernel's (copies_in_kernels).
+COPY_MIN_NUMEL = 1024
 
 
 def split_ops(bsyms: list, supported: Callable[[BoundSymbol], bool], whole_ops: frozenset,
               split_partial_ops: bool, unroll_matmuls: bool) -> list:
     """The ops a partitioner sees: each torch-level op as its prims where they are all supported
     (or with `split_partial_ops` always, but never the `whole_ops`), with thin matmuls unrolled or
-    swapped (unroll_thin_matmuls) where `unroll_matmuls`."""
+    swapped (unroll_thin_matmuls) and copies made kernels' (copies_in_kernels) where
+    `unroll_matmuls`."""
     flat = []
     for b in bsyms:
         if unroll_matmuls and b.sym.qualname not in whole_ops:
             prims = b.subsymbols or [b]
-            rewritten = unroll_thin_matmuls(prims, supported)
+            rewritten = copies_in_kernels(unroll_thin_matmuls(prims, supported), supported)
             if rewritten is not prims:
                 flat.extend(rewritten)
                 continue
@@ -314,3 +318,56 @@ def _unrolled(m: BoundSymbol) -> tuple | None:
             product = added
         total = product
     return views, sums
+
+
+def copies_in_kernels(flat: list, supported: Callable[[BoundSymbol], bool]) -> list:
+    """A reshape that copies (a permuted value read in another shape: attention's heads merged
+    back, a window partition, the qkv cotangent's concatenation regrouped) is a contiguous() a
+    kernel writes, then a view of it; and a batched matmul operand torch.matmul would copy in its
+    own reshape (batch dims that do not merge) is copied so first.  ATen's strided copy of a
+    permuted 5-D value took 20-30 us where the kernel takes 10, and the copy joins the kernel
+    that computes its input.  Returns `flat` itself where nothing copies."""
+    out, changed = [], False
+    for b in flat:
+        p = prim_of(b)
+        new = _reshape_copy(b, supported) if p is Prim.RESHAPE else \
+            _matmul_copies(b, supported) if p is Prim.MATMUL else None
+        if new is None:
+            out.append(b)
+            # an op's own copy (torch.matmul's recorded with the operand it copies) goes apart
+            changed |= p is Prim.CONTIGUOUS and len(flat) > 1 and supported(b) and \
+                math.prod(b.outputs()[0].shape) >= COPY_MIN_NUMEL
+        else:
+            out += new
+            changed = True
+    return out if changed else flat
+
+
+def _dense(x: TensorVar, name: str, supported) -> BoundSymbol | None:
+    """x copied row-major into `name` by a contiguous() a kernel takes, or None."""
+    c = BoundSymbol(Prim.CONTIGUOUS.block.symbol, (x,), {}, TensorVar(
+        name, tuple(x.shape), x.dtype, x.device, tuple(contiguous_strides(tuple(x.shape))), x.requires_grad))
+    return c if supported(c) else None
+
+
+def _reshape_copy(r: BoundSymbol, supported) -> list | None:
+    x, z = r.args[0], r.outputs()[0]
+    if not isinstance(x, TensorVar) or math.prod(x.shape) < COPY_MIN_NUMEL or len(r.outputs()) != 1 \
+            or tuple(z.strides) != tuple(contiguous_strides(tuple(z.shape))) or not reshape_copies(x, tuple(z.shape)):
+        return None
+    c = _dense(x, f"{z.name}_dense", supported)
+    return None if c is None else [c, r.replace(args=(c.output, *r.args[1:]))]
+
+
+def _matmul_copies(m: BoundSymbol, supported) -> list | None:
+    a, b = m.args[:2] if len(m.args) >= 2 and not m.kwargs else (None, None)
+    if not (isinstance(a, TensorVar) and isinstance(b, TensorVar) and a.ndim >= 3
+            and (b.ndim == 2 or b.ndim == a.ndim and tuple(a.shape[:-2]) == tuple(b.shape[:-2]))):
+        return None
+    copies, args = [], []
+    for k, x in enumerate((a, b)):
+        c = _dense(x, f"{m.outputs()[0].name}_in{k}", supported) if x.ndim >= 3 and \
+            math.prod(x.shape) >= COPY_MIN_NUMEL and reshape_copies(x, (-1, *x.shape[-2:])) else None
+        copies += [c] if c is not None else []
+        args.append(c.output if c is not None else x)
+    return copies + [m.replace(args=(*args, *m.args[2:]))] if copies else None

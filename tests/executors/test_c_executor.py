@@ -989,3 +989,19 @@ def test_a_batched_matmul_over_a_few_products_is_one_kernel(k):
                                                    torch.randn(64, 9, 32)))[-1])
     assert "matmul" in str(fjit.last_traces(_check(lambda p, v: (p @ v) * 2.0, torch.randn(2, 16, k),
                                                    torch.randn(2, k, 32)))[-1])
+
+
+def test_copies_of_permuted_values_are_kernels():
+    """A reshape that copies (heads merged back after attention, a window partition) and a batched
+    matmul operand whose batch dims do not merge (torch.matmul would copy it in its own reshape)
+    are contiguous() copies C kernels write, exactly, in the recorded layouts; no torch copy is
+    left for either."""
+    x = torch.randn(4, 8, 6, 16)
+    jf = _check(lambda x: x.permute(0, 2, 1, 3).reshape(4, 6, 128), x, kernels=1, exact=True)
+    assert "reshape" not in _kernel_text(jf) and jf(x).is_contiguous()
+    q, k = torch.randn(4, 16, 6, 32), torch.randn(4, 6, 32, 16)
+    jf = _check(lambda q, k: q.transpose(1, 2) @ k, q, k, kernels=1, exact=True)
+    trace = str(fjit.last_traces(jf)[-1])
+    assert "prims.contiguous" not in trace.replace("# t", "") and "matmul" in trace
+    # a reshape that views stays a view: no kernel
+    assert _kernels(_check(lambda x: x.reshape(32, 96), x)) == []
