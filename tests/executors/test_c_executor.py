@@ -1005,3 +1005,17 @@ def test_copies_of_permuted_values_are_kernels():
     assert "prims.contiguous" not in trace.replace("# t", "") and "matmul" in trace
     # a reshape that views stays a view: no kernel
     assert _kernels(_check(lambda x: x.reshape(32, 96), x)) == []
+
+
+def test_a_column_sum_before_the_kernel_reading_its_value_joins_it():
+    """A bias gradient (a sum over the leading dims of a cotangent a matmul returned) recorded
+    before the layer norm backward that reads the same cotangent is one kernel with it, as when
+    it comes after: one pass over the cotangent, not a sum of its own."""
+    a, w, v = torch.randn(8, 16, 32), torch.randn(32, 64), torch.randn(8, 16, 64)
+
+    def f(a, w, v):
+        g = a @ w
+        bias_grad = g.sum((0, 1))
+        return bias_grad, g * v - (g * v).sum(-1, keepdim=True)
+    jf = _check(f, a, w, v, kernels=1)
+    assert "prims.sum" not in str(fjit.last_traces(jf)[-1]).replace("# t", "")

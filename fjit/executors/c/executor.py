@@ -48,7 +48,7 @@ from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
 from fjit.executors.c.launch import HEADER, PYTHON_FLAGS, entry, launcher, python_entry
 from fjit.logs import kernels as log
 from fjit.passes.fusion import Partitioner, Region
-from fjit.passes.regroup import COPY_MIN_NUMEL
+from fjit.passes.matmuls import COPY_MIN_NUMEL
 
 # The largest tensors a prim may touch to be claimed.  Vectorized loops (arithmetic, and float32
 # exp/log/tanh/sigmoid/erf/sin/cos through vecmath) win at every size; a scalar libm call costs
