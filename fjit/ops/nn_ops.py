@@ -193,10 +193,15 @@ def _multi_head_attention(query, key, value, embed_dim_to_check, num_heads, in_p
     return call(torch.Tensor.view, out, tgt_len, bsz, embed_dim), None
 
 
-# A patch embedding (kernel == stride) whose patches hold at least this many elements is a matmul
-# of the patches as rows: oneDNN's forward and backward of ViT-style stems measured 1.2x (16x16
-# patches of 3 channels) to 6x (32x32) the copy and matmuls; at 4x4 patches oneDNN is as fast.
+# A patch embedding (kernel == stride) whose patches hold at least PATCH_MATMUL_MIN elements, or
+# at least PATCH_MATMUL_MIN_FEW over at most PATCH_MATMUL_FEW_ROWS patches, is a matmul of the
+# patches as rows.  In training steps through fjit: 32x32 patches of 3 channels 0.34x oneDNN's
+# time, 16x16 0.9-1.0x; 8x8 and 4x4 patches of small images (torchvision's and HF's ViT stems,
+# 128-512 patches) 0.85x and 0.95x; but 4x4 patches of a 224x224 image (25088 patches) 1.3x, and
+# a 2x2 downsampling of 96 channels at 56x56 1.4x: there oneDNN stays.
 PATCH_MATMUL_MIN = 256
+PATCH_MATMUL_MIN_FEW = 48
+PATCH_MATMUL_FEW_ROWS = 2048
 
 
 @register(torch.conv2d)
@@ -206,8 +211,8 @@ def _conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     - a 1x1 convolution over at most 4 positions (the late stages of a CNN on small images) as one
       matmul of its positions' channel rows: oneDNN's backward of it measured 1.4x (2x2) to 5x (1x1,
       2048 -> 512 channels, batch 8) the matmuls' time; over more positions oneDNN wins;
-    - a patch embedding (non-overlapping k x k patches, PATCH_MATMUL_MIN) as one matmul of its
-      patches' rows, each patch laid out (channel, row, column) as the weight is."""
+    - a patch embedding (non-overlapping k x k patches, PATCH_MATMUL_MIN and _FEW) as one matmul
+      of its patches' rows, each patch laid out (channel, row, column) as the weight is."""
     if not (isinstance(x, TensorProxy) and isinstance(weight, TensorProxy) and x.ndim == 4
             and weight.ndim == 4 and weight.shape[1] == x.shape[1] and groups == 1
             and x.dtype in (torch.float32, torch.float64) and weight.dtype == x.dtype
@@ -221,8 +226,9 @@ def _conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     kh, kw = weight.shape[2:]
     if (kh, kw) == (1, 1) and _pair(stride, "stride") == [1, 1] and h * w <= 4:
         rows = apply(Prim.RESHAPE, apply(Prim.PERMUTE, x, (0, 2, 3, 1)), (n * h * w, c))
-    elif _pair(stride, "stride") == [kh, kw] and c * kh * kw >= PATCH_MATMUL_MIN \
-            and h % kh == 0 and w % kw == 0:
+    elif _pair(stride, "stride") == [kh, kw] and h % kh == 0 and w % kw == 0 and (
+            c * kh * kw >= PATCH_MATMUL_MIN or c * kh * kw >= PATCH_MATMUL_MIN_FEW
+            and n * (h // kh) * (w // kw) <= PATCH_MATMUL_FEW_ROWS):
         h, w = h // kh, w // kw
         patches = apply(Prim.PERMUTE, apply(Prim.RESHAPE, x, (n, c, h, kh, w, kw)), (0, 2, 4, 1, 3, 5))
         rows = apply(Prim.RESHAPE, apply(Prim.CONTIGUOUS, patches), (n * h * w, c * kh * kw))

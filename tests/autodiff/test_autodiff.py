@@ -921,9 +921,17 @@ def test_a_patch_embedding_is_a_matmul_of_its_patches():
     jf = _grads_match(f, (x, w, b), rtol=1e-4, atol=1e-3)      # sums of 768 products, reordered
     traces = str(fjit.last_traces(jf)[-1]) + str(fjit.last_backward_traces(jf)[-1])
     assert "conv" not in traces and "prims.matmul" in traces
-    # a 4 x 4 patch of 3 channels (48 values) stays oneDNN's convolution
-    jf = _grads_match(lambda x, w: F.conv2d(x, w, stride=4).sin().sum(), (x, _f32(8, 3, 4, 4, seed=3)))
+    # 2 x 2 patches of 3 channels (12 values) stay oneDNN's convolution, as do 4 x 4 ones over
+    # more than 2048 patches
+    jf = _grads_match(lambda x, w: F.conv2d(x, w, stride=2).sin().sum(), (x, _f32(8, 3, 2, 2, seed=3)))
     assert "convolution" in str(fjit.last_backward_traces(jf)[-1])
+    big = _f32(3, 3, 128, 96, grad=False)
+    jf = _grads_match(lambda x, w: F.conv2d(x, w, stride=4).sin().sum(), (big, _f32(8, 3, 4, 4, seed=3)),
+                      rtol=1e-4, atol=1e-3)
+    assert "convolution" in str(fjit.last_backward_traces(jf)[-1])
+    jf = _grads_match(lambda x, w: F.conv2d(x, w, stride=4).sin().sum(), (x, _f32(8, 3, 4, 4, seed=3)),
+                      rtol=1e-4, atol=1e-3)
+    assert "convolution" not in str(fjit.last_backward_traces(jf)[-1])
 
 
 def test_einsum_attention_is_differentiated_by_the_joint_backward():
