@@ -5,6 +5,7 @@ import re
 import signal
 import stat
 import subprocess
+import tempfile
 import sys
 import threading
 import warnings
@@ -1019,3 +1020,39 @@ def test_a_column_sum_before_the_kernel_reading_its_value_joins_it():
         return bias_grad, g * v - (g * v).sum(-1, keepdim=True)
     jf = _check(f, a, w, v, kernels=1)
     assert "prims.sum" not in str(fjit.last_traces(jf)[-1]).replace("# t", "")
+
+
+def test_a_kernel_with_many_pointers_and_column_sums_is_vectorized_by_gcc():
+    """Inside an OpenMP region gcc vectorizes a loop only behind runtime alias checks (10 at most
+    by default), so a layer norm backward with its weight and bias gradients stayed scalar: the
+    cap is raised for gcc, and gcc's own report on such a kernel says its row loop vectorized."""
+    compiler = c_executor.compiler()
+    if not compiler or "Free Software Foundation" not in subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True).stdout:
+        assert c_executor.GCC_PARAMS[0] not in c_executor._flags()   # clang: no such parameter
+        return
+    x, r = torch.randn(8, 66, 192, requires_grad=True), torch.randn(8, 66, 192)
+    w, b, w2, b2 = (torch.randn(192, requires_grad=True) for _ in range(4))
+
+    def block(x, r, w, b, w2, b2):
+        return (F.gelu(F.layer_norm(x + r, (192,), w, b)) * w2 + b2).sum()
+    jf = fjit.jit(block)
+    jf(x, r, w, b, w2, b2).backward()
+    names = re.findall(r"# C kernel (fjit_c_\w+)", str(fjit.last_backward_traces(jf)[-1]))
+    source = max((c_executor._BINARIES[n].kernel.source for n in names), key=lambda s: s.count("fj_col"))
+    assert source.count("double *fj_col") >= 3    # the weight, bias and scale gradients, with rows
+    from fjit.executors.c.launch import HEADER
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.c")
+        with open(path, "w") as f:
+            f.write(HEADER + source)
+        # the loop over a row's lanes, where the columns are summed and the row reduced
+        text = HEADER + source
+        lanes = text[:text.index("#pragma GCC unroll 1")].count("\n") + 2
+
+        def vectorized(flags) -> bool:
+            report = subprocess.run([compiler, *[f for f in flags if f != "-shared"], "-fopt-info-vec-optimized",
+                                     "-c", path, "-o", os.devnull], capture_output=True, text=True).stderr
+            return f"k.c:{lanes}:" in report and "loop vectorized" in report.split(f"k.c:{lanes}:")[1].split("\n")[0]
+        assert vectorized(c_executor._flags())
+        assert not vectorized([f for f in c_executor._flags() if f not in c_executor.GCC_PARAMS])

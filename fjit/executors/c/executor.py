@@ -65,6 +65,24 @@ CFLAGS = ("-O3", "-march=native", *(("-mprefer-vector-width=512",) if _X86 else 
           "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
           "-fopenmp")
 _NO_OPENMP: list = []     # [True] once the compiler refused -fopenmp
+# Inside an OpenMP region gcc no longer knows the kernel's restrict pointers apart, so it vectorizes
+# a loop only behind runtime alias checks, 10 at most by default: a layer norm backward with its
+# weight and bias gradients (a dozen pointers and three column sums) stayed scalar, 3x eager's
+# time.  The cap is raised for gcc (clang has no such parameter).
+GCC_PARAMS = ("--param", "vect-max-version-for-alias-checks=128")
+_GCC: list = []           # [whether compiler() is gcc], found once
+
+
+def _flags() -> tuple:
+    """The flags every kernel is built with (CFLAGS, Python's, and gcc's parameters for gcc)."""
+    if not _GCC:
+        try:
+            version = subprocess.run([compiler(), "--version"], capture_output=True, text=True,
+                                     timeout=30).stdout
+        except (OSError, subprocess.SubprocessError, TypeError):
+            version = ""
+        _GCC.append("Free Software Foundation" in version and "clang" not in version.lower())
+    return CFLAGS + PYTHON_FLAGS + (GCC_PARAMS if _GCC[0] else ())
 
 
 def _isa() -> str:
@@ -149,7 +167,7 @@ def _region_bsym(region: Region) -> BoundSymbol:
     kernel = generate(region, "fused")
     # the flags and the CPU they target are part of what a binary is: a change of either must not
     # load an old one
-    key = " ".join(CFLAGS + PYTHON_FLAGS) + "\n" + _isa() + "\n"
+    key = " ".join(_flags()) + "\n" + _isa() + "\n"
     digest = hashlib.sha1((key + kernel.source + entry("fused", kernel.arg_types)).encode()).hexdigest()[:16]
     kernel.name = f"fjit_c_{digest}"
     kernel.source = kernel.source.replace("void fused(", f"void {kernel.name}(")
@@ -312,7 +330,7 @@ def _build(binary: _Binary) -> None:
 
 
 def _compile(tmp: str) -> subprocess.CompletedProcess:
-    flags = [f for f in CFLAGS + PYTHON_FLAGS if not (_NO_OPENMP and f == "-fopenmp")]
+    flags = [f for f in _flags() if not (_NO_OPENMP and f == "-fopenmp")]
     result = subprocess.run([compiler(), *flags, "-o", tmp, f"{tmp}.c", "-lm"],
                             capture_output=True, text=True, timeout=300)
     if result.returncode != 0 and "-fopenmp" in flags:
