@@ -80,7 +80,8 @@ def delay_column_sums(flat: list, supported: Callable[[BoundSymbol], bool]) -> l
             continue
         out = {v.name for v in b.outputs()}
         j = i + 1
-        while j < len(flat) and not flat[j].sym.has(Tag.MODE) and not {v.name for v in flat[j].inputs()} & out:
+        while j < len(flat) and not (flat[j].sym.has(Tag.MODE) or flat[j].sym.has(Tag.IMPURE)) and \
+                not {v.name for v in flat[j].inputs()} & out:
             if any(v.name == x.name for v in flat[j].inputs()):
                 if supported(flat[j]):
                     flat[i:j + 1] = flat[i + 1:j + 1] + [b]
