@@ -67,7 +67,8 @@ def delay_column_sums(flat: list, supported: Callable[[BoundSymbol], bool]) -> l
     of a cotangent a matmul returned) is moved to just after the next prim reading that value, so
     it joins the kernel that reads it anyway (a layer norm's or an activation's backward) as a
     column sum instead of a pass of its own: a region opened by a column sum takes no row
-    reductions after it.  Never past a prim that reads the sum or changes the grad/autocast mode."""
+    reductions after it.  Never past a prim that reads the sum, changes the grad or autocast mode, or
+    has an effect (an impure op)."""
     flat, moved = list(flat), set()
     i = 0
     while i < len(flat):
