@@ -84,11 +84,11 @@ class Partitioner:
 
     def __init__(self, supported: Callable[[BoundSymbol], bool], split_partial_ops: bool = True,
                  whole_ops: frozenset = frozenset(), max_row: int | None = MAX_ROW,
-                 columns: bool = False, read_views: bool = False, unroll_matmuls: bool = False):
+                 columns: bool = False, read_views: bool = False, cpu_rewrites: bool = False):
         self.supported = supported
         self.columns = columns    # whether a region takes sums over its outer dims
         self.read_views = read_views   # whether a kernel reads an input view from what it views
-        self.unroll_matmuls = unroll_matmuls   # thin matmuls as products and sums (regroup.py)
+        self.cpu_rewrites = cpu_rewrites   # thin matmuls and copies for C kernels (passes/matmuls.py)
         self.max_row = max_row    # widest row a reduction region takes (None: any)
         self.split_partial_ops = split_partial_ops
         self.whole_ops = whole_ops    # qualnames of torch-level ops never split into their prims
@@ -187,7 +187,7 @@ class Partitioner:
             if verdict is None:
                 verdict = verdicts[id(b)] = self.supported(b)
             return verdict
-        flat = split_ops(trace.bsyms, supported, self.whole_ops, self.split_partial_ops, self.unroll_matmuls)
+        flat = split_ops(trace.bsyms, supported, self.whole_ops, self.split_partial_ops, self.cpu_rewrites)
         flat = sink_relabels(flat, trace, supported)
         flat = delay_column_sums(flat, supported) if self.columns else flat
         flat, absorbed = absorb_into_cats(flat, trace, supported)

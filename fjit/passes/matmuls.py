@@ -24,14 +24,14 @@ COPY_MIN_NUMEL = 1024
 
 
 def split_ops(bsyms: list, supported: Callable[[BoundSymbol], bool], whole_ops: frozenset,
-              split_partial_ops: bool, unroll_matmuls: bool) -> list:
+              split_partial_ops: bool, cpu_rewrites: bool) -> list:
     """The ops a partitioner sees: each torch-level op as its prims where they are all supported
     (or with `split_partial_ops` always, but never the `whole_ops`), with thin matmuls unrolled or
     swapped (unroll_thin_matmuls) and copies made kernels' (copies_in_kernels) where
-    `unroll_matmuls`."""
+    `cpu_rewrites`."""
     flat = []
     for b in bsyms:
-        if unroll_matmuls and b.sym.qualname not in whole_ops:
+        if cpu_rewrites and b.sym.qualname not in whole_ops:
             prims = b.subsymbols or [b]
             rewritten = copies_in_kernels(unroll_thin_matmuls(prims, supported), supported)
             if rewritten is not prims:
@@ -51,7 +51,8 @@ def unroll_thin_matmuls(flat: list, supported: Callable[[BoundSymbol], bool]) ->
     computes per output element, reading a and w where they lie, and fuses with the bias add and
     activation around it.  A BLAS call on such a product runs at a fraction of memory speed (MKL:
     0.18 ms for [4096, 4] @ [4, 256], 0.07 ms as one kernel).  Rounding: each product is rounded
-    and the sum runs in k order, where BLAS may fuse multiply-adds; results agree to rounding.  Returns `flat` itself where it unrolls nothing."""
+    and the sum runs in k order, where BLAS may fuse multiply-adds; results agree to rounding.
+    Returns `flat` itself where it unrolls nothing."""
     out, changed = [], False
     for b in flat:
         unrolled = _unrolled(b) if prim_of(b) is Prim.MATMUL else None
@@ -92,7 +93,8 @@ def _swapped(m: BoundSymbol) -> list | None:
 
 
 def _unrolled(m: BoundSymbol) -> tuple | None:
-    """(views, products and sums) computing matmul `m` as unroll_thin_matmuls says, or None."""
+    """(reads: w made dense and the slices of a and w; products and sums) computing matmul `m` as
+    unroll_thin_matmuls says, or None."""
     a, w = m.args[:2] if len(m.args) >= 2 and not m.kwargs else (None, None)
     z = m.outputs()[0]
     if not (isinstance(a, TensorVar) and isinstance(w, TensorVar) and a.ndim >= 2
@@ -103,11 +105,11 @@ def _unrolled(m: BoundSymbol) -> tuple | None:
             and a.device == w.device == z.device and len(m.outputs()) == 1
             and tuple(z.strides) == tuple(contiguous_strides(tuple(z.shape)))):
         return None
-    views, sums, total = [], [], None
+    reads, sums, total = [], [], None
     if w.strides[-1] != 1:     # a transposed weight: rows of w read along the output's rows
         dense = TensorVar(f"{z.name}_w", tuple(w.shape), w.dtype, w.device,
                           tuple(contiguous_strides(tuple(w.shape))), w.requires_grad)
-        views.append(BoundSymbol(Prim.CONTIGUOUS.block.symbol, (w,), {}, dense))
+        reads.append(BoundSymbol(Prim.CONTIGUOUS.block.symbol, (w,), {}, dense))
         w = dense
     for k in range(w.shape[-2]):
         pair = []
@@ -115,7 +117,7 @@ def _unrolled(m: BoundSymbol) -> tuple | None:
             view = torch.empty_strided(x.shape, x.strides, dtype=x.dtype, device="meta")[index]
             v = TensorVar(f"{z.name}_{'aw'[x is w]}{k}", tuple(view.shape), x.dtype, x.device,
                           tuple(view.stride()), x.requires_grad)
-            views.append(BoundSymbol(Prim.SLICE.block.symbol, (x, index), {}, v))
+            reads.append(BoundSymbol(Prim.SLICE.block.symbol, (x, index), {}, v))
             pair.append(v)
         last = k == w.shape[-2] - 1
         product = z if last and total is None else TensorVar(
@@ -127,7 +129,7 @@ def _unrolled(m: BoundSymbol) -> tuple | None:
             sums.append(BoundSymbol(Prim.ADD.block.symbol, (total, product), {}, added))
             product = added
         total = product
-    return views, sums
+    return reads, sums
 
 
 def copies_in_kernels(flat: list, supported: Callable[[BoundSymbol], bool]) -> list:
