@@ -74,7 +74,8 @@ _GCC: list = []           # [whether compiler() is gcc], found once
 
 
 def _flags() -> tuple:
-    """The flags every kernel is built with (CFLAGS, Python's, and gcc's parameters for gcc)."""
+    """The flags a kernel is built with (CFLAGS, Python's, and gcc's parameters for gcc); asked by
+    the build, not by the compile that only names the binary."""
     if not _GCC:
         try:
             version = subprocess.run([compiler(), "--version"], capture_output=True, text=True,
@@ -166,8 +167,9 @@ def decompose(b: BoundSymbol, fused: bool = False) -> bool | int:
 def _region_bsym(region: Region) -> BoundSymbol:
     kernel = generate(region, "fused")
     # the flags and the CPU they target are part of what a binary is: a change of either must not
-    # load an old one
-    key = " ".join(_flags()) + "\n" + _isa() + "\n"
+    # load an old one (gcc's parameters are in the key whatever the compiler: finding out which
+    # one it is runs a subprocess, which only a build, in the background, should pay)
+    key = " ".join(CFLAGS + PYTHON_FLAGS + GCC_PARAMS) + "\n" + _isa() + "\n"
     digest = hashlib.sha1((key + kernel.source + entry("fused", kernel.arg_types)).encode()).hexdigest()[:16]
     kernel.name = f"fjit_c_{digest}"
     kernel.source = kernel.source.replace("void fused(", f"void {kernel.name}(")
