@@ -134,7 +134,7 @@ def _trace_with_real_layouts(fn, args, kwargs, leaves, mode, executors):
         if not wrong or attempt == 2:
             break
         rewind()      # the next run must draw what this one drew
-        observed.update(wrong)
+        observed.update(result.observed(wrong))
     if wrong:                # torch calls read any layout
         return result, lower(result.trace, (Executor.TORCH,), leaves), first, (Executor.TORCH,)
     return result, traces, first, executors
@@ -227,7 +227,7 @@ def _channels_last_traces(fn, args, kwargs, leaves, mode, first: Trace) -> list[
             _, wrong = torch_executor.run_observing_layouts(traces[0], leaves)
         if not wrong:
             return traces
-        observed.update(wrong)
+        observed.update(result.observed(wrong))
     # What is still wrong is only strides of dims of size 1, which address nothing, or the form
     # is dropped (check mode compares those strides too).
     recorded = {v.name: v for b in traces[0].bsyms for v in b.outputs()}

@@ -83,7 +83,12 @@ class TraceContext:
         self.tensor_origins: dict[int, tuple[str, str]] = {}  # id(tensor) -> (entry, description)
         self.input_labels: dict[int, str] = {}  # id(input handle) -> how the user names it
         self.raised: SharpEdge | None = None
-        self.observed_strides: dict[str, tuple] = {}   # var name -> (shape, real strides) of an opaque op
+        # An op output's layout key: (op, how many times the op was recorded before, output
+        # position), which names the same value on a retrace of this call where var names do not
+        # (a layout-dependent decomposition records more or fewer prims before it).
+        self.layout_keys: dict[str, tuple] = {}        # var name -> its layout key
+        self.op_counts: dict[str, int] = {}            # op -> how many times it was recorded
+        self.observed_strides: dict[tuple, tuple] = {}  # layout key -> (shape, real strides)
         self.channels_last_convs = False   # 2-D convolutions take channels-last inputs (dispatch.py)
         # The grad mode and autocast state the ops recorded so far run under (the caller's at
         # first); the dispatcher records a mode change when the traced code enters a region.

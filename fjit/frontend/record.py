@@ -5,6 +5,8 @@ as such, when not), and proxies for its outputs that know which input they view.
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from fjit.core.ir import (BoundSymbol, GeneratorVar, Symbol, Tag, TensorVar, flatten_values,
@@ -92,11 +94,11 @@ def op_name(func) -> str:
     return name.replace("torch.Tensor.", "Tensor.").replace(".__get__", "")
 
 
-def observed_strides(ctx: TraceContext, name: str, shape) -> tuple | None:
-    """The real strides an earlier run of this call observed for the value named `name`, if that
-    value had this shape: a retrace that takes another path (a layout-dependent decomposition)
-    can give a name to another value, whose layout the observation says nothing about."""
-    seen = ctx.observed_strides.get(name)
+def observed_strides(ctx: TraceContext, key: tuple, shape) -> tuple | None:
+    """The real strides an earlier run of this call observed for the value with layout key `key`
+    (TraceContext.layout_keys), if that value had this shape: a retrace that takes another path
+    can give the key to another value, whose layout the observation says nothing about."""
+    seen = ctx.observed_strides.get(key)
     return seen[1] if seen is not None and seen[0] == tuple(shape) else None
 
 
@@ -213,11 +215,16 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
     meta_inputs = {id(m): m for m in flatten_values((margs, mkwargs)) if isinstance(m, torch.Tensor)}
     default_device = out_device or _first_device(args, kwargs)
 
+    occurrence = ctx.op_counts.get(sym.qualname, 0)
+    ctx.op_counts[sym.qualname] = occurrence + 1
+    positions_made = itertools.count()
+
     def make_var(m):
         # An opaque op's strides are its meta kernel's guess, which can differ from its real
         # kernel's (CPU conv2d on channels_last); a layout observed on the first call wins.
         name = ctx.new_name()
-        known = observed_strides(ctx, name, m.shape) or (real_strides and real_strides(m.shape))
+        key = ctx.layout_keys[name] = (sym.qualname, occurrence, next(positions_made))
+        known = observed_strides(ctx, key, m.shape) or (real_strides and real_strides(m.shape))
         return TensorVar(name, m.shape, m.dtype, default_device, known or m.stride(), m.requires_grad)
 
     subsymbols = ()
@@ -237,9 +244,10 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         # The op's outputs have its own layout (eager's, or the one observed), which its prims'
         # layouts need not match: the prims that make them write that layout.
         final = {}
-        for p, m in zip(_tensor_leaves(dout), _tensor_leaves(mout)):
+        for position, (p, m) in enumerate(zip(_tensor_leaves(dout), _tensor_leaves(mout))):
             v = p.ir
-            strides = observed_strides(ctx, v.name, m.shape) or tuple(m.stride())
+            key = ctx.layout_keys[v.name] = (sym.qualname, occurrence, position)
+            strides = observed_strides(ctx, key, m.shape) or tuple(m.stride())
             if strides != v.strides:
                 final[v.name] = TensorVar(v.name, v.shape, v.dtype, v.device, strides, v.requires_grad)
         if final:

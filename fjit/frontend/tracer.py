@@ -44,6 +44,12 @@ class TraceResult:
     trace: Trace
     specialized: frozenset     # float input positions the trace depends on the value of
     edges: list                # sharp edges found (permissive modes)
+    layout_keys: dict          # var name -> its layout key (TraceContext.layout_keys)
+
+    def observed(self, wrong: dict) -> dict:
+        """`wrong` (var name -> (shape, real strides), from running this trace) by layout key:
+        what `observed_strides` takes on a retrace of the same call."""
+        return {self.layout_keys[name]: seen for name, seen in wrong.items() if name in self.layout_keys}
 
 
 class LayoutMismatch(Exception):
@@ -53,8 +59,8 @@ class LayoutMismatch(Exception):
 def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
                    namespace: dict, observed_strides: dict | None = None,
                    channels_last_of: Trace | None = None) -> TraceResult:
-    """Trace `fn` on proxies of `args`.  `observed_strides` (var name -> (shape, strides)) corrects the
-    layouts that opaque ops' meta kernels predicted wrongly on an earlier trace of this call.
+    """Trace `fn` on proxies of `args`.  `observed_strides` (layout key -> (shape, strides): TraceResult.observed)
+    corrects the layouts that opaque ops' meta kernels predicted wrongly on an earlier trace of this call.
 
     `channels_last_of`: a trace of this call, traced again with its 2-D convolutions' inputs made
     channels-last (frontend/dispatch.py) and its outputs laid out as that trace's are where those
@@ -88,7 +94,7 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
                 output = _laid_out_as(output, channels_last_of.output)
         trace = Trace(ctx.fn_name, list(ctx.inputs), list(ctx.scopes[0]), output, dict(ctx.consts),
                       stage="traced", bindings=bindings, namespace=namespace, rebuild=rebuild)
-    return TraceResult(trace, frozenset(ctx.specialized), list(ctx.edges))
+    return TraceResult(trace, frozenset(ctx.specialized), list(ctx.edges), dict(ctx.layout_keys))
 
 
 def _laid_out_as(output, expected):

@@ -43,6 +43,23 @@ def test_zoo_model(name, entry):
         f" at {result.where}" if result.where else "")
 
 
+def test_layouts_observed_on_one_trace_find_their_values_on_the_retrace():
+    """timm's Twins: each stage's positional convolution reads tokens laid out as an image (a
+    transposed view), so its real result is channels-last where its meta kernel's is not.  Each
+    layout corrected on a retrace changes how the next stage's patch embedding decomposes, so the
+    retrace names its values differently: observations keyed by var name missed every stage
+    after the first, and after three traces the program ran as torch calls alone."""
+    import torch
+
+    import fjit
+    zm = MODELS["timm_twins_svt_small"]
+    model, batch = zm.make(0), zm.example(0)
+    jm = fjit.jit(model)
+    with torch.no_grad():
+        torch.testing.assert_close(jm(*batch.args), model(*batch.args), rtol=1e-4, atol=1e-4)
+    assert "fjit_c_" in str(fjit.last_traces(jm)[-1]), "no kernel: the program ran as torch calls alone"
+
+
 def test_a_zoo_model_is_right_while_its_kernels_are_not_built(monkeypatch, tmp_path):
     """GC ViT with no C kernel built (a compiler that fails: every region runs its prims as torch
     calls, as while kernels build in the background): a region's result must be a fresh tensor in

@@ -85,15 +85,17 @@ def test_programs_without_opaque_ops_are_traced_once(monkeypatch):
 
 def test_an_observed_layout_applies_only_to_a_value_of_the_shape_it_was_seen_with():
     """A retrace that takes another path (a layout-dependent decomposition: timm's Twins) can give
-    an observed value's name to another value; its strides are not that value's (a rank-3 value
-    got rank-4 strides)."""
+    an observed value's layout key to another value; its strides are not that value's (a rank-3
+    value got rank-4 strides)."""
     from fjit.frontend.record import observed_strides
 
+    key = ("conv2d", 0, 0)
+
     class Ctx:
-        observed_strides = {"t3": ((2, 3, 4, 5), (60, 1, 15, 3))}
-    assert observed_strides(Ctx, "t3", (2, 3, 4, 5)) == (60, 1, 15, 3)
-    assert observed_strides(Ctx, "t3", (2, 3, 20)) is None
-    assert observed_strides(Ctx, "t4", (2, 3, 4, 5)) is None
+        observed_strides = {key: ((2, 3, 4, 5), (60, 1, 15, 3))}
+    assert observed_strides(Ctx, key, (2, 3, 4, 5)) == (60, 1, 15, 3)
+    assert observed_strides(Ctx, key, (2, 3, 20)) is None
+    assert observed_strides(Ctx, ("conv2d", 1, 0), (2, 3, 4, 5)) is None
 
 
 def test_suggests_channels_last_is_atens_rule_for_a_cpu_convolutions_result():
