@@ -1111,6 +1111,13 @@ def _sdpa_samples(m: Maker):
     yield m((2, 2, 3, 8)), m((2, 2, 5, 8)), m((2, 2, 5, 6)), None, True   # L != S: top-left causal
     yield q, k, v, m((4, 4), dtype=BOOL) | torch.eye(4, dtype=BOOL), False  # bool mask
     yield q, k, v, m((2, 1, 4, 4)), False                     # float additive mask, broadcast
+    # rows masked throughout: eager's math form (a float mask needing a gradient) gives them 0
+    dead = m((4, 4), dtype=BOOL) | torch.eye(4, dtype=BOOL)
+    dead[2] = False
+    yield q, k, v, dead, False
+    bias = m((2, 1, 4, 4)).detach().clone()
+    bias[:, :, 1] = float("-inf")
+    yield q, k, v, bias, False
     yield m((3, 4, 8)), m((3, 4, 8)), m((3, 4, 8)), None, True   # 3-d
     yield m((2, 2, 4, 8), nc=True), m.strided((2, 2, 4, 8), dim=1), v, None, False
 

@@ -3,7 +3,7 @@ decomposition with the dispatcher; anything not registered is traced as a torch 
 from __future__ import annotations
 
 from fjit.frontend.record import DECOMPOSITIONS, qualified_name
-from fjit.ops import math_ops, nn_ops, shape_ops  # noqa: F401  (they register decompositions)
+from fjit.ops import attention, math_ops, nn_ops, shape_ops  # noqa: F401  (they register decompositions)
 from fjit.runtime import fjit_ops, prims
 
 # The names printed traces refer to besides torch and operator.

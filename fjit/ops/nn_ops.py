@@ -135,64 +135,6 @@ def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fa
     return trace_call(current(), MAX_POOL, fjit_ops.max_pool2d, (x, *pool), {})
 
 
-@replace(F.multi_head_attention_forward)
-def _multi_head_attention(query, key, value, embed_dim_to_check, num_heads, in_proj_weight,
-                          in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight,
-                          out_proj_bias, training=True, key_padding_mask=None, need_weights=True,
-                          attn_mask=None, use_separate_proj_weight=False, q_proj_weight=None,
-                          k_proj_weight=None, v_proj_weight=None, static_k=None, static_v=None,
-                          average_attn_weights=True, is_causal=False):
-    """nn.MultiheadAttention without weights or masks (torchvision's ViT, a TransformerEncoderLayer
-    without dropout), recorded as eager's own torch calls: its projections are linear layers the
-    compiled backward differentiates and fuses, where the whole op was one torch call that torch
-    autograd kept, graph and all.  Anything else (masks, returned weights, dropout) stays that
-    one call."""
-    from fjit.frontend.dispatch import dispatch
-
-    def call(f, *args, **kwargs):
-        return dispatch(f, args, kwargs)
-    tensors = (query, key, value, in_proj_weight)
-    if need_weights or bias_k is not None or bias_v is not None or add_zero_attn \
-            or key_padding_mask is not None or attn_mask is not None or is_causal \
-            or use_separate_proj_weight or static_k is not None or static_v is not None \
-            or (training and dropout_p) or type(num_heads) is not int \
-            or not all(isinstance(t, TensorProxy) for t in tensors) \
-            or not all(t.ndim == 3 for t in (query, key, value)) or key.shape != value.shape:
-        raise NotImplementedError
-    tgt_len, bsz, embed_dim = query.shape
-    if embed_dim != embed_dim_to_check or embed_dim % num_heads:
-        raise NotImplementedError         # eager's own error
-    head_dim = embed_dim // num_heads
-    if key is value:                      # torch.nn.functional._in_projection_packed
-        w, b = in_proj_weight, in_proj_bias
-        parts = 3 if query is key else 2
-        if parts == 2:
-            w_q, w = call(torch.Tensor.split, in_proj_weight, [embed_dim, 2 * embed_dim])
-            b_q, b = (None, None) if in_proj_bias is None else \
-                call(torch.Tensor.split, in_proj_bias, [embed_dim, 2 * embed_dim])
-            q = call(F.linear, query, w_q, b_q)
-        proj = call(F.linear, key, w, b)
-        proj = call(torch.Tensor.unflatten, proj, -1, (parts, embed_dim))
-        proj = call(torch.Tensor.contiguous, call(torch.Tensor.squeeze, call(
-            torch.Tensor.transpose, call(torch.Tensor.unsqueeze, proj, 0), 0, -2), -2))
-        packed = [call(torch.Tensor.__getitem__, proj, i) for i in range(parts)]
-        q, k, v = packed if parts == 3 else (q, *packed)
-    else:
-        w_q, w_k, w_v = call(torch.Tensor.chunk, in_proj_weight, 3)
-        b_q, b_k, b_v = (None,) * 3 if in_proj_bias is None else call(torch.Tensor.chunk, in_proj_bias, 3)
-        q, k, v = (call(F.linear, x, w_, b_) for x, w_, b_ in ((query, w_q, b_q), (key, w_k, b_k),
-                                                             (value, w_v, b_v)))
-    src_len = key.shape[0]
-    q, k, v = (call(torch.Tensor.view, call(torch.Tensor.transpose, call(
-        torch.Tensor.view, x, n, bsz * num_heads, head_dim), 0, 1), bsz, num_heads, n, head_dim)
-        for x, n in ((q, tgt_len), (k, src_len), (v, src_len)))
-    out = call(F.scaled_dot_product_attention, q, k, v, None, 0.0, False)
-    out = call(torch.Tensor.view, call(torch.Tensor.contiguous, call(torch.Tensor.permute, out, 2, 0, 1, 3)),
-               bsz * tgt_len, embed_dim)
-    out = call(F.linear, out, out_proj_weight, out_proj_bias)
-    return call(torch.Tensor.view, out, tgt_len, bsz, embed_dim), None
-
-
 # A patch embedding (kernel == stride) whose patches hold at least PATCH_MATMUL_MIN elements, or
 # at least PATCH_MATMUL_MIN_FEW over at most PATCH_MATMUL_FEW_ROWS patches, is a matmul of the
 # patches as rows.  In training steps through fjit: 32x32 patches of 3 channels 0.34x oneDNN's
@@ -358,8 +300,3 @@ def _embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     flat = apply(Prim.RESHAPE, indices, (-1,))
     rows = apply(Prim.INDEX_SELECT, weight, 0, flat)
     return apply(Prim.RESHAPE, rows, tuple(indices.shape) + (weight.shape[-1],))
-
-
-@register(F.scaled_dot_product_attention)
-def _sdpa(q, k, v, *args, **kwargs):
-    return apply(Prim.SDPA, q, k, v, *args, **kwargs)

@@ -299,8 +299,9 @@ def test_convolution_backward_is_atens_without_a_nested_autograd_call(conv, shap
 def test_attention_backward_is_the_flash_kernels_without_a_nested_autograd_call(mask_kind):
     """An attention eager runs as ATen's flash CPU kernel is run by the joint forward as that kernel
     returning its log-sum-exp too, and differentiated by the kernel's backward (what eager's node
-    calls): no torch autograd call nested in the program.  A mask that needs a gradient is
-    eager's math path, which torch autograd keeps differentiating."""
+    calls): no torch autograd call nested in the program.  A mask that needs a gradient (an
+    attention bias) is eager's math path, recorded as its torch calls (fjit/ops/attention.py):
+    the compiled backward differentiates them, its softmax backward a kernel."""
     x = _f32(2, 10, 32, grad=True)
     w = _f32(32, 96, seed=1, grad=True)
     mask = {"none": None, "float": _f32(10, 10, seed=2, grad=False), "causal": None,
@@ -318,7 +319,32 @@ def test_attention_backward_is_the_flash_kernels_without_a_nested_autograd_call(
     backward = str(fjit.last_backward_traces(jf)[-1])
     flash = "ATen's _scaled_dot_product_flash_attention_for_cpu_backward" in backward
     nested = "torch autograd's backward" in backward
-    assert (flash, nested) == ((False, True) if mask_kind == "float_grad" else (True, False)), backward
+    assert (flash, nested) == ((False, False) if mask_kind == "float_grad" else (True, False)), backward
+    if mask_kind == "float_grad":
+        assert "prims.exp" in backward.replace("# t", "") or _c_kernels(backward), backward
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mask_kind", ["bias", "bias_dead_rows", "bool_dead_rows"])
+def test_attention_with_a_bias_is_recorded_as_eagers_math_form(mask_kind, dtype):
+    """A float mask that needs a gradient (timm's TinyViT, Swin, LeViT: an attention bias indexed
+    from a parameter) is eager's math path: recorded as its torch calls, the mask addition and
+    softmax become kernels forward and backward, with no nested torch-autograd island.  Rows that
+    are -inf throughout give 0 and a gradient of 0, as `_safe_softmax` does."""
+    q, k, v = (_f32(2, 3, 9, 8, seed=s).to(dtype).detach().requires_grad_() for s in range(3))
+    bias = _f32(3, 9, 9, seed=4).to(dtype).detach()
+    if mask_kind == "bias_dead_rows":
+        bias[1, 4] = float("-inf")
+    mask = bias.requires_grad_() if mask_kind != "bool_dead_rows" else (bias > -0.5).index_fill_(1, torch.tensor([2]), False)
+
+    def f(q, k, v, mask):
+        return (F.scaled_dot_product_attention(q, k, v, attn_mask=mask).cos() * 2).sum()
+    jf = _grads_match(f, (q, k, v, mask), rtol=1e-4, atol=1e-5)
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    if dtype == torch.float32:      # (float64's softmax stays ATen's, under torch autograd)
+        assert "torch autograd's backward" not in backward and _c_kernels(backward), backward
+    if mask_kind != "bool_dead_rows":   # (a 3-d boolean mask: eager's choice is its math form too)
+        assert "scaled_dot_product" not in _code(fjit.last_traces(jf)[-1])
 
 
 @pytest.mark.parametrize("shape", [(2, 5, 3, 8), (1, 2, 2, 1), (1, 1, 1, 1)])

@@ -24,7 +24,6 @@ of float64's, are the C library's scalar ones.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 
 import torch
@@ -34,9 +33,10 @@ from fjit.core.prims import Prim, kernel_table, prim_of
 from fjit.executors import render
 from fjit.executors.c import vecmath
 from fjit.executors.c.accumulators import REDUCE, ColumnSums, RowLoops, indent
+from fjit.executors.c.elementwise import ElementLoops
 from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, CLanguage, literal, storage, \
     vector_form
-from fjit.executors.render import HALF, coalesce, contiguous_strides, held, index_decomposition, \
+from fjit.executors.render import HALF, contiguous_strides, held, index_decomposition, \
     index_terms, small_power
 from fjit.passes.fusion import Region
 
@@ -70,9 +70,8 @@ def _cat_along_rows(b: BoundSymbol) -> bool:
 
 
 # A region of at least this many elements shares its work among threads (fewer: no thread pool is
-# entered).  Elements of a flat loop are handed out in blocks of BLOCK (reductions: accumulators.py).
+# entered).
 PARALLEL_MIN = 1 << 15
-BLOCK = 1 << 13
 # ... and a region with row reductions and a costly value per element (softmax's exp) from this
 # many: torch's softmax shares rows of 16 among threads from 4096 elements too.
 PARALLEL_MIN_COSTLY_ROWS = 1 << 12
@@ -95,7 +94,7 @@ class Kernel:
     threaded: bool = False   # its last parameter is the thread count (int64 fj_nt)
 
 
-class CEmitter(RowLoops, render.RegionEmitter):
+class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
     """A region's C function: the shared walk in loop nests (see the module docstring)."""
 
     lang = C
@@ -110,6 +109,7 @@ class CEmitter(RowLoops, render.RegionEmitter):
         self.piece = 0            # regions with a CAT: the first column of the run being emitted
         self.side: set = set()    # ... the inputs only its pieces read (loaded at their index)
         self.row_terms: dict = {}  # ... tensor name -> (its row's offset, its stride along a row)
+        self.staged: dict = {}    # transposing loops: input name -> its element in the tile buffer
         self.scratch: dict = {}   # reductions: value name -> its row buffer, for later passes
         # inputs read through views of one value share its pointer: gcc vectorizes a loop over
         # more than ~10 pointers only without alias checks, which restrict no longer spares it
@@ -192,13 +192,18 @@ class CEmitter(RowLoops, render.RegionEmitter):
         return template.format(*ops, f="f" if ct == torch.float32 else "")
 
     def load(self, v: TensorVar, k: int, offset: str | None = None) -> str:
-        """Input k's element at `offset` (v's offset at the loop indices by default), in the value
-        it views where the kernel reads through its views."""
-        offset = self.offset(v) if offset is None else offset
+        """Input k's element at `offset` (v's offset at the loop indices by default, or its copy
+        in a tile buffer), in the type it is computed in."""
+        element = self.staged[v.name] if offset is None and v.name in self.staged else \
+            self.element(v, k, self.offset(v) if offset is None else offset)
+        return f"fj_from_{HALF_NAME[v.dtype]}({element})" if v.dtype in HALF else element
+
+    def element(self, v: TensorVar, k: int, offset: str) -> str:
+        """Input k's stored element at `offset`, in the value it views where the kernel reads
+        through its views."""
         if k in self.r.bases:
             offset = f"{self.r.bases[k][1]} + {offset}"
-        element = f"in{self.pointer[k]}[{offset}]"
-        return f"fj_from_{HALF_NAME[v.dtype]}({element})" if v.dtype in HALF else element
+        return f"in{self.pointer[k]}[{offset}]"
 
     def store(self, v: TensorVar, values: dict) -> str:
         value = self.operand(v, held(v.dtype), values)
@@ -288,110 +293,6 @@ class CEmitter(RowLoops, render.RegionEmitter):
         if store_level is not None:
             lines += self.columns.accumulate(upto, self.level, local)
         return lines, local
-
-    def flat_body(self, names: dict) -> tuple[list[str], int]:
-        """An elementwise region: items (rows of the merged domain, or blocks of a flat loop), each
-        a loop over consecutive elements."""
-        r = self.r
-        tensors = [v for v in r.inputs if isinstance(v, TensorVar)] + list(r.outputs)
-        sizes, strides = coalesce(r.domain, tensors, r.outputs[0])
-        width, rows = sizes[-1], math.prod(sizes[:-1])
-        lines: list[str] = []
-        if rows == 1:
-            items = -(-width // BLOCK)
-            head = [f"int64_t lo = it * {BLOCK}, hi = lo + {BLOCK} < {width} ? lo + {BLOCK} : {width};"] \
-                if items > 1 else [f"int64_t lo = 0, hi = {width};"]
-            bases = {}
-        else:
-            items = rows
-            head = [f"int64_t lo = 0, hi = {width};"] + self.index_lines("o", tuple(sizes[:-1]), "it")
-            bases = {v.name: _row_base(k, strides[v.name], head) for k, v in enumerate(tensors)}
-        for v in tensors:
-            self.flat[v.name] = _at(bases.get(v.name), strides[v.name][-1])
-
-        def emit():
-            inner, _ = self.element_code(0, names, None)
-            return ["for (int64_t c = lo; c < hi; c++) {"] + [indent(x) for x in inner] + ["}"]
-        lines = [f"for (int64_t it = 0; it < {items}; it++) {{"] + \
-            [indent(x) for x in head + self.guarded_twice(emit)] + ["}"]
-        return lines, items
-
-    def piece_body(self, names: dict) -> tuple[list[str], int]:
-        """An elementwise region with concatenations along its last dim: a loop over rows, and along
-        a row one loop per run of columns in which each concatenation reads one piece (so no loop
-        branches, and each vectorizes)."""
-        r, dom = self.r, self.r.domain
-        cuts = {0, dom[-1]}
-        for b in r.bsyms:
-            if prim_of(b) is Prim.CAT:
-                cuts.update(itertools.accumulate(t.shape[-1] for t in b.args[0]))
-        cuts = sorted(cuts)
-        reads = lambda bs: {v.name for b in bs for v in b.inputs()}   # noqa: E731
-        pieces = [b for b in r.bsyms if prim_of(b) is Prim.CAT or b.outputs()[0].name in r.private]
-        self.side = reads(pieces) - reads(b for b in r.bsyms if b not in pieces)
-        head = self.index_lines("o", dom[:-1], "it")
-        for k, v in enumerate([v for v in r.inputs if isinstance(v, TensorVar)] + list(r.outputs)):
-            strides = render.domain_strides(v, dom)
-            self.row_terms[v.name] = (_row_base(k, strides, head), strides[-1])
-            self.flat[v.name] = self.piece_offset(v, 0)
-
-        def emit():
-            lines = []
-            for self.piece, end in zip(cuts, cuts[1:]):
-                inner, _ = self.element_code(0, names, None)
-                lines += [f"for (int64_t c = {self.piece}; c < {end}; c++) {{"] + \
-                    [indent(x) for x in inner] + ["}"]
-            return lines
-        rows = math.prod(dom[:-1])
-        return [f"for (int64_t it = 0; it < {rows}; it++) {{"] + \
-            [indent(x) for x in head + self.guarded_twice(emit)] + ["}"], rows
-
-    def piece_offset(self, v: TensorVar, start: int) -> str:
-        """v's element offset at column c of a row, v read as a piece that starts at `start`."""
-        return _at(*self.row_terms[v.name], start)
-
-    def piece_value(self, b: BoundSymbol, local: dict, lines: list) -> None:
-        """The concatenation `b` at the current run of columns: its piece there, computed by the
-        prims only that piece reads, from inputs loaded at the piece's own index."""
-        start = 0
-        for v in b.args[0]:
-            if self.piece < start + v.shape[-1]:
-                break
-            start += v.shape[-1]
-        chain, wanted = [], {v.name}
-        for p in reversed(self.r.bsyms):
-            if p.outputs()[0].name in wanted and p.outputs()[0].name in self.r.private:
-                chain.insert(0, p)
-                wanted |= {u.name for u in p.inputs()}
-        made = {p.outputs()[0].name for p in chain}
-        env = dict(local)
-        slots = {u.name: k for k, u in enumerate(self.r.inputs)}
-        for u in dict.fromkeys(u for p in chain for u in p.inputs()) if chain else [v]:
-            if isinstance(u, TensorVar) and u.name not in made:
-                env[u.name] = (self.fresh(), held(u.dtype))
-                lines.append(f"{C_TYPE[held(u.dtype)]} {env[u.name][0]} = "
-                             f"{self.load(u, slots[u.name], self.piece_offset(u, start))};")
-        for p in chain:
-            self.compute(p, env, lines)
-        self.bind(b.outputs()[0], *env[v.name], local, lines)
-
-
-def _row_base(k: int, strides: tuple, head: list) -> str | None:
-    """The name of tensor k's offset at the row indices o<j> (`strides` along the row dims, then
-    along the row), its definition added to `head`; None where it is 0."""
-    terms = [f"o{j} * {st}" if st != 1 else f"o{j}" for j, st in enumerate(strides[:-1]) if st]
-    if not terms:
-        return None
-    head.append(f"int64_t b{k} = {' + '.join(terms)};")
-    return f"b{k}"
-
-
-def _at(base: str | None, step: int, start: int = 0) -> str:
-    """The offset at column c of a row: the row's `base` plus c (less `start`) times `step`."""
-    column = "c" if not start else f"(c - {start})"
-    column = "" if not step else column if step == 1 else f"{column} * {step}"
-    return " + ".join(t for t in (base, column) if t) or "0"
-
 
 def generate(region: Region, name: str) -> Kernel:
     return CEmitter(region).generate(name)

@@ -1,0 +1,188 @@
+"""The loop nests of a C kernel's elementwise regions (CEmitter's, codegen.py): a flat loop or rows
+of the merged domain, a transposing loop cut into tiles, and rows whose columns run piece by piece
+through concatenations along the last dim.  Each item of the outer loop is one unit of the work an
+OpenMP loop shares among threads."""
+from __future__ import annotations
+
+import itertools
+import math
+
+from fjit.core.ir import BoundSymbol, TensorVar
+from fjit.core.prims import Prim, prim_of
+from fjit.executors import render
+from fjit.executors.c.accumulators import indent
+from fjit.executors.c.language import C_TYPE, storage
+from fjit.executors.render import coalesce, held
+
+# Elements of a flat loop are handed out in blocks of BLOCK (reductions: accumulators.py).
+BLOCK = 1 << 13
+# A transposing elementwise loop (tiled_body) is cut into tiles of TILE x TILE elements, where it
+# has at least TILED_MIN of them.
+TILE = 32
+TILED_MIN = 1 << 12
+
+
+class ElementLoops:
+    """The elementwise bodies of a CEmitter: each returns (lines, number of items)."""
+
+    def flat_body(self, names: dict) -> tuple[list[str], int]:
+        """An elementwise region: items (rows of the merged domain, or blocks of a flat loop), each
+        a loop over consecutive elements."""
+        r = self.r
+        tensors = [v for v in r.inputs if isinstance(v, TensorVar)] + list(r.outputs)
+        sizes, strides = coalesce(r.domain, tensors, r.outputs[0])
+        width, rows = sizes[-1], math.prod(sizes[:-1])
+        across = _transposed_dim(sizes, [strides[v.name] for v in tensors])
+        if across is not None:
+            return self.tiled_body(names, tensors, sizes, strides, across)
+        lines: list[str] = []
+        if rows == 1:
+            items = -(-width // BLOCK)
+            head = [f"int64_t lo = it * {BLOCK}, hi = lo + {BLOCK} < {width} ? lo + {BLOCK} : {width};"] \
+                if items > 1 else [f"int64_t lo = 0, hi = {width};"]
+            bases = {}
+        else:
+            items = rows
+            head = [f"int64_t lo = 0, hi = {width};"] + self.index_lines("o", tuple(sizes[:-1]), "it")
+            bases = {v.name: _row_base(k, strides[v.name], head) for k, v in enumerate(tensors)}
+        for v in tensors:
+            self.flat[v.name] = _at(bases.get(v.name), strides[v.name][-1])
+
+        def emit():
+            inner, _ = self.element_code(0, names, None)
+            return ["for (int64_t c = lo; c < hi; c++) {"] + [indent(x) for x in inner] + ["}"]
+        lines = [f"for (int64_t it = 0; it < {items}; it++) {{"] + \
+            [indent(x) for x in head + self.guarded_twice(emit)] + ["}"]
+        return lines, items
+
+    def tiled_body(self, names: dict, tensors: list, sizes: tuple, strides: dict,
+                   across: int) -> tuple[list[str], int]:
+        """An elementwise region where some tensor walks dim `across` (not the last) in memory
+        order, where the output walks the last: a transpose.  A strided load in the element loop
+        keeps gcc from vectorizing it (erf, exp: 10x slower), and reads a cache line per element.
+        Instead the two dims are cut into TILE x TILE tiles, one per item; each input strided
+        along the last dim is first copied into a tile buffer walking its own memory order, and
+        the element loop reads the buffer, contiguous like the other operands."""
+        width, n = sizes[-1], len(sizes)
+        others = [j for j in range(n - 1) if j != across]
+        tiles_across, tiles_width = -(-sizes[across] // TILE), -(-width // TILE)
+        item_sizes = tuple(sizes[j] for j in others) + (tiles_across, tiles_width)
+        head = self.index_lines("q", item_sizes, "it")
+        head += [f"int64_t o{j} = q{i};" for i, j in enumerate(others)]
+        q_across, q_width = f"q{len(others)}", f"q{len(others) + 1}"
+        head += [f"int64_t first = {q_across} * {TILE}, "
+                 f"last = first + {TILE} < {sizes[across]} ? first + {TILE} : {sizes[across]};",
+                 f"int64_t lo = {q_width} * {TILE}, hi = lo + {TILE} < {width} ? lo + {TILE} : {width};"]
+        row: list[str] = []
+        bases = {v.name: _row_base(k, strides[v.name], row) for k, v in enumerate(tensors)}
+        for v in tensors:
+            self.flat[v.name] = _at(bases.get(v.name), strides[v.name][-1])
+        for k, v in enumerate(self.r.inputs):
+            st = strides.get(v.name) if isinstance(v, TensorVar) else None
+            if st is None or st[-1] in (0, 1) or v.name in self.staged:
+                continue
+            buffer = f"tile{k}"
+            offset = " + ".join([f"o{j} * {st[j]}" for j in range(n - 1) if st[j]] + [f"c * {st[-1]}"])
+            head += [f"{storage(v.dtype)} {buffer}[{TILE}][{TILE}];",   # raw elements
+                     "for (int64_t c = lo; c < hi; c++) {",
+                     indent(f"for (int64_t o{across} = first; o{across} < last; o{across}++) {{"),
+                     indent(indent(f"{buffer}[o{across} - first][c - lo] = {self.element(v, k, offset)};")),
+                     indent("}"), "}"]
+            self.staged[v.name] = f"{buffer}[o{across} - first][c - lo]"
+
+        def emit():
+            inner, _ = self.element_code(0, names, None)
+            return ["for (int64_t c = lo; c < hi; c++) {"] + [indent(x) for x in inner] + ["}"]
+        loop = [f"for (int64_t o{across} = first; o{across} < last; o{across}++) {{"] + \
+            [indent(x) for x in row + self.guarded_twice(emit)] + ["}"]
+        items = math.prod(item_sizes)
+        return [f"for (int64_t it = 0; it < {items}; it++) {{"] + [indent(x) for x in head + loop] + ["}"], items
+
+    def piece_body(self, names: dict) -> tuple[list[str], int]:
+        """An elementwise region with concatenations along its last dim: a loop over rows, and along
+        a row one loop per run of columns in which each concatenation reads one piece (so no loop
+        branches, and each vectorizes)."""
+        r, dom = self.r, self.r.domain
+        cuts = {0, dom[-1]}
+        for b in r.bsyms:
+            if prim_of(b) is Prim.CAT:
+                cuts.update(itertools.accumulate(t.shape[-1] for t in b.args[0]))
+        cuts = sorted(cuts)
+        reads = lambda bs: {v.name for b in bs for v in b.inputs()}   # noqa: E731
+        pieces = [b for b in r.bsyms if prim_of(b) is Prim.CAT or b.outputs()[0].name in r.private]
+        self.side = reads(pieces) - reads(b for b in r.bsyms if b not in pieces)
+        head = self.index_lines("o", dom[:-1], "it")
+        for k, v in enumerate([v for v in r.inputs if isinstance(v, TensorVar)] + list(r.outputs)):
+            strides = render.domain_strides(v, dom)
+            self.row_terms[v.name] = (_row_base(k, strides, head), strides[-1])
+            self.flat[v.name] = self.piece_offset(v, 0)
+
+        def emit():
+            lines = []
+            for self.piece, end in zip(cuts, cuts[1:]):
+                inner, _ = self.element_code(0, names, None)
+                lines += [f"for (int64_t c = {self.piece}; c < {end}; c++) {{"] + \
+                    [indent(x) for x in inner] + ["}"]
+            return lines
+        rows = math.prod(dom[:-1])
+        return [f"for (int64_t it = 0; it < {rows}; it++) {{"] + \
+            [indent(x) for x in head + self.guarded_twice(emit)] + ["}"], rows
+
+    def piece_offset(self, v: TensorVar, start: int) -> str:
+        """v's element offset at column c of a row, v read as a piece that starts at `start`."""
+        return _at(*self.row_terms[v.name], start)
+
+    def piece_value(self, b: BoundSymbol, local: dict, lines: list) -> None:
+        """The concatenation `b` at the current run of columns: its piece there, computed by the
+        prims only that piece reads, from inputs loaded at the piece's own index."""
+        start = 0
+        for v in b.args[0]:
+            if self.piece < start + v.shape[-1]:
+                break
+            start += v.shape[-1]
+        chain, wanted = [], {v.name}
+        for p in reversed(self.r.bsyms):
+            if p.outputs()[0].name in wanted and p.outputs()[0].name in self.r.private:
+                chain.insert(0, p)
+                wanted |= {u.name for u in p.inputs()}
+        made = {p.outputs()[0].name for p in chain}
+        env = dict(local)
+        slots = {u.name: k for k, u in enumerate(self.r.inputs)}
+        for u in dict.fromkeys(u for p in chain for u in p.inputs()) if chain else [v]:
+            if isinstance(u, TensorVar) and u.name not in made:
+                env[u.name] = (self.fresh(), held(u.dtype))
+                lines.append(f"{C_TYPE[held(u.dtype)]} {env[u.name][0]} = "
+                             f"{self.load(u, slots[u.name], self.piece_offset(u, start))};")
+        for p in chain:
+            self.compute(p, env, lines)
+        self.bind(b.outputs()[0], *env[v.name], local, lines)
+
+
+def _transposed_dim(sizes: tuple, strides: list) -> int | None:
+    """The dim (not the last) along which some tensor of an elementwise loop nest is contiguous
+    while it is not along the last dim, where that tiles the loop (tiled_body); else None."""
+    if len(sizes) < 2 or sizes[-1] < TILE or math.prod(sizes) < TILED_MIN:
+        return None
+    for st in strides:
+        if st[-1] not in (0, 1):
+            for j in range(len(sizes) - 1):
+                if st[j] == 1 and sizes[j] >= TILE:
+                    return j
+    return None
+
+
+def _row_base(k: int, strides: tuple, head: list) -> str | None:
+    """The name of tensor k's offset at the row indices o<j> (`strides` along the row dims, then
+    along the row), its definition added to `head`; None where it is 0."""
+    terms = [f"o{j} * {st}" if st != 1 else f"o{j}" for j, st in enumerate(strides[:-1]) if st]
+    if not terms:
+        return None
+    head.append(f"int64_t b{k} = {' + '.join(terms)};")
+    return f"b{k}"
+
+
+def _at(base: str | None, step: int, start: int = 0) -> str:
+    """The offset at column c of a row: the row's `base` plus c (less `start`) times `step`."""
+    column = "c" if not start else f"(c - {start})"
+    column = "" if not step else column if step == 1 else f"{column} * {step}"
+    return " + ".join(t for t in (base, column) if t) or "0"
