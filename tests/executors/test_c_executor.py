@@ -1080,3 +1080,36 @@ def test_a_transposing_elementwise_kernel_reads_tiles_of_its_strided_inputs(dtyp
     source = _kernel_text(jf)
     assert source.count(f"[{elementwise.TILE}][{elementwise.TILE}]") >= 2, source   # a and d (f64: erf(a) too)
     assert jf(a, b, c, d).stride() == f(a, b, c, d).stride()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_rows_walked_with_a_stride_are_computed_in_blocks_through_buffers(dtype):
+    """GCViT's squeeze-excite means over H and W of channels-last values, and its layer norms over
+    the channels of NCHW values viewed as NHWC: each row was a strided walk, which kept gcc from
+    vectorizing the row loop (5 ns an element).  Such rows go in blocks, each strided tensor's
+    block copied through a stack buffer; each row is computed as before, so the results are the
+    same bits as the row-by-row kernel's.  Row counts that are not multiples of the block,
+    several full-size outputs, a max and a sum in one region."""
+    from fjit.executors.c import accumulators
+    x = (torch.randn(3, 37, 5, 7) * 2).to(dtype).to(memory_format=torch.channels_last)
+    w, b = torch.randn(37).to(dtype), torch.randn(37).to(dtype)
+
+    def pooled(x):
+        y = F.gelu(x) * 2
+        return y, y.mean((2, 3), keepdim=True), y.amax((2, 3))
+
+    def norm(x, w, b):
+        return F.layer_norm(x.permute(0, 2, 3, 1), (37,), w, b).softmax(-1)
+    for fn, args in ((pooled, (x,)), (norm, (x.contiguous(), w, b))):
+        jf = _check(fn, *args)
+        source = str(fjit.last_traces(jf)[-1])
+        assert "first = q" in source and "fj_in" in source, source
+        got = jf(*args)
+        saved = accumulators.ROW_BLOCK
+        try:                 # one row a block: the row-by-row order, compared bit for bit
+            accumulators.ROW_BLOCK = 1
+            rowwise = fjit.jit(lambda *a: fn(*a))(*args)
+        finally:
+            accumulators.ROW_BLOCK = saved
+        for g, r in zip(got if isinstance(got, tuple) else (got,), rowwise if isinstance(rowwise, tuple) else (rowwise,)):
+            torch.testing.assert_close(g, r, rtol=0, atol=0)

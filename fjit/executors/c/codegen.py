@@ -110,6 +110,7 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
         self.side: set = set()    # ... the inputs only its pieces read (loaded at their index)
         self.row_terms: dict = {}  # ... tensor name -> (its row's offset, its stride along a row)
         self.staged: dict = {}    # transposing loops: input name -> its element in the tile buffer
+        self.staged_out: dict = {}   # rows in blocks: output name -> its element in the block buffer
         self.scratch: dict = {}   # reductions: value name -> its row buffer, for later passes
         # inputs read through views of one value share its pointer: gcc vectorizes a loop over
         # more than ~10 pointers only without alias checks, which restrict no longer spares it
@@ -289,7 +290,8 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
         for k, v in enumerate(r.outputs):
             if v.name not in self.rows and v.name not in self.columns.names and (
                     store_level is None or self.level[v.name] == store_level):
-                lines.append(f"out{k}[{self.offset(v)}] = {self.store(v, local)};")
+                target = self.staged_out.get(v.name) or f"out{k}[{self.offset(v)}]"
+                lines.append(f"{target} = {self.store(v, local)};")
         if store_level is not None:
             lines += self.columns.accumulate(upto, self.level, local)
         return lines, local
