@@ -93,7 +93,8 @@ def _math_attention(*args, **kwargs):
     scale = given.get("scale")
     if not all(isinstance(t, TensorProxy) and t.dtype in (torch.float32, torch.float64) and t.ndim >= 2
                for t in (q, k, v)) or len({t.dtype for t in (q, k, v)}) > 1 or \
-            not (mask is None or isinstance(mask, TensorProxy)) or given.get("dropout_p", 0.0) != 0.0 \
+            not (mask is None or isinstance(mask, TensorProxy) and mask.dtype in (torch.bool, q.dtype)
+                 and _broadcasts_into(mask.shape, q, k)) or given.get("dropout_p", 0.0) != 0.0 \
             or given.get("is_causal", False) is not False or given.get("enable_gqa", False) is not False \
             or not (scale is None or type(scale) is float and scale >= 0) or not _eager_runs_math(q, k, v, mask, scale):
         raise NotImplementedError
@@ -108,12 +109,22 @@ def _math_attention(*args, **kwargs):
     return _call(torch.matmul, _call(torch.where, dead, 0.0, weights), v)
 
 
+def _broadcasts_into(mask_shape, q, k) -> bool:
+    """Whether the mask broadcasts to the attention's [..., L, S] scores (eager adds it in place:
+    a mask that would grow them is eager's error, which the op's own shape rule raises)."""
+    try:
+        scores = torch.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2])) + (q.shape[-2], k.shape[-2])
+        return torch.broadcast_shapes(tuple(mask_shape), scores) == scores
+    except RuntimeError:
+        return False
+
+
 def _eager_runs_math(q, k, v, mask, scale) -> bool:
     """Whether torch's backend choice for these operands (layouts, gradients, grad mode) is its
     math form."""
     def probe(t):
         return torch.empty_strided(t.ir.shape, t.ir.strides, dtype=t.dtype).requires_grad_(t.ir.requires_grad)
-    with torch.set_grad_enabled(current().grad_mode):
+    with torch._C.DisableTorchFunction(), torch.set_grad_enabled(current().grad_mode):
         choice = torch._fused_sdp_choice(probe(q), probe(k), probe(v), attn_mask=None if mask is None else probe(mask),
                                          scale=scale)
     return choice == torch.nn.attention.SDPBackend.MATH.value

@@ -347,6 +347,21 @@ def test_attention_with_a_bias_is_recorded_as_eagers_math_form(mask_kind, dtype)
         assert "scaled_dot_product" not in _code(fjit.last_traces(jf)[-1])
 
 
+@pytest.mark.parametrize("mask", ["float64", "grows_the_scores"])
+def test_attention_with_a_mask_eager_refuses_is_refused_too(mask):
+    """The math form is recorded only for a mask eager adds in place: one of the query's dtype
+    (or boolean) that broadcasts into the scores.  Others get eager's own error, not a result."""
+    q, k, v = (_f32(3, 7, 8, seed=s) for s in range(3))      # 3-d: eager's math form
+    m = {"float64": _f32(3, 7, 7, seed=4).double(), "grows_the_scores": _f32(2, 3, 7, 7, seed=4)}[mask]
+
+    def f(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    with pytest.raises(RuntimeError):
+        f(q, k, v, m)
+    with pytest.raises(RuntimeError):
+        fjit.jit(f)(q, k, v, m)
+
+
 @pytest.mark.parametrize("shape", [(2, 5, 3, 8), (1, 2, 2, 1), (1, 1, 1, 1)])
 def test_attention_on_transposed_operands_with_a_query_needing_no_gradient(shape):
     """The flash backward returns all three cotangents: the query's, which nothing wants here, is
