@@ -82,8 +82,8 @@ _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", 
 
 @replace(F.scaled_dot_product_attention)
 def _math_attention(*args, **kwargs):
-    """What ATen's `_scaled_dot_product_attention_math` computes, for float32/float64 operands
-    where eager's backend choice is that form, without dropout, a causal mask, GQA or a negative
+    """What ATen's `_scaled_dot_product_attention_math` computes, for float32/float64 CPU operands
+    (a GPU's choices and kernels are not measured here) where eager's backend choice is that form, without dropout, a causal mask, GQA or a negative
     scale: q and k^T each scaled by sqrt(scale), their product plus the mask (a boolean one as
     -inf where False), a softmax whose rows that are -inf throughout are 0 (`_safe_softmax`;
     their gradient 0 too: the softmax reads 0 there instead of -inf), times v."""
@@ -92,7 +92,7 @@ def _math_attention(*args, **kwargs):
     q, k, v, mask = (given.get(n) for n in _SDPA_PARAMS[:4])
     scale = given.get("scale")
     if not all(isinstance(t, TensorProxy) and t.dtype in (torch.float32, torch.float64) and t.ndim >= 2
-               for t in (q, k, v)) or len({t.dtype for t in (q, k, v)}) > 1 or \
+               and t.ir.device.type == "cpu" for t in (q, k, v)) or len({t.dtype for t in (q, k, v)}) > 1 or \
             not (mask is None or isinstance(mask, TensorProxy) and mask.dtype in (torch.bool, q.dtype)
                  and _broadcasts_into(mask.shape, q, k)) or given.get("dropout_p", 0.0) != 0.0 \
             or given.get("is_causal", False) is not False or given.get("enable_gqa", False) is not False \
