@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from fjit.core.ir import BoundSymbol, Symbol, TensorVar, flatten_values, map_values
-from fjit.core.meta import meta_tensor, same_layout
+from fjit.core.meta import attention_backend, meta_tensor, same_layout
 from fjit.core.trace import Trace
 from fjit.logs import recompiles
 
@@ -96,11 +96,7 @@ def _attention_args(b: BoundSymbol) -> tuple | None:
             or not (mask is None or isinstance(mask, TensorVar) and not mask.requires_grad) \
             or type(is_causal) is not bool or not (scale is None or type(scale) is float):
         return None
-    probe = [torch.empty_strided(t.shape, t.strides, dtype=t.dtype).requires_grad_(t.requires_grad)
-             for t in (q, k, v)]      # the choice reads layouts too
-    mask_probe = None if mask is None else torch.empty_strided(mask.shape, mask.strides, dtype=mask.dtype)
-    if torch._fused_sdp_choice(*probe, attn_mask=mask_probe, is_causal=is_causal, scale=scale) \
-            != torch.nn.attention.SDPBackend.FLASH_ATTENTION.value:
+    if attention_backend(q, k, v, mask, is_causal, scale) != torch.nn.attention.SDPBackend.FLASH_ATTENTION.value:
         return None
     return q, k, v, mask, is_causal, scale
 

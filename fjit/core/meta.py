@@ -139,3 +139,17 @@ def suggests_channels_last(v: TensorVar) -> bool:
             return False
         least = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
     return True
+
+
+def attention_backend(q: TensorVar, k: TensorVar, v: TensorVar, mask: TensorVar | None = None,
+                      is_causal: bool = False, scale: float | None = None) -> int:
+    """torch's backend choice (a torch.nn.attention.SDPBackend value) for F.scaled_dot_product_attention
+    of CPU operands shaped, laid out and needing gradients as these are, under the current grad
+    mode: the choice reads all of that."""
+    def probe(t: TensorVar) -> torch.Tensor:
+        x = torch.empty_strided(t.shape, t.strides, dtype=t.dtype)
+        return x.requires_grad_() if t.requires_grad else x
+    with torch._C.DisableTorchFunction():
+        return torch._fused_sdp_choice(probe(q), probe(k), probe(v), attn_mask=None if mask is None else probe(mask),
+                                       is_causal=is_causal, scale=scale)
+

@@ -11,6 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from fjit.core.meta import attention_backend
 from fjit.core.prims import Prim, apply
 from fjit.frontend.context import current
 from fjit.frontend.proxies import TensorProxy
@@ -120,13 +121,10 @@ def _broadcasts_into(mask_shape, q, k) -> bool:
 
 
 def _eager_runs_math(q, k, v, mask, scale) -> bool:
-    """Whether torch's backend choice for these operands (layouts, gradients, grad mode) is its
-    math form."""
-    def probe(t):
-        return torch.empty_strided(t.ir.shape, t.ir.strides, dtype=t.dtype).requires_grad_(t.ir.requires_grad)
-    with torch._C.DisableTorchFunction(), torch.set_grad_enabled(current().grad_mode):
-        choice = torch._fused_sdp_choice(probe(q), probe(k), probe(v), attn_mask=None if mask is None else probe(mask),
-                                         scale=scale)
+    """Whether torch's backend choice for these operands (layouts, gradients, the traced grad
+    mode) is its math form."""
+    with torch.set_grad_enabled(current().grad_mode):
+        choice = attention_backend(q.ir, k.ir, v.ir, None if mask is None else mask.ir, scale=scale)
     return choice == torch.nn.attention.SDPBackend.MATH.value
 
 
