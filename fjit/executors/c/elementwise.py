@@ -48,12 +48,14 @@ class ElementLoops:
         for v in tensors:
             self.flat[v.name] = _at(bases.get(v.name), strides[v.name][-1])
 
-        def emit():
-            inner, _ = self.element_code(0, names, None)
-            return ["for (int64_t c = lo; c < hi; c++) {"] + [indent(x) for x in inner] + ["}"]
         lines = [f"for (int64_t it = 0; it < {items}; it++) {{"] + \
-            [indent(x) for x in head + self.guarded_twice(emit)] + ["}"]
+            [indent(x) for x in head + self.guarded_twice(lambda: self.element_loop(names))] + ["}"]
         return lines, items
+
+    def element_loop(self, names: dict) -> list[str]:
+        """The loop over a row's columns lo..hi, each an element."""
+        inner, _ = self.element_code(0, names, None)
+        return ["for (int64_t c = lo; c < hi; c++) {"] + [indent(x) for x in inner] + ["}"]
 
     def tiled_body(self, names: dict, tensors: list, sizes: tuple, strides: dict,
                    across: int) -> tuple[list[str], int]:
@@ -81,20 +83,18 @@ class ElementLoops:
             st = strides.get(v.name) if isinstance(v, TensorVar) else None
             if st is None or st[-1] in (0, 1) or v.name in self.staged:
                 continue
-            buffer = f"tile{k}"
-            offset = " + ".join([f"o{j} * {st[j]}" for j in range(n - 1) if st[j]] + [f"c * {st[-1]}"])
+            buffer, copy = f"tile{k}", []
+            offset = _at(_row_base(k, st, copy), st[-1])
             head += [f"{storage(v.dtype)} {buffer}[{TILE}][{TILE}];",   # raw elements
                      "for (int64_t c = lo; c < hi; c++) {",
-                     indent(f"for (int64_t o{across} = first; o{across} < last; o{across}++) {{"),
-                     indent(indent(f"{buffer}[o{across} - first][c - lo] = {self.element(v, k, offset)};")),
-                     indent("}"), "}"]
+                     indent(f"for (int64_t o{across} = first; o{across} < last; o{across}++) {{")] + \
+                [indent(indent(x)) for x in copy] + \
+                [indent(indent(f"{buffer}[o{across} - first][c - lo] = {self.element(v, k, offset)};")),
+                 indent("}"), "}"]
             self.staged[v.name] = f"{buffer}[o{across} - first][c - lo]"
 
-        def emit():
-            inner, _ = self.element_code(0, names, None)
-            return ["for (int64_t c = lo; c < hi; c++) {"] + [indent(x) for x in inner] + ["}"]
         loop = [f"for (int64_t o{across} = first; o{across} < last; o{across}++) {{"] + \
-            [indent(x) for x in row + self.guarded_twice(emit)] + ["}"]
+            [indent(x) for x in row + self.guarded_twice(lambda: self.element_loop(names))] + ["}"]
         items = math.prod(item_sizes)
         return [f"for (int64_t it = 0; it < {items}; it++) {{"] + [indent(x) for x in head + loop] + ["}"], items
 
