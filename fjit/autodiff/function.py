@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from fjit.core.ir import BoundSymbol, Symbol, TensorVar, flatten_values, map_values
-from fjit.core.meta import attention_backend, meta_tensor, same_layout
+from fjit.core.meta import ATTENTION_PARAMS, attention_backend, meta_tensor, same_layout
 from fjit.core.trace import Trace
 from fjit.logs import recompiles
 
@@ -77,8 +77,6 @@ def _batch_norm_args(b: BoundSymbol) -> tuple | None:
 
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-_ATTENTION_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
-                     "enable_gqa")
 
 
 def _attention_args(b: BoundSymbol) -> tuple | None:
@@ -87,7 +85,7 @@ def _attention_args(b: BoundSymbol) -> tuple | None:
     and a mask that needs no gradient, where torch's own backend choice is that kernel."""
     if b.sym.fn is not F.scaled_dot_product_attention:
         return None
-    given = dict(zip(_ATTENTION_PARAMS, b.args))
+    given = dict(zip(ATTENTION_PARAMS, b.args))
     given.update(b.kwargs)
     q, k, v, mask = (given.get(n) for n in ("query", "key", "value", "attn_mask"))
     is_causal, scale = given.get("is_causal", False), given.get("scale")

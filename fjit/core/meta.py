@@ -141,6 +141,10 @@ def suggests_channels_last(v: TensorVar) -> bool:
     return True
 
 
+# F.scaled_dot_product_attention's parameters, in order (its calls may pass any positionally)
+ATTENTION_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
 def attention_backend(q: TensorVar, k: TensorVar, v: TensorVar, mask: TensorVar | None = None,
                       is_causal: bool = False, scale: float | None = None) -> int:
     """torch's backend choice (a torch.nn.attention.SDPBackend value) for F.scaled_dot_product_attention

@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fjit.core.meta import attention_backend
+from fjit.core.meta import ATTENTION_PARAMS, attention_backend
 from fjit.core.prims import Prim, apply
 from fjit.frontend.context import current
 from fjit.frontend.proxies import TensorProxy
@@ -78,19 +78,16 @@ def _multi_head_attention(query, key, value, embed_dim_to_check, num_heads, in_p
     return call(torch.Tensor.view, out, tgt_len, bsz, embed_dim), None
 
 
-_SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-
-
 @replace(F.scaled_dot_product_attention)
 def _math_attention(*args, **kwargs):
     """What ATen's `_scaled_dot_product_attention_math` computes, for float32/float64 CPU operands
-    (a GPU's choices and kernels are not measured here) where eager's backend choice is that form, without dropout, a causal mask, GQA or a negative
-    scale: q and k^T each scaled by sqrt(scale), their product plus the mask (a boolean one as
+    (a GPU's choices and kernels are not measured here) where eager's backend choice is that
+    form, without dropout, a causal mask, GQA or a negative scale: q and k^T each scaled by sqrt(scale), their product plus the mask (a boolean one as
     -inf where False), a softmax whose rows that are -inf throughout are 0 (`_safe_softmax`;
     their gradient 0 too: the softmax reads 0 there instead of -inf), times v."""
-    given = dict(zip(_SDPA_PARAMS, args))
+    given = dict(zip(ATTENTION_PARAMS, args))
     given.update(kwargs)
-    q, k, v, mask = (given.get(n) for n in _SDPA_PARAMS[:4])
+    q, k, v, mask = (given.get(n) for n in ATTENTION_PARAMS[:4])
     scale = given.get("scale")
     if not all(isinstance(t, TensorProxy) and t.dtype in (torch.float32, torch.float64) and t.ndim >= 2
                and t.ir.device.type == "cpu" for t in (q, k, v)) or len({t.dtype for t in (q, k, v)}) > 1 or \
