@@ -56,11 +56,19 @@ def differentiable(v) -> bool:
 
 def _connected_inputs(trace: Trace) -> set:
     """Names of the values eager's autograd graph links to a differentiable output: every
-    differentiable operand of an op one of whose differentiable outputs is (or feeds) one."""
+    differentiable operand of an op one of whose differentiable outputs is (or feeds) one.  A
+    decomposed op links what its prims read: view_as's, reshape_as's and expand_as's second
+    operand gives only its shape, and eager's graph does not reach it."""
     linked = {v.name for v in flatten_values(trace.output) if differentiable(v)}
-    for b in reversed(trace.bsyms):
-        if any(differentiable(v) and v.name in linked for v in b.outputs()):
-            linked.update(v.name for v in b.inputs() if differentiable(v))
+
+    def walk(bsyms):
+        for b in reversed(bsyms):
+            if any(differentiable(v) and v.name in linked for v in b.outputs()):
+                if b.subsymbols:
+                    walk(b.subsymbols)
+                else:
+                    linked.update(v.name for v in b.inputs() if differentiable(v))
+    walk(trace.bsyms)
     return linked
 
 

@@ -15,12 +15,7 @@ from fjit.core.meta import ATTENTION_PARAMS, attention_backend
 from fjit.core.prims import Prim, apply
 from fjit.frontend.context import current
 from fjit.frontend.proxies import TensorProxy
-from fjit.ops.math_ops import register, replace
-
-
-def _call(f, *args, **kwargs):
-    from fjit.frontend.dispatch import dispatch
-    return dispatch(f, args, kwargs)
+from fjit.ops.math_ops import call, register, replace
 
 
 @replace(F.multi_head_attention_forward)
@@ -35,7 +30,6 @@ def _multi_head_attention(query, key, value, embed_dim_to_check, num_heads, in_p
     compiled backward differentiates and fuses, where the whole op was one torch call that torch
     autograd kept, graph and all.  Anything else (masks, returned weights, dropout) stays that
     one call."""
-    call = _call
     tensors = (query, key, value, in_proj_weight)
     if need_weights or bias_k is not None or bias_v is not None or add_zero_attn \
             or key_padding_mask is not None or attn_mask is not None or is_causal \
@@ -97,14 +91,14 @@ def _math_attention(*args, **kwargs):
             or not (scale is None or type(scale) is float and scale >= 0) or not _eager_runs_math(q, k, v, mask, scale):
         raise NotImplementedError
     factor = math.sqrt(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
-    attn = _call(torch.matmul, _call(torch.mul, q, factor),
-                 _call(torch.mul, _call(torch.Tensor.transpose, k, -2, -1), factor))
+    attn = call(torch.matmul, call(torch.mul, q, factor),
+                 call(torch.mul, call(torch.Tensor.transpose, k, -2, -1), factor))
     if mask is not None:
-        attn = _call(torch.Tensor.masked_fill, attn, _call(torch.logical_not, mask), float("-inf")) \
-            if mask.dtype is torch.bool else _call(torch.add, attn, mask)
-    dead = _call(torch.eq, _call(torch.amax, attn, -1, True), float("-inf"))    # boolean: no gradient
-    weights = _call(torch.softmax, _call(torch.where, dead, 0.0, attn), -1)
-    return _call(torch.matmul, _call(torch.where, dead, 0.0, weights), v)
+        attn = call(torch.Tensor.masked_fill, attn, call(torch.logical_not, mask), float("-inf")) \
+            if mask.dtype is torch.bool else call(torch.add, attn, mask)
+    dead = call(torch.eq, call(torch.amax, attn, -1, True), float("-inf"))    # boolean: no gradient
+    weights = call(torch.softmax, call(torch.where, dead, 0.0, attn), -1)
+    return call(torch.matmul, call(torch.where, dead, 0.0, weights), v)
 
 
 def _broadcasts_into(mask_shape, q, k) -> bool:

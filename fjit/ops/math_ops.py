@@ -41,6 +41,13 @@ def replace(*funcs):
     return deco
 
 
+def call(f, *args, **kwargs):
+    """The torch-level op `f` recorded from inside a decomposition or a replacement: its own op of
+    the trace, decomposed in turn."""
+    from fjit.frontend.dispatch import dispatch     # dispatch imports this module's tables
+    return dispatch(f, args, kwargs)
+
+
 def no_empty_reduction(x, dims):
     """max/min-based decompositions have no identity: an empty reduced dim stays one torch call."""
     if any(x.shape[d] == 0 for d in dims):
@@ -135,8 +142,8 @@ def _gelu(x, approximate="none"):
 # The hard activations as ATen computes them (x * min(max(x + 3, 0), 6) / 6, ...).  hardtanh's and
 # hardsigmoid's backward pass the gradient only strictly inside the bounds (hardtanh_backward),
 # where clamp's rule passes it at the bounds too: a select between the bounds and x (or the ramp)
-# differentiates as eager does.  hardswish's backward (x / 3 + 0.5 on [-3, 3], inclusive) is
-# what the product's and clamp's rules give, at the bounds too.
+# differentiates as eager does.  So does hardswish's gate (hardswish_backward: 0 at x <= -3, the
+# gradient at x >= 3 or NaN, x / 3 + 0.5 strictly between), selected between 0, x + 3 and 6.
 @register(F.hardtanh)
 def _hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
     if not x.dtype.is_floating_point or any(isinstance(v, (TensorProxy, NumberProxy)) for v in (min_val, max_val)):
@@ -165,7 +172,8 @@ def _hardswish(x, inplace=False):
     if not x.dtype.is_floating_point:
         raise NotImplementedError
     y = upcast(x)
-    gate = apply(Prim.CLAMP_MAX, apply(Prim.CLAMP_MIN, apply(Prim.ADD, y, 3.0), 0.0), 6.0)
+    ramp = apply(Prim.WHERE, apply(Prim.LT, y, 3.0), apply(Prim.ADD, y, 3.0), 6.0)    # NaN: 6
+    gate = apply(Prim.WHERE, apply(Prim.LE, y, -3.0), 0.0, ramp)
     return downcast(apply(Prim.DIV, apply(Prim.MUL, y, gate), 6.0), x.dtype)
 
 
@@ -258,6 +266,10 @@ def _minmax_reduction(reduce_prim, arg_prim, binary_prim):
         if isinstance(dim, TensorProxy):
             return apply(binary_prim, x, dim)
         if dim is None:
+            if x.requires_grad:
+                # torch.max(x)'s backward splits the cotangent among the NaNs where the result is
+                # NaN (evenly_distribute_backward); amax's, the prim's rule, among no element
+                raise NotImplementedError
             return apply(reduce_prim, x, reduced_dims(x, None), False)
         return (apply(reduce_prim, x, reduced_dims(x, dim), keepdim), apply(arg_prim, x, dim, keepdim))
     return decomposition
@@ -289,7 +301,6 @@ def _einsum(equation, *operands):
     'bghid,bghjd->bghij', SAM's relative positions 'bhwc,hkc->bhwk') as the permutes, reshapes and
     one batched matmul torch's own einsum runs, recorded as those ops: the joint backward
     differentiates them, where the whole op was one call torch autograd kept, graph and all."""
-    from fjit.frontend.dispatch import dispatch
     if len(operands) == 1 and isinstance(operands[0], (tuple, list)):
         operands = tuple(operands[0])
     if not isinstance(equation, str) or len(operands) != 2 or \
@@ -309,9 +320,6 @@ def _einsum(equation, *operands):
     batch = [c for c in out if c in terms[0] and c in terms[1]]
     left, right = ([c for c in out if c in t and c not in u] for t, u in (terms, terms[::-1]))
     inner = [c for c in terms[0] if c in terms[1] and c not in out]
-
-    def call(f, *args):
-        return dispatch(f, args, {})
 
     def grouped(x, term, order):
         x = call(torch.Tensor.permute, x, tuple(term.index(c) for c in order[0] + order[1] + order[2]))

@@ -17,7 +17,7 @@ from fjit.frontend.context import current
 from fjit.frontend.record import trace_call
 from fjit.core.prims.toolkit import reduced_dims
 from fjit.frontend.proxies import NumberProxy, TensorProxy
-from fjit.ops.math_ops import downcast, no_empty_reduction, register, replace, upcast
+from fjit.ops.math_ops import call, downcast, no_empty_reduction, register, replace, upcast
 from fjit.runtime import fjit_ops
 
 
@@ -295,8 +295,16 @@ def _cross_entropy(logits, target, weight=None, size_average=None, ignore_index=
 @register(F.embedding)
 def _embedding(indices, weight, padding_idx=None, max_norm=None, norm_type=2.0,
                scale_grad_by_freq=False, sparse=False):
-    if max_norm is not None:
-        raise NotImplementedError   # renormalizes the weight in place
+    if max_norm is not None or scale_grad_by_freq or sparse:
+        raise NotImplementedError   # renormalizes the weight in place; gradients only torch's kernel makes
     flat = apply(Prim.RESHAPE, indices, (-1,))
     rows = apply(Prim.INDEX_SELECT, weight, 0, flat)
+    if padding_idx is not None:
+        # The padding row gets no gradient from this lookup (it may still get one from another use of
+        # a tied weight): its rows are taken from a detached copy, the same values.
+        if isinstance(padding_idx, (NumberProxy, TensorProxy)):
+            raise NotImplementedError
+        row = padding_idx + weight.shape[0] if padding_idx < 0 else padding_idx
+        padded = apply(Prim.RESHAPE, apply(Prim.EQ, flat, row), (flat.shape[0], 1))
+        rows = apply(Prim.WHERE, padded, call(torch.Tensor.detach, rows), rows)
     return apply(Prim.RESHAPE, rows, tuple(indices.shape) + (weight.shape[-1],))

@@ -585,6 +585,36 @@ def test_an_input_linked_only_through_zero_derivatives_gets_zeros_not_none():
     torch.testing.assert_close(gx, ex)
 
 
+def test_an_input_giving_only_its_shape_gets_none_as_in_eager():
+    """view_as/reshape_as/expand_as read their second operand's shape only: eager's graph does
+    not reach it, so its .grad stays None (an optimizer then skips it rather than decaying it)."""
+    def f(x, like):
+        return (x.view_as(like) * 2).sin() + x.reshape_as(like) + x[:1].expand_as(like)
+    for fn in (fjit.jit(f, executors=("c", "torch")), f):
+        x, like = _f32(4, 3, seed=1), _f32(4, 3, seed=2)
+        for _ in range(2):                       # first and cached call
+            x.grad = None
+            fn(x, like).sum().backward()
+            assert like.grad is None and x.grad is not None
+
+
+def test_embedding_padding_row_gets_no_gradient_from_the_lookup_on_every_call():
+    """F.embedding(padding_idx=p): eager's backward skips the positions that read row p, which a
+    tied weight (Pegasus's and BART's shared embedding and LM head) still gets gradient to from its
+    other use.  The lookup's rows were differentiated as a plain index_select: wrong on the cached
+    call."""
+    def f(ids, w, h):
+        e = F.embedding(ids, w, padding_idx=0) * 2.0
+        return ((e.sin() + h) @ w.t()).logsumexp(-1).sum()
+    ids = torch.tensor([[0, 2, 0, 1], [3, 0, 2, 2]])
+    jf = fjit.jit(f, executors=("c", "torch"))
+    for seed in range(3):
+        w, h = _f32(4, 5, seed=seed).double(), _f32(2, 4, 5, seed=seed + 10, grad=False).double()
+        got, want = (torch.autograd.grad(fn(ids, x, h), x)[0]
+                     for fn, x in ((jf, w.detach().requires_grad_()), (f, w.detach().requires_grad_())))
+        torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("executors", [("c", "torch"), ("torch",)])
 def test_relu_gradient_passes_nan_and_blocks_zero_on_every_call(executors):
     """relu's gradient is threshold_backward's (blocked where x <= 0, so a NaN passes it), not

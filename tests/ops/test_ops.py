@@ -154,6 +154,74 @@ def test_registry_dtypes():
         assert torch.float32 in dtypes or torch.int64 in dtypes, name
 
 
+# Gradients: the compiled backward against eager's ------------------------------------------------
+# Every float32 sample compared with assert_close, in float64 (so a rounding difference cannot hide
+# a wrong rule): the gradient of a fixed random weighting of the outputs, to every floating input,
+# on the first call and on the cached call.  Each floating output is scaled and shifted, so
+# that something fuses and the cached call runs the joint program: the backward of the op's prims
+# by fjit's rules (a lone op keeps torch autograd over its torch call).  This is where a
+# decomposition whose values are right but whose backward is not (embedding's padding row,
+# hardswish at its bounds) shows.
+
+def _scaled(fn):
+    def scaled(*args):
+        return pytree.tree_map(lambda t: t * 1.5 + 0.25 if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+                               fn(*args))
+    return scaled
+
+
+def _float64_leaves(args):
+    return [a.detach().to(torch.float64).requires_grad_()
+            if isinstance(a, torch.Tensor) and a.dtype in (torch.float32, torch.float64) else a for a in args]
+
+
+def _weighted_sum(out):
+    leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not leaves:
+        return None
+    g = torch.Generator().manual_seed(1)
+    return sum((t * torch.randn(t.shape, generator=g, dtype=t.dtype)).nan_to_num(0.0, 0.0, 0.0).sum()
+               for t in leaves)
+
+
+def _grad_params():
+    params = []
+    for p in PARAMS:
+        info, args = p.values
+        if "-f32-" not in p.id or info.check != "close":
+            continue
+        leaves = _float64_leaves(args)
+        if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in leaves):
+            continue
+        try:
+            total = _weighted_sum(info.fn(*leaves))
+            if total is None:
+                continue
+            torch.autograd.grad(total, [a for a in leaves if isinstance(a, torch.Tensor)], allow_unused=True)
+        except RuntimeError:       # an op torch does not differentiate (or not in float64)
+            continue
+        params.append(p)
+    return params
+
+
+@pytest.mark.parametrize("info, args", _grad_params())
+def test_op_gradients(info, args):
+    expected_in = _float64_leaves(args)
+    wrt = [a for a in expected_in if isinstance(a, torch.Tensor) and a.requires_grad]
+    fn = _scaled(info.fn)
+    expected = torch.autograd.grad(_weighted_sum(fn(*expected_in)), wrt, allow_unused=True)
+    jf = fjit.jit(fn)
+    for call in ("first", "cached"):
+        inputs = _float64_leaves(expected_in)
+        wrt = [a for a in inputs if isinstance(a, torch.Tensor) and a.requires_grad]
+        actual = torch.autograd.grad(_weighted_sum(jf(*inputs)), wrt, allow_unused=True)
+        for k, (a, e) in enumerate(zip(actual, expected)):
+            assert (a is None) == (e is None), f"{call} call, input {k}: fjit {a}, eager {e}"
+            if e is not None:
+                torch.testing.assert_close(a, e, equal_nan=True, rtol=1.3e-6, atol=1e-5,   # float32's: a
+                                           msg=lambda m: f"{call} call, input {k}: {m}")  # dtype= rounds
+
+
 # Data-dependent output shapes: fjit cannot trace them, and says so -------------------------------
 
 def _mask_args():
