@@ -333,6 +333,32 @@ def _transformers_models() -> list[ZooModel]:
                      encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
                      encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64),
                  batch_seq2seq, loss_model, "encoder-decoder, labels shifted into decoder inputs"),
+        ZooModel("hf_pegasus", "transformers",
+                 _hf("PegasusForConditionalGeneration", "PegasusConfig", "eager", vocab_size=VOCAB, d_model=64,
+                     encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                     encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64),
+                 batch_seq2seq, loss_model, "sinusoidal positions; the padding id starts the decoder inputs, "
+                 "and the embedding with that padding row is tied to the LM head"),
+        ZooModel("hf_bloom", "transformers",
+                 _hf("BloomForCausalLM", "BloomConfig", "eager", vocab_size=VOCAB, hidden_size=64, n_layer=2,
+                     n_head=4),
+                 causal, loss_model, "ALiBi position biases, embedding layer norm"),
+        ZooModel("hf_gpt_neo", "transformers",
+                 _hf("GPTNeoForCausalLM", "GPTNeoConfig", "eager", vocab_size=VOCAB, hidden_size=64, num_layers=2,
+                     num_heads=4, attention_types=[[["global", "local"], 1]], window_size=8,
+                     max_position_embeddings=64),
+                 causal, loss_model, "alternating global and local (window 8) attention, unscaled scores"),
+        ZooModel("hf_mobilebert", "transformers",
+                 _hf("MobileBertForSequenceClassification", "MobileBertConfig", "eager", vocab_size=VOCAB,
+                     hidden_size=64, embedding_size=32, intra_bottleneck_size=32, true_hidden_size=32,
+                     num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                     num_labels=3),
+                 seqcls, loss_model, "bottlenecks, NoNorm (elementwise affine), trigram embedding convolution"),
+        ZooModel("hf_segformer", "transformers",
+                 _hf("SegformerForImageClassification", "SegformerConfig", "eager", num_labels=10,
+                     hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], decoder_hidden_size=64),
+                 batch_pixels_labels, loss_model, "overlapping patch merging, sequence-reduced attention, "
+                 "depthwise convolutions in the MLP"),
         ZooModel("hf_vit", "transformers",
                  _hf("ViTForImageClassification", "ViTConfig", "eager", image_size=32, patch_size=4, hidden_size=64,
                      num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, num_labels=10),
@@ -408,6 +434,10 @@ def _timm_models() -> list[ZooModel]:
         m("nf_resnet26", 32, "normalizer-free: scaled weight standardization"),
         m("tiny_vit_5m_224", 64, "MBConv stem stages, windowed attention"),
         m("repvit_m0_9", 64, "reparameterizable depthwise blocks, BatchNorm in train mode"),
+        m("inception_next_tiny", 64, "inception depthwise convolutions on channel splits, layer scale"),
+        m("resmlp_12_224", 64, "affine (per-channel scale and shift) instead of norms", img_size=64),
+        m("gmlp_ti16_224", 64, "spatial gating unit: a linear layer over tokens", img_size=64),
+        m("mobilenetv4_conv_small", 64, "universal inverted bottlenecks"),
     ]
 
 
@@ -454,6 +484,9 @@ def _torchvision_models() -> list[ZooModel]:
         tv("densenet121", densenet, note="DenseNet-121's 121 layers at growth rate 16: dense concatenation"),
         tv("regnet_y_400mf", zoo("regnet_y_400mf"), note="grouped conv, squeeze-excite"),
         tv("mnasnet0_5", zoo("mnasnet0_5", dropout=0.0)),
+        tv("resnet50", zoo("resnet50"), note="bottleneck blocks, 7 MB weight gradients in the last stage"),
+        tv("googlenet", zoo("googlenet", aux_logits=False, init_weights=True), note="inception branches, "
+           "concatenation"),
         tv("vit", vit, 32, note="VisionTransformer: 32x32, patch 8, hidden 32, 2 layers"),
         tv("maxvit", maxvit, 32, note="MaxVit: block and grid attention, 2 stages"),
     ]

@@ -64,10 +64,8 @@ def _connected_inputs(trace: Trace) -> set:
     def walk(bsyms):
         for b in reversed(bsyms):
             if any(differentiable(v) and v.name in linked for v in b.outputs()):
-                if b.subsymbols:
-                    walk(b.subsymbols)
-                else:
-                    linked.update(v.name for v in b.inputs() if differentiable(v))
+                walk(b.subsymbols) if b.subsymbols else linked.update(
+                    v.name for v in b.inputs() if differentiable(v))
     walk(trace.bsyms)
     return linked
 

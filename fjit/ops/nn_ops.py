@@ -144,16 +144,26 @@ def _max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fa
 PATCH_MATMUL_MIN = 256
 PATCH_MATMUL_MIN_FEW = 48
 PATCH_MATMUL_FEW_ROWS = 2048
+# A 1x1 convolution (stride 1) is a matmul of its positions' channel rows over at most 4 positions
+# an image, POINTWISE_MATMUL_ROWS rows in all, or POINTWISE_MATMUL_WORK multiply-adds.  oneDNN's
+# forward and backward of it against the matmuls' with the permuted copies around them, batch 8:
+# 4x4 positions 0.47-0.91x oneDNN's time at 16-2048 channels; 8x8 0.59-0.64x at 16-96 channels
+# but 1.2-2.2x at 64-2048; 16x16 1.04-2.0x.  (Taken as a patch embedding of 1x1 patches, every
+# 1x1 convolution of at least 256 channels was a matmul at any size: a Wide ResNet-50 step's joint
+# program ran 1.5x eager's, InceptionNeXt's 1.45x.)
+POINTWISE_MATMUL_ROWS = 256
+POINTWISE_MATMUL_WORK = 2_000_000
 
 
 @register(torch.conv2d)
 def _conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """Two convolutions as matmuls (their sums run in another order than oneDNN's: results agree
     to rounding, not bit for bit):
-    - a 1x1 convolution over at most 4 positions (the late stages of a CNN on small images) as one
-      matmul of its positions' channel rows: oneDNN's backward of it measured 1.4x (2x2) to 5x (1x1,
-      2048 -> 512 channels, batch 8) the matmuls' time; over more positions oneDNN wins;
-    - a patch embedding (non-overlapping k x k patches, PATCH_MATMUL_MIN and _FEW) as one matmul
+    - a 1x1 convolution over few positions (the late stages of a CNN on small images) or of little
+      work (POINTWISE_MATMUL_ROWS and _WORK) as one matmul of its positions' channel rows: oneDNN's
+      backward of it measured 1.4x (2x2) to 5x (1x1, 2048 -> 512 channels, batch 8) the matmuls'
+      time; over more positions oneDNN wins;
+    - a patch embedding (non-overlapping k x k patches, k > 1, PATCH_MATMUL_MIN and _FEW) as one matmul
       of its patches' rows, each patch laid out (channel, row, column) as the weight is."""
     if not (isinstance(x, TensorProxy) and isinstance(weight, TensorProxy) and x.ndim == 4
             and weight.ndim == 4 and weight.shape[1] == x.shape[1] and groups == 1
@@ -166,9 +176,11 @@ def _conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         raise NotImplementedError
     n, c, h, w = x.shape
     kh, kw = weight.shape[2:]
-    if (kh, kw) == (1, 1) and _pair(stride, "stride") == [1, 1] and h * w <= 4:
+    pointwise = (kh, kw) == (1, 1) and _pair(stride, "stride") == [1, 1]
+    if pointwise and (h * w <= 4 or n * h * w <= POINTWISE_MATMUL_ROWS
+                      or n * h * w * c * weight.shape[0] <= POINTWISE_MATMUL_WORK):
         rows = apply(Prim.RESHAPE, apply(Prim.PERMUTE, x, (0, 2, 3, 1)), (n * h * w, c))
-    elif _pair(stride, "stride") == [kh, kw] and h % kh == 0 and w % kw == 0 and (
+    elif _pair(stride, "stride") == [kh, kw] and kh * kw > 1 and h % kh == 0 and w % kw == 0 and (
             c * kh * kw >= PATCH_MATMUL_MIN or c * kh * kw >= PATCH_MATMUL_MIN_FEW
             and n * (h // kh) * (w // kw) <= PATCH_MATMUL_FEW_ROWS):
         h, w = h // kh, w // kw

@@ -1005,6 +1005,20 @@ def test_a_patch_embedding_is_a_matmul_of_its_patches():
     assert "convolution" not in str(fjit.last_backward_traces(jf)[-1])
 
 
+@pytest.mark.parametrize("size, matmul", [(2, True), (4, True), (16, False)])
+def test_a_pointwise_convolution_is_a_matmul_only_over_few_positions(size, matmul):
+    """A 1x1 convolution with stride 1 is a matmul of its positions' channel rows over few
+    positions (a CNN's last stages on small images), where oneDNN's backward is slow; over more it
+    stays oneDNN's convolution (a 1x1 kernel equals its stride, but is no patch embedding: as
+    matmuls, the 1x1 convolutions of a Wide ResNet-50 or InceptionNeXt step, with the permuted
+    copies around them, made the joint program 1.5x eager's)."""
+    x = _f32(2, 96, size, size, grad=False)
+    w, b = _f32(64, 96, 1, 1, seed=1), _f32(64, seed=2)
+    jf = _grads_match(lambda x, w, b: F.conv2d(x, w, b).sin().sum(), (x, w, b), rtol=1e-4, atol=1e-4)
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    assert ("convolution" not in backward) == matmul
+
+
 def test_einsum_attention_is_differentiated_by_the_joint_backward():
     """torchvision MaxViT's attention, `einsum("B G H I D, B G H J D -> B G H I J")` then softmax
     and the einsum with v, records the permutes, reshapes and batched matmul torch's einsum runs:

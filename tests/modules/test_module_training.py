@@ -552,7 +552,7 @@ def test_batch_norm_in_the_joint_program_is_atens_backward_on_the_batch_statisti
         def __init__(self):
             super().__init__()
             self.conv1, self.bn1 = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=0.2)
-            self.conv2, self.bn2 = nn.Conv2d(4, 4, 1, bias=False), nn.BatchNorm2d(4, affine=False)
+            self.conv2, self.bn2 = nn.Conv2d(4, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4, affine=False)
 
         def forward(self, x):
             y = F.relu(self.bn1(self.conv1(x)))
