@@ -4,7 +4,8 @@ For each case: `jf = fjit.jit(fn)` with the default sharp_edges="error" (so a pa
 is no false alarm), `jf(*args)` must match `fn(*args)` under torch.testing.assert_close (exact
 dtype, shape and container structure; default tolerances, bfloat16 included), the inputs must be
 left untouched, a second call with the same metadata must be a cache hit, and the last trace
-must print.
+must print.  `test_op_gradients` compares the compiled backward with eager's on every float32 sample
+(in float64), first and cached call.
 
 FJIT_OP_SAMPLES=quick runs the float32 samples plus the first two samples of every other dtype.
 """
