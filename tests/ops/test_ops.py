@@ -161,8 +161,9 @@ def test_registry_dtypes():
 # on the first call and on the cached call.  Each floating output is scaled and shifted, so
 # that something fuses and the cached call runs the joint program: the backward of the op's prims
 # by fjit's rules (a lone op keeps torch autograd over its torch call).  This is where a
-# decomposition whose values are right but whose backward is not (embedding's padding row,
-# hardswish at its bounds) shows.
+# decomposition whose values are right but whose backward is not shows (hardswish at its bounds,
+# max over all elements at a NaN, view_as's shape operand).  Embedding's padding row needs a
+# second use of the weight to show: tests/autodiff/test_autodiff.py has that case.
 
 def _scaled(fn):
     def scaled(*args):
