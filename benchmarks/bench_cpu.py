@@ -424,7 +424,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the workload table (results/cpu_workloads.json)")
     parser.add_argument("--only", default=None, help="with --workloads: comma-separated workloads")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads first")
+    parser.add_argument("--default-allocator", action="store_true",
+                        help="leave glibc's malloc trimming its heap (see harness.pin_allocator)")
     args = parser.parse_args(argv)
+    if not args.default_allocator:
+        H.pin_allocator()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.workloads:

@@ -318,6 +318,42 @@ def _git_revision() -> str:
         return "unknown"
 
 
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+# glibc caps the mmap threshold it accepts at 32 MiB on 64-bit machines (DEFAULT_MMAP_THRESHOLD_MAX)
+_GLIBC_MMAP_THRESHOLD_MAX = 32 << 20
+_allocator = "default"
+
+
+def pin_allocator() -> str:
+    """Keep freed heap memory mapped, for every candidate of the process alike.
+
+    By default glibc hands the top of its heap back to the system whenever more than a (dynamic)
+    threshold of it is free, and maps it afresh on the next allocation: a page fault per 4 KiB.
+    Whether a training step's frees leave that much free at the top depends on the order of every
+    allocation in the process so far, so the same model and code take 0 or 20,000 faults a step from
+    one process to the next (MLP-Mixer: 50-100 MB of weight gradients refaulted, 0.75x to 1.8x eager
+    between processes, eager itself split alike).  Pinning the trim threshold (and the mmap
+    threshold, which glibc otherwise resets to 128 KiB once any parameter is set) takes that lottery
+    out of the comparison; benchmark setups usually do the same with jemalloc's decay settings.
+    Returns what the process runs with, for the results' environment: "glibc-pinned" or "default"
+    (not glibc, or mallopt refused).
+    """
+    global _allocator
+    if _allocator != "default" or not sys.platform.startswith("linux"):
+        return _allocator
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return _allocator
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    if mallopt(_M_MMAP_THRESHOLD, _GLIBC_MMAP_THRESHOLD_MAX) == 1 and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1:
+        _allocator = "glibc-pinned"
+    return _allocator
+
+
 def environment() -> dict:
     env = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -328,6 +364,7 @@ def environment() -> dict:
         "torch_threads": torch.get_num_threads(),
         "fjit_revision": _git_revision(),
         "triton_interpret": os.environ.get("TRITON_INTERPRET", ""),
+        "allocator": _allocator,
     }
     try:
         import triton

@@ -502,7 +502,8 @@ def run_isolated(name: str, args) -> dict:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--models", name, "--entry", *args.entry,
                "--steps", str(args.steps), "--timeout", str(args.timeout), "--rounds", str(args.rounds),
                "--optimizer", args.optimizer, "--device", args.device,
-               "--json", str(out), "--quiet", "--timed", *args.timed] + (["--timing"] if args.timing else [])
+               "--json", str(out), "--quiet", "--timed", *args.timed] + (["--timing"] if args.timing else []) \
+            + (["--default-allocator"] if args.default_allocator else [])
         limit = (args.timeout or 600) * (len(args.entry) + (2 if args.timing else 0)) + 120
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
@@ -642,6 +643,8 @@ def main(argv=None) -> int:
                         help="where the models run (cuda: fjit's Triton kernels)")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--default-allocator", action="store_true",
+                        help="leave glibc's malloc trimming its heap (see harness.pin_allocator)")
     args = parser.parse_args(argv)
     if args.sync_kernels:
         os.environ["FJIT_C_KERNELS"] = "sync"
@@ -660,6 +663,8 @@ def main(argv=None) -> int:
     DEVICE = args.device
     import fjit  # noqa: F401 - after FJIT_C_KERNELS is set
     from benchmarks import harness as H
+    if not args.default_allocator:
+        H.pin_allocator()
     env = H.environment()
     env["fjit_c_kernels"] = os.environ.get("FJIT_C_KERNELS", "")
     env["zoo_device"] = DEVICE
