@@ -34,6 +34,7 @@ from fjit.frontend.tracer import trace_function
 from fjit.ops import TRACE_NAMESPACE
 from fjit.passes.basic import (autograd_may_record, constant_fold, cse, dce, free_dead_values,
                                reuse_buffers, simplify_views)
+from fjit.passes.matmuls import choose_gemms
 from fjit.passes.verify import verify
 
 CLEANUP = (dce, cse, constant_fold, simplify_views, dce)
@@ -109,8 +110,9 @@ def finalize(trace: Trace, untracked: bool = False) -> Trace:
     (`untracked`: the joint forward and backward, or one where no value requires grad) chains of
     views become one reinterpretation of their start, elementwise ops write into operands nothing
     reads later, and each intermediate is deleted after its last use."""
-    trace = torch_executor.conform_prim_layouts(trace)
-    if untracked or not autograd_may_record(trace):
+    tracked = not untracked and autograd_may_record(trace)
+    trace = torch_executor.conform_prim_layouts(choose_gemms(trace, tracked))
+    if not tracked:
         trace = dce(torch_executor.reinterpret_views(trace))
     return free_dead_values(reuse_buffers(trace)).with_stage("torch_executor")
 

@@ -126,11 +126,46 @@ def max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
     return _MaxPool2dViaChannelsLast.apply(x, kernel_size, stride, padding, dilation, ceil_mode)
 
 
+# A product of rows by a weight as oneDNN's 1x1 convolution (passes/matmuls.py choose_gemms, which
+# times it against torch's matmul for each shape): `rows` [M, K] contiguous is an image of M pixels
+# of K channels in channels-last order, and the weight [N, K] a 1x1 filter bank; the output,
+# channels-last again, is the [M, N] product in row-major order.  Where torch's CPU GEMM is MKL's
+# and the CPU is not Intel's, oneDNN's kernels measured 0.45-0.7x its time at the sizes of real
+# layers.  Same products, another summation order: results agree to rounding.
+
+def linear_as_conv(x, weight, bias=None):
+    """F.linear(x, weight, bias) for a [..., K] x whose rows are contiguous; differentiable (torch
+    autograd's convolution backward is oneDNN's too)."""
+    k, n = x.shape[-1], weight.shape[0]
+    y = torch.conv2d(x.reshape(1, -1, 1, k).permute(0, 3, 1, 2), weight.reshape(n, k, 1, 1), bias)
+    return y.permute(0, 2, 3, 1).reshape(*x.shape[:-1], n)
+
+
+def matmul_as_conv(a, b):
+    """a @ b for a [..., K] with contiguous rows and a 2-D b (a weight used transposed is a view of
+    the filter bank; a row-major b is copied into one, its size against the product's)."""
+    return linear_as_conv(a, b.t())
+
+
+def matmul_as_weight_grad(a, b):
+    """a @ b for a = g.t() (g [M, N] contiguous) and b [M, K] contiguous: a linear layer's weight
+    gradient, as oneDNN's weight gradient of the 1x1 convolution (the sum over the M rows is the
+    sum over its pixels).  Not differentiable: what the joint backward runs."""
+    g = a.t()
+    m, n, k = g.shape[0], g.shape[1], b.shape[1]
+    grads = torch.ops.aten.convolution_backward(
+        g.reshape(1, m, 1, n).permute(0, 3, 1, 2), b.reshape(1, m, 1, k).permute(0, 3, 1, 2),
+        b.new_empty((n, k, 1, 1)), None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [False, True, False])
+    return grads[1].reshape(n, k)
+
+
 fjit_ops = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem, unversioned=unversioned,
                                  functional_inplace=functional_inplace, generator=generator,
                                  register_hook=register_hook, retain_grad=retain_grad,
                                  max_pool2d=max_pool2d, restride=restride,
-                                 reinterpret=reinterpret)
+                                 reinterpret=reinterpret, linear_as_conv=linear_as_conv,
+                                 matmul_as_conv=matmul_as_conv,
+                                 matmul_as_weight_grad=matmul_as_weight_grad)
 
 
 # -- kernels and constants, by name --------------------------------------------------------------

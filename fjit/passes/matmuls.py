@@ -1,19 +1,25 @@
-"""The C executor's rewrites of matmuls and copies, before fusion partitions a trace (what
+"""Rewrites of matmuls and copies.  The C executor's, before fusion partitions a trace (what
 `split_ops` hands the partitioner): matmuls BLAS runs slowly because one of their dims is a
 handful (`unroll_thin_matmuls`), and copies ATen makes slowly through strides
-(`copies_in_kernels`), become prims a C kernel computes.
+(`copies_in_kernels`), become prims a C kernel computes.  The last stage's (`choose_gemms`): a
+float32 CPU linear layer's matmuls run by whichever GEMM library is faster for their shape.
 """
 from __future__ import annotations
 
 import math
+import time
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch._prims_common import make_contiguous_strides_for as contiguous_strides
 
-from fjit.core.ir import BoundSymbol, TensorVar
+import fjit.config as config
+from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar
 from fjit.core.prims import Prim, prim_of
 from fjit.core.prims.layout import reshape_copies
+from fjit.core.trace import Trace
+from fjit.runtime import linear_as_conv, matmul_as_conv, matmul_as_weight_grad
 
 # The longest inner dim a matmul is unrolled over (unroll_thin_matmuls), and the fewest elements of
 # its result (below it a BLAS call costs a few microseconds either way: the trace stays readable).
@@ -183,3 +189,120 @@ def _matmul_copies(m: BoundSymbol, supported) -> list | None:
         copies += [c] if c is not None else []
         args.append(c.output if c is not None else x)
     return copies + [m.replace(args=(*args, *m.args[2:]))] if copies else None
+
+
+# -- choose_gemms ----------------------------------------------------------------------------------
+
+# The fewest multiply-adds a product must have to be timed (below it either library takes a few
+# microseconds), and how much faster oneDNN's form must time to be chosen (timing noise).
+GEMM_MIN_MACS = 1 << 20
+GEMM_MARGIN = 0.9
+_TAGS = frozenset({Tag.FALLBACK})
+LINEAR_AS_CONV = Symbol("fjit_ops.linear_as_conv", linear_as_conv, _TAGS)
+MATMUL_AS_CONV = Symbol("fjit_ops.matmul_as_conv", matmul_as_conv, _TAGS)
+MATMUL_AS_WEIGHT_GRAD = Symbol("fjit_ops.matmul_as_weight_grad", matmul_as_weight_grad, _TAGS)
+_timed: dict = {}      # (form, shapes, strides, grad, threads) -> whether oneDNN's form was faster
+
+
+def choose_gemms(trace: Trace, tracked: bool) -> Trace:
+    """Each float32 CPU product of rows by a weight (F.linear, a matmul prim whose first operand
+    has contiguous rows, and in a program autograd does not record (`tracked` False) a weight's
+    gradient `g.T @ x`) runs as oneDNN's 1x1 convolution (runtime.linear_as_conv and friends)
+    where that timed faster than torch's matmul for its shapes and layouts in this process.
+
+    Why: torch's CPU matmul is MKL's sgemm, which runs well below oneDNN's kernels on CPUs that
+    are not Intel's (this project's AMD EPYC: a ViT layer's forward and backward 0.5x MKL's time);
+    on an Intel CPU the two are close and MKL keeps most shapes.  Timing each shape once (a few
+    milliseconds, at the compile) finds the crossover on any machine; FJIT_GEMM=torch or onednn
+    fixes the choice."""
+    mode = config.gemm()
+    if mode is config.Gemm.TORCH:
+        return trace
+    out, changed = [], False
+    for b in trace.bsyms:
+        form = _conv_form(b, tracked)
+        if form is None or not (mode is config.Gemm.ONEDNN or _onednn_faster(*form)):
+            out.append(b)
+            continue
+        sym, args = form[0], form[1]
+        out.append(BoundSymbol(sym, args, {}, b.output, comment=(
+            f"{b.sym.qualname} as oneDNN's 1x1 convolution" + ("" if mode is config.Gemm.ONEDNN else
+                                                               ": timed faster than torch's matmul"))))
+        changed = True
+    return trace.with_stage(trace.stage, out) if changed else trace
+
+
+def _rows(x) -> bool:
+    """A nonempty float32 CPU tensor of at least 2 dims whose rows are contiguous and merge into one
+    matrix."""
+    return isinstance(x, TensorVar) and x.ndim >= 2 and x.dtype == torch.float32 and \
+        x.device.type == "cpu" and math.prod(x.shape) > 0 and \
+        tuple(x.strides) == tuple(contiguous_strides(tuple(x.shape)))
+
+
+def _conv_form(b: BoundSymbol, tracked: bool) -> tuple | None:
+    """(symbol, args, torch's callable, grad) for a product choose_gemms may run as a convolution."""
+    z = b.output
+    if not isinstance(z, TensorVar) or not _rows(z) or b.kwargs:
+        return None
+    if b.sym.fn is F.linear and len(b.args) in (2, 3):
+        x, w = b.args[:2]
+        bias = b.args[2] if len(b.args) == 3 else None
+        if _rows(x) and _rows(w) and w.ndim == 2 and (bias is None or isinstance(bias, TensorVar) and
+                                                      bias.ndim == 1 and bias.dtype == torch.float32):
+            grad = tracked and any(v.requires_grad for v in (x, w, bias) if v is not None)
+            return LINEAR_AS_CONV, tuple(b.args), F.linear, grad
+        return None
+    if prim_of(b) is not Prim.MATMUL or b.subsymbols or len(b.args) != 2:
+        return None
+    a, w = b.args
+    if not (isinstance(w, TensorVar) and w.ndim == 2 and w.dtype == torch.float32 and w.device.type == "cpu"
+            and math.prod(w.shape) > 0):
+        return None
+    if _rows(a):
+        grad = tracked and (a.requires_grad or w.requires_grad)
+        return MATMUL_AS_CONV, (a, w), torch.matmul, grad
+    if not tracked and a.ndim == 2 and a.strides == (1, a.shape[0]) and _rows(w):
+        return MATMUL_AS_WEIGHT_GRAD, (a, w), torch.matmul, False
+    return None
+
+
+def _example(v, grad: bool):
+    if not isinstance(v, TensorVar):
+        return v
+    x = torch.empty_strided(v.shape, v.strides, dtype=v.dtype).normal_()
+    return x.requires_grad_(grad and v.requires_grad)
+
+
+def _onednn_faster(sym: Symbol, args: tuple, torch_fn: Callable, grad: bool) -> bool:
+    """Whether `sym` on operands like `args` timed under GEMM_MARGIN of torch_fn's time (forward
+    and backward where `grad`), measured once per shape in this process."""
+    a, w = args[0], args[1]
+    m = math.prod(a.shape[:-1])
+    n = w.shape[0] if sym is LINEAR_AS_CONV else w.shape[1]
+    if m * a.shape[-1] * n < GEMM_MIN_MACS:
+        return False
+    key = (sym.qualname, *((v.shape, v.strides, v.requires_grad) if isinstance(v, TensorVar) else v
+                           for v in args), grad, torch.get_num_threads())
+    if key not in _timed:
+        with torch.enable_grad() if grad else torch.no_grad():
+            inputs = [_example(v, grad) for v in args]
+            _timed[key] = _seconds(sym.fn, inputs, grad) < GEMM_MARGIN * _seconds(torch_fn, inputs, grad)
+    return _timed[key]
+
+
+def _seconds(fn: Callable, inputs: list, grad: bool, samples: int = 5) -> float:
+    """The best of `samples` timings of fn (and its backward where `grad`), after one warm-up."""
+    leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+
+    def run():
+        out = fn(*inputs)
+        if leaves:
+            torch.autograd.grad(out, leaves, torch.ones_like(out))
+    run()
+    best = math.inf
+    for _ in range(samples):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best

@@ -1032,3 +1032,69 @@ def test_einsum_attention_is_differentiated_by_the_joint_backward():
     forward, backward = str(fjit.last_traces(jf)[-1]), str(fjit.last_backward_traces(jf)[-1])
     assert "einsum" not in forward and "torch autograd's backward" not in backward
     assert _c_kernels(backward)
+
+
+def _gemm_calls(jf) -> list:
+    traces = str(fjit.last_traces(jf)[-1]) + "".join(map(str, fjit.last_backward_traces(jf)))
+    return re.findall(r"fjit_ops\.(linear_as_conv|matmul_as_conv|matmul_as_weight_grad)\(", _code(traces))
+
+
+@pytest.mark.parametrize("measure", ["0", "auto"])
+def test_linear_layers_as_onednn_convolutions_train_as_eager(monkeypatch, measure):
+    """FJIT_GEMM=onednn: a linear layer's products are oneDNN's 1x1 convolution (passes/matmuls.py
+    choose_gemms).  In the joint program (FJIT_MEASURE=0) the forward's x @ w.T, the backward's
+    g @ w and the weight gradient g.T @ x are; in the program torch autograd records (the lone
+    F.linear of `one`: nothing to fuse) F.linear is, differentiated by torch autograd.  Gradients
+    agree with eager's to rounding, on the compiling and the cached call."""
+    monkeypatch.setenv("FJIT_GEMM", "onednn")
+    monkeypatch.setenv("FJIT_MEASURE", measure)
+    x = _f32(4, 16, 64)
+    w1, b1, w2, b2 = _f32(96, 64, seed=1), _f32(96, seed=2), _f32(64, 96, seed=3), _f32(64, seed=4)
+
+    def mlp(x, w1, b1, w2, b2):
+        return (F.linear(torch.relu(F.linear(x, w1, b1)), w2, b2) ** 2).sum()
+    jf = _grads_match(mlp, (x, w1, b1, w2, b2), rtol=1e-4, atol=1e-4)
+    calls = _gemm_calls(jf)
+    if measure == "0":
+        assert calls.count("matmul_as_weight_grad") == 2, calls
+        assert "matmul_as_conv" in calls, calls
+
+    def one(x, w1, b1):
+        return F.linear(x, w1, b1)
+    jf, g = fjit.jit(one), _f32(4, 16, 96, seed=5, grad=False)
+    for _ in range(2):
+        got = torch.autograd.grad(jf(x, w1, b1), (x, w1, b1), g)
+        torch.testing.assert_close(got, torch.autograd.grad(one(x, w1, b1), (x, w1, b1), g),
+                                   rtol=1e-4, atol=1e-4)
+    assert set(_gemm_calls(jf)) == {"linear_as_conv"}
+    # torch autograd's backward of the convolution is differentiable again (a double backward)
+    y = jf(x, w1, b1)
+    gx, = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    want, = torch.autograd.grad(one(x, w1, b1).square().sum(), x, create_graph=True)
+    torch.testing.assert_close(torch.autograd.grad(gx.sum(), w1)[0],
+                               torch.autograd.grad(want.sum(), w1)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_gemm_choice_times_a_shape_once_and_keeps_small_products_on_torch(monkeypatch):
+    """FJIT_GEMM=auto (the default) times oneDNN's form against torch's matmul once per shape and
+    process, and never below GEMM_MIN_MACS multiply-adds; FJIT_GEMM=torch never rewrites."""
+    from fjit.passes import matmuls
+    timed = []
+
+    def seconds(fn, inputs, grad, samples=5):
+        timed.append(fn)
+        return 1.0 if fn in (torch.matmul, F.linear) else 0.5      # oneDNN's "faster"
+    monkeypatch.setattr(matmuls, "_seconds", seconds)
+    monkeypatch.setattr(matmuls, "_timed", {})
+    monkeypatch.setenv("FJIT_GEMM", "auto")
+    big = (_f32(256, 64, grad=False), _f32(96, 64, seed=1, grad=False), _f32(96, seed=2, grad=False))
+    small = (_f32(8, 64, grad=False), *big[1:])
+    for args in (big, big, small):
+        jf = fjit.jit(lambda x, w, b: F.linear(x, w, b))
+        torch.testing.assert_close(jf(*args), F.linear(*args), rtol=1e-4, atol=1e-4)
+        assert set(_gemm_calls(jf)) == ({"linear_as_conv"} if args is big else set())
+    assert len(timed) == 2          # the big shape's two candidates, once
+    monkeypatch.setenv("FJIT_GEMM", "torch")
+    jf = fjit.jit(lambda x, w, b: F.linear(x, w, b))
+    jf(*big)
+    assert _gemm_calls(jf) == []
