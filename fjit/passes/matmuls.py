@@ -285,7 +285,9 @@ def _onednn_faster(sym: Symbol, args: tuple, torch_fn: Callable, grad: bool) -> 
     key = (sym.qualname, *((v.shape, v.strides, v.requires_grad) if isinstance(v, TensorVar) else v
                            for v in args), grad, torch.get_num_threads())
     if key not in _timed:
-        with torch.enable_grad() if grad else torch.no_grad():
+        # timed as the program runs, whatever modes the compiling call was made under
+        with torch.inference_mode(False), torch.autocast("cpu", enabled=False), \
+                torch.enable_grad() if grad else torch.no_grad():
             inputs = [_example(v, grad) for v in args]
             _timed[key] = _seconds(sym.fn, inputs, grad) < GEMM_MARGIN * _seconds(torch_fn, inputs, grad)
     return _timed[key]
