@@ -320,8 +320,9 @@ def _git_revision() -> str:
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-# glibc caps the mmap threshold it accepts at 32 MiB on 64-bit machines (DEFAULT_MMAP_THRESHOLD_MAX)
-_GLIBC_MMAP_THRESHOLD_MAX = 32 << 20
+# Blocks up to 1 GiB come from the heap (older glibc refuses more than 32 MiB, the most its dynamic
+# threshold reaches: then that)
+_MMAP_THRESHOLDS = (1 << 30, 32 << 20)
 _allocator = "default"
 
 
@@ -333,9 +334,11 @@ def pin_allocator() -> str:
     Whether a training step's frees leave that much free at the top depends on the order of every
     allocation in the process so far, so the same model and code take 0 or 20,000 faults a step from
     one process to the next (MLP-Mixer: 50-100 MB of weight gradients refaulted, 0.75x to 1.8x eager
-    between processes, eager itself split alike).  Pinning the trim threshold (and the mmap
-    threshold, which glibc otherwise resets to 128 KiB once any parameter is set) takes that lottery
-    out of the comparison; benchmark setups usually do the same with jemalloc's decay settings.
+    between processes, eager itself split alike).  Blocks over the mmap threshold are mapped and
+    unmapped on every allocation, so a step that allocates them faults them in every time (AlexNet's
+    150 MB classifier gradient: 56,000 faults a step, about its whole step time, for eager and fjit
+    alike).  Pinning the trim threshold and raising the mmap threshold to 1 GiB takes both out of
+    the comparison; benchmark setups usually do the same with jemalloc's decay settings.
     Returns what the process runs with, for the results' environment: "glibc-pinned" or "default"
     (not glibc, or mallopt refused).
     """
@@ -349,7 +352,8 @@ def pin_allocator() -> str:
     except (OSError, AttributeError):
         return _allocator
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    if mallopt(_M_MMAP_THRESHOLD, _GLIBC_MMAP_THRESHOLD_MAX) == 1 and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1:
+    if any(mallopt(_M_MMAP_THRESHOLD, t) == 1 for t in _MMAP_THRESHOLDS) and \
+            mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1:
         _allocator = "glibc-pinned"
     return _allocator
 

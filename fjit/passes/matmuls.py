@@ -197,6 +197,12 @@ def _matmul_copies(m: BoundSymbol, supported) -> list | None:
 # microseconds), and how much faster oneDNN's form must time to be chosen (timing noise).
 GEMM_MIN_MACS = 1 << 20
 GEMM_MARGIN = 0.9
+# The fewest rows (positions) a product must have to be timed: over fewer it reads its weight more
+# than it computes, and oneDNN reorders the weight on every call (8 rows by VGG's 25088 x 4096
+# classifier weight, forward and backward: 563 ms against MKL's 187 ms; timing both cost seconds)
+GEMM_MIN_ROWS = 64
+# A candidate whose warm-up run takes longer than this is timed once more, not best of 5.
+GEMM_LONG_RUN = 0.05
 _TAGS = frozenset({Tag.FALLBACK})
 LINEAR_AS_CONV = Symbol("fjit_ops.linear_as_conv", linear_as_conv, _TAGS)
 MATMUL_AS_CONV = Symbol("fjit_ops.matmul_as_conv", matmul_as_conv, _TAGS)
@@ -213,8 +219,9 @@ def choose_gemms(trace: Trace, tracked: bool) -> Trace:
     Why: torch's CPU matmul is MKL's sgemm, which runs well below oneDNN's kernels on CPUs that
     are not Intel's (this project's AMD EPYC: a ViT layer's forward and backward 0.5x MKL's time);
     on an Intel CPU the two are close and MKL keeps most shapes.  Timing each shape once (a few
-    milliseconds, at the compile) finds the crossover on any machine; FJIT_GEMM=torch or onednn
-    fixes the choice."""
+    milliseconds, at the compile) finds the crossover on any machine; products of fewer than
+    GEMM_MIN_ROWS rows or GEMM_MIN_MACS multiply-adds stay torch's untimed.  FJIT_GEMM=torch or
+    onednn fixes the choice."""
     mode = config.gemm()
     if mode is config.Gemm.TORCH:
         return trace
@@ -278,9 +285,9 @@ def _onednn_faster(sym: Symbol, args: tuple, torch_fn: Callable, grad: bool) -> 
     """Whether `sym` on operands like `args` timed under GEMM_MARGIN of torch_fn's time (forward
     and backward where `grad`), measured once per shape in this process."""
     a, w = args[0], args[1]
-    m = math.prod(a.shape[:-1])
+    m = math.prod(a.shape[:-1]) if sym is not MATMUL_AS_WEIGHT_GRAD else a.shape[1]
     n = w.shape[0] if sym is LINEAR_AS_CONV else w.shape[1]
-    if m * a.shape[-1] * n < GEMM_MIN_MACS:
+    if m < GEMM_MIN_ROWS or math.prod(a.shape) * n < GEMM_MIN_MACS:
         return False
     key = (sym.qualname, *((v.shape, v.strides, v.requires_grad) if isinstance(v, TensorVar) else v
                            for v in args), grad, torch.get_num_threads())
@@ -294,14 +301,18 @@ def _onednn_faster(sym: Symbol, args: tuple, torch_fn: Callable, grad: bool) -> 
 
 
 def _seconds(fn: Callable, inputs: list, grad: bool, samples: int = 5) -> float:
-    """The best of `samples` timings of fn (and its backward where `grad`), after one warm-up."""
+    """The best of `samples` timings of fn (and its backward where `grad`), after one warm-up (one
+    timing where the warm-up took over GEMM_LONG_RUN)."""
     leaves = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
 
     def run():
         out = fn(*inputs)
         if leaves:
             torch.autograd.grad(out, leaves, torch.ones_like(out))
+    start = time.perf_counter()
     run()
+    if time.perf_counter() - start > GEMM_LONG_RUN:
+        samples = 1
     best = math.inf
     for _ in range(samples):
         start = time.perf_counter()
