@@ -248,7 +248,8 @@ def _rows(x) -> bool:
 
 
 def _conv_form(b: BoundSymbol, tracked: bool) -> tuple | None:
-    """(symbol, args, torch's callable, grad) for a product choose_gemms may run as a convolution."""
+    """(symbol, args, torch's callable, grad, rows, multiply-adds) for a product choose_gemms may
+    run as a convolution; rows are the product's M (the weight gradient's: the rows it sums over)."""
     z = b.output
     if not isinstance(z, TensorVar) or not _rows(z) or b.kwargs:
         return None
@@ -258,7 +259,8 @@ def _conv_form(b: BoundSymbol, tracked: bool) -> tuple | None:
         if _rows(x) and _rows(w) and w.ndim == 2 and (bias is None or isinstance(bias, TensorVar) and
                                                       bias.ndim == 1 and bias.dtype == torch.float32):
             grad = tracked and any(v.requires_grad for v in (x, w, bias) if v is not None)
-            return LINEAR_AS_CONV, tuple(b.args), F.linear, grad
+            rows = math.prod(x.shape[:-1])
+            return LINEAR_AS_CONV, tuple(b.args), F.linear, grad, rows, rows * x.shape[-1] * w.shape[0]
         return None
     if prim_of(b) is not Prim.MATMUL or b.subsymbols or len(b.args) != 2:
         return None
@@ -266,11 +268,12 @@ def _conv_form(b: BoundSymbol, tracked: bool) -> tuple | None:
     if not (isinstance(w, TensorVar) and w.ndim == 2 and w.dtype == torch.float32 and w.device.type == "cpu"
             and math.prod(w.shape) > 0):
         return None
+    macs = math.prod(a.shape) * w.shape[1]
     if _rows(a):
         grad = tracked and (a.requires_grad or w.requires_grad)
-        return MATMUL_AS_CONV, (a, w), torch.matmul, grad
+        return MATMUL_AS_CONV, (a, w), torch.matmul, grad, math.prod(a.shape[:-1]), macs
     if not tracked and a.ndim == 2 and a.strides == (1, a.shape[0]) and _rows(w):
-        return MATMUL_AS_WEIGHT_GRAD, (a, w), torch.matmul, False
+        return MATMUL_AS_WEIGHT_GRAD, (a, w), torch.matmul, False, a.shape[1], macs
     return None
 
 
@@ -281,13 +284,10 @@ def _example(v, grad: bool):
     return x.requires_grad_(grad and v.requires_grad)
 
 
-def _onednn_faster(sym: Symbol, args: tuple, torch_fn: Callable, grad: bool) -> bool:
+def _onednn_faster(sym: Symbol, args: tuple, torch_fn: Callable, grad: bool, rows: int, macs: int) -> bool:
     """Whether `sym` on operands like `args` timed under GEMM_MARGIN of torch_fn's time (forward
     and backward where `grad`), measured once per shape in this process."""
-    a, w = args[0], args[1]
-    m = math.prod(a.shape[:-1]) if sym is not MATMUL_AS_WEIGHT_GRAD else a.shape[1]
-    n = w.shape[0] if sym is LINEAR_AS_CONV else w.shape[1]
-    if m < GEMM_MIN_ROWS or math.prod(a.shape) * n < GEMM_MIN_MACS:
+    if rows < GEMM_MIN_ROWS or macs < GEMM_MIN_MACS:
         return False
     key = (sym.qualname, *((v.shape, v.strides, v.requires_grad) if isinstance(v, TensorVar) else v
                            for v in args), grad, torch.get_num_threads())
