@@ -147,6 +147,23 @@ def matmul_as_conv(a, b):
     return linear_as_conv(a, b.t())
 
 
+def matmul_as_input_grad(a, b):
+    """a @ b for a [..., K] with contiguous rows and a row-major b [K, N]: a linear layer's input
+    gradient `g @ w`, as oneDNN's data gradient of the 1x1 convolution whose filter bank is b
+    (K out of N channels), with no copy of b (matmul_as_conv's form transposes it into one: 0.5x
+    MKL's time where that copy made it a tie).  Not differentiable: what the joint backward runs."""
+    k, n = b.shape
+    g = a.reshape(-1, k)
+    m = g.shape[0]
+    # only the input's shape and layout are read: channels-last, so the gradient comes back in
+    # the product's row-major order
+    like = torch.empty_strided((1, n, m, 1), (m * n, 1, n, n), dtype=b.dtype, device=b.device)
+    grads = torch.ops.aten.convolution_backward(
+        g.reshape(1, m, 1, k).permute(0, 3, 1, 2), like, b.reshape(k, n, 1, 1), None, [1, 1], [0, 0],
+        [1, 1], False, [0, 0], 1, [True, False, False])
+    return grads[0].permute(0, 2, 3, 1).reshape(*a.shape[:-1], n)
+
+
 def matmul_as_weight_grad(a, b):
     """a @ b for a = g.t() (g [M, N] contiguous) and b [M, K] contiguous: a linear layer's weight
     gradient, as oneDNN's weight gradient of the 1x1 convolution (the sum over the M rows is the
@@ -164,7 +181,7 @@ fjit_ops = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem, unv
                                  register_hook=register_hook, retain_grad=retain_grad,
                                  max_pool2d=max_pool2d, restride=restride,
                                  reinterpret=reinterpret, linear_as_conv=linear_as_conv,
-                                 matmul_as_conv=matmul_as_conv,
+                                 matmul_as_conv=matmul_as_conv, matmul_as_input_grad=matmul_as_input_grad,
                                  matmul_as_weight_grad=matmul_as_weight_grad)
 
 

@@ -19,7 +19,7 @@ from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar
 from fjit.core.prims import Prim, prim_of
 from fjit.core.prims.layout import reshape_copies
 from fjit.core.trace import Trace
-from fjit.runtime import linear_as_conv, matmul_as_conv, matmul_as_weight_grad
+from fjit.runtime import linear_as_conv, matmul_as_conv, matmul_as_input_grad, matmul_as_weight_grad
 
 # The longest inner dim a matmul is unrolled over (unroll_thin_matmuls), and the fewest elements of
 # its result (below it a BLAS call costs a few microseconds either way: the trace stays readable).
@@ -199,13 +199,18 @@ GEMM_MIN_MACS = 1 << 20
 GEMM_MARGIN = 0.9
 # The fewest rows (positions) a product must have to be timed: over fewer it reads its weight more
 # than it computes, and oneDNN reorders the weight on every call (8 rows by VGG's 25088 x 4096
-# classifier weight, forward and backward: 563 ms against MKL's 187 ms; timing both cost seconds)
-GEMM_MIN_ROWS = 64
+# classifier weight, forward and backward: 563 ms against MKL's 187 ms; timing both cost seconds).
+# From 32 rows oneDNN's forward and data gradient can win (a 1x1 convolution over 2x2 positions of
+# 8 images, 768 to 2304 channels: 0.7x and 0.5x MKL's time); its weight gradient over 32 rows took
+# 3-10x MKL's, so that form needs 64.
+GEMM_MIN_ROWS = 32
+GEMM_MIN_ROWS_WEIGHT_GRAD = 64
 # A candidate whose warm-up run takes longer than this is timed once more, not best of 5.
 GEMM_LONG_RUN = 0.05
 _TAGS = frozenset({Tag.FALLBACK})
 LINEAR_AS_CONV = Symbol("fjit_ops.linear_as_conv", linear_as_conv, _TAGS)
 MATMUL_AS_CONV = Symbol("fjit_ops.matmul_as_conv", matmul_as_conv, _TAGS)
+MATMUL_AS_INPUT_GRAD = Symbol("fjit_ops.matmul_as_input_grad", matmul_as_input_grad, _TAGS)
 MATMUL_AS_WEIGHT_GRAD = Symbol("fjit_ops.matmul_as_weight_grad", matmul_as_weight_grad, _TAGS)
 _timed: dict = {}      # (form, shapes, strides, grad, threads) -> whether oneDNN's form was faster
 
@@ -271,6 +276,8 @@ def _conv_form(b: BoundSymbol, tracked: bool) -> tuple | None:
     macs = math.prod(a.shape) * w.shape[1]
     if _rows(a):
         grad = tracked and (a.requires_grad or w.requires_grad)
+        if not grad and _rows(w):     # g @ w: the data gradient reads w where it lies
+            return MATMUL_AS_INPUT_GRAD, (a, w), torch.matmul, False, math.prod(a.shape[:-1]), macs
         return MATMUL_AS_CONV, (a, w), torch.matmul, grad, math.prod(a.shape[:-1]), macs
     if not tracked and a.ndim == 2 and a.strides == (1, a.shape[0]) and _rows(w):
         return MATMUL_AS_WEIGHT_GRAD, (a, w), torch.matmul, False, a.shape[1], macs
@@ -287,7 +294,8 @@ def _example(v, grad: bool):
 def _onednn_faster(sym: Symbol, args: tuple, torch_fn: Callable, grad: bool, rows: int, macs: int) -> bool:
     """Whether `sym` on operands like `args` timed under GEMM_MARGIN of torch_fn's time (forward
     and backward where `grad`), measured once per shape in this process."""
-    if rows < GEMM_MIN_ROWS or macs < GEMM_MIN_MACS:
+    if rows < (GEMM_MIN_ROWS_WEIGHT_GRAD if sym is MATMUL_AS_WEIGHT_GRAD else GEMM_MIN_ROWS) \
+            or macs < GEMM_MIN_MACS:
         return False
     key = (sym.qualname, *((v.shape, v.strides, v.requires_grad) if isinstance(v, TensorVar) else v
                            for v in args), grad, torch.get_num_threads())

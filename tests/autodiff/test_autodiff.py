@@ -761,6 +761,36 @@ def test_pointwise_operands_of_a_matmul_are_saved_at_any_size(what, monkeypatch)
     assert what == "matmul" or "functional.linear" in forward, forward     # F.linear stays whole
 
 
+def test_relu_backward_reads_the_output_a_convolution_saves(monkeypatch):
+    """relu's rule reads relu(x), as eager's ReluBackward0 does (relu(x) <= 0 exactly where
+    x <= 0: a NaN passes the cotangent, 0 and -0.0 block it).  The output is the next layer's
+    operand, saved anyway; reading x kept the batch norm's output alive beside it (one more
+    activation a layer of a CNN)."""
+    x = torch.randn(2, 3, 8, 8)
+    x[0, 0, 0, :4] = torch.tensor([0.0, -0.0, float("nan"), 1.0])
+    x.requires_grad_()
+    w = _f32(4, 3, 3, 3, seed=1)
+
+    def f(x, w):
+        mean = x.mean((0, 2, 3), keepdim=True)
+        var = ((x - mean) ** 2).mean((0, 2, 3), keepdim=True)
+        h = torch.relu((x - mean) * torch.rsqrt(var + 1e-5) * 2.0 + 0.5)
+        return torch.nn.functional.conv2d(h, w, padding=1)
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    jf = fjit.jit(f)
+    g = torch.randn(2, 4, 8, 8)
+    for _ in range(2):
+        got = torch.autograd.grad(jf(x, w), (x, w), g)
+    want = torch.autograd.grad(f(x, w), (x, w), g)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    assert "torch autograd" not in fjit.last_backward_traces(jf)[0].stage     # the joint program
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    inputs = backward.splitlines()[backward.splitlines().index(next(
+        line for line in backward.splitlines() if line.startswith("def computation("))) + 1]
+    # the backward reads two activations: relu's output and x - mean; not the value before relu
+    assert inputs.count('"cpu f32[2, 3, 8, 8]"') == 2, inputs
+
+
 _SLICED = {
     # name: (function of y [4, 12], what the backward joins the slices' cotangents with)
     "split": (lambda y: (lambda q, k, v: (q * k.sin() + v).sum())(*y.split(4, dim=-1)), "cat"),
@@ -1036,14 +1066,15 @@ def test_einsum_attention_is_differentiated_by_the_joint_backward():
 
 def _gemm_calls(jf) -> list:
     traces = str(fjit.last_traces(jf)[-1]) + "".join(map(str, fjit.last_backward_traces(jf)))
-    return re.findall(r"fjit_ops\.(linear_as_conv|matmul_as_conv|matmul_as_weight_grad)\(", _code(traces))
+    return re.findall(r"fjit_ops\.(linear_as_conv|matmul_as_conv|matmul_as_input_grad|matmul_as_weight_grad)\(", _code(traces))
 
 
 @pytest.mark.parametrize("measure", ["0", "auto"])
 def test_linear_layers_as_onednn_convolutions_train_as_eager(monkeypatch, measure):
     """FJIT_GEMM=onednn: a linear layer's products are oneDNN's 1x1 convolution (passes/matmuls.py
-    choose_gemms).  In the joint program (FJIT_MEASURE=0) the forward's x @ w.T, the backward's
-    g @ w and the weight gradient g.T @ x are; in the program torch autograd records (the lone
+    choose_gemms).  In the joint program (FJIT_MEASURE=0) the forward's F.linear (a 1x1
+    convolution), the backward's g @ w (its data gradient, reading w where it lies) and the weight
+    gradient g.T @ x (its weight gradient) are; in the program torch autograd records (the lone
     F.linear of `one`: nothing to fuse) F.linear is, differentiated by torch autograd.  Gradients
     agree with eager's to rounding, on the compiling and the cached call."""
     monkeypatch.setenv("FJIT_GEMM", "onednn")
@@ -1057,7 +1088,8 @@ def test_linear_layers_as_onednn_convolutions_train_as_eager(monkeypatch, measur
     calls = _gemm_calls(jf)
     if measure == "0":
         assert calls.count("matmul_as_weight_grad") == 2, calls
-        assert "matmul_as_conv" in calls, calls
+        assert calls.count("matmul_as_input_grad") == 2, calls      # fc2's and fc1's g @ w
+        assert calls.count("linear_as_conv") == 2, calls
 
     def one(x, w1, b1):
         return F.linear(x, w1, b1)
@@ -1073,6 +1105,21 @@ def test_linear_layers_as_onednn_convolutions_train_as_eager(monkeypatch, measur
     want, = torch.autograd.grad(one(x, w1, b1).square().sum(), x, create_graph=True)
     torch.testing.assert_close(torch.autograd.grad(gx.sum(), w1)[0],
                                torch.autograd.grad(want.sum(), w1)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (2, 7, 3), (1, 1)])
+def test_onednn_product_forms_equal_matmul(shape):
+    """runtime's oneDNN forms of a product compute a @ b for any rows (a batch of them, a single
+    one), in a's batch shape and row-major order."""
+    from fjit.runtime import matmul_as_conv, matmul_as_input_grad, matmul_as_weight_grad
+    a, w = _f32(*shape, grad=False), _f32(shape[-1], 6, seed=1, grad=False)
+    for form in (matmul_as_conv, matmul_as_input_grad):
+        got = form(a, w)
+        assert got.shape == (*shape[:-1], 6) and got.is_contiguous()
+        torch.testing.assert_close(got, a @ w, rtol=1e-5, atol=1e-5)
+    rows = a.reshape(-1, shape[-1])
+    g = _f32(rows.shape[0], 4, seed=2, grad=False)
+    torch.testing.assert_close(matmul_as_weight_grad(g.t(), rows), g.t() @ rows, rtol=1e-5, atol=1e-5)
 
 
 def test_gemm_choice_times_a_shape_once_and_keeps_small_products_on_torch(monkeypatch):
@@ -1094,6 +1141,13 @@ def test_gemm_choice_times_a_shape_once_and_keeps_small_products_on_torch(monkey
         torch.testing.assert_close(jf(*args), F.linear(*args), rtol=1e-4, atol=1e-4)
         assert set(_gemm_calls(jf)) == ({"linear_as_conv"} if args is big else set())
     assert len(timed) == 2          # the big shape's two candidates, once
+    # 32 rows are timed for a product's forward and data-gradient forms, not for a weight gradient
+    rows32 = (_f32(32, 512, grad=False), _f32(128, 512, seed=1, grad=False), _f32(128, seed=2, grad=False))
+    jf = fjit.jit(lambda x, w, b: F.linear(x, w, b))
+    jf(*rows32)
+    assert _gemm_calls(jf) == ["linear_as_conv"] and len(timed) == 4
+    assert not matmuls._onednn_faster(matmuls.MATMUL_AS_WEIGHT_GRAD, (), torch.matmul, False, 32, 1 << 30)
+    assert len(timed) == 4
     monkeypatch.setenv("FJIT_GEMM", "torch")
     jf = fjit.jit(lambda x, w, b: F.linear(x, w, b))
     jf(*big)

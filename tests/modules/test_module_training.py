@@ -365,6 +365,32 @@ def test_measured_choice_keeps_eager_results_and_random_draws(monkeypatch, autog
         assert not stage.startswith("torch_autograd")
 
 
+@pytest.mark.parametrize("autograd_time, kept", [(0.9, "torch autograd"), (1.02, "torch autograd"),
+                                                  (1.05, "joint")])
+def test_measured_choice_gives_ties_to_torch_autograd(monkeypatch, autograd_time, kept):
+    """torch autograd runs eager's own kernels, so it is kept unless the joint program's measured
+    time is under 1/MARGIN of its (a clock the forms advance by fixed amounts: no real timing)."""
+    import fjit.program_choice as program_choice
+    clock = [0.0]
+    monkeypatch.setattr(program_choice.time, "perf_counter", lambda: clock[0])
+
+    def form(what, cost):
+        def timed(x):
+            clock[0] += cost
+            return x * 2.0
+        return program_choice.Form(what, timed, timed, lambda reason: ([reason], [reason]))
+    forward, backward = ["compiled"], ["compiled"]
+    choice = program_choice.MeasuredChoice([form("joint", 1.0), form("torch autograd", autograd_time)],
+                                           [], forward, backward)
+    x = torch.randn(3, requires_grad=True)
+    choice(x)
+    choice(x)
+    assert choice.times == pytest.approx([1.0, autograd_time])
+    assert (choice.run is choice.forms[1].run) == (kept == "torch autograd")
+    assert backward == (["compiled"] if kept == "joint" else [backward[0]]) and \
+        (kept == "joint" or "measured on the second call, torch autograd took" in backward[0])
+
+
 def test_measured_choice_is_skipped_for_an_input_with_a_gradient_hook(monkeypatch):
     """Measuring runs backwards that a hook on an input would see: such a program keeps the joint
     form, and the hook runs once per real backward."""
