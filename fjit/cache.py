@@ -69,7 +69,7 @@ class ProgramCache:
         if not self.keep:
             return
         fast = self._fast
-        if fast is None or len(args) != fast[2]:
+        if fast is None or len(args) != fast[3]:
             if self._fast_declined == len(args):
                 return
             made = fast_path(args, self.specialized, self.last)

@@ -1,11 +1,10 @@
 """The dispatcher: what happens when the traced function calls a torch op.
 
-Every torch function, Tensor method and operator reached during tracing lands in `dispatch`.  It
-records a grad-mode or autocast change made since the last op (frontend/modes.py), rejects
-data-dependent conversions (FJ106), runtime-identity questions and autograd hooks (FJ202),
-functionalizes in-place ops, `out=` and setitem (FJ102 when they reach an input), and hands every
-other call to frontend/record.py, which records it.  Custom autograd.Functions and vmap are traced
-as one opaque op each.
+Every torch function, Tensor method and operator reached during tracing lands in `dispatch`.  It records
+a grad-mode or autocast change made since the last op (frontend/modes.py), rejects data-dependent
+conversions (FJ106), runtime-identity questions and autograd hooks (FJ202), functionalizes in-place
+ops, `out=` and setitem (FJ102 when they reach an input), and hands every other call to
+frontend/record.py, which records it.  Custom autograd.Functions and vmap are one opaque op each.
 """
 from __future__ import annotations
 
@@ -25,7 +24,8 @@ from fjit.frontend.rng import bind_generators, rng_preserved
 from fjit.runtime import functional_inplace, register_hook, retain_grad, setitem, view_scatter
 from fjit.frontend.modes import record_mode_changes
 from fjit.frontend.stateful_ops import WRITES_INTO_ARGUMENTS
-from fjit.frontend.record import DECOMPOSITIONS, RANDOM_OPS, REPLACEMENTS, op_name, torch_symbol, trace_call
+from fjit.frontend.callables import accepts, op_name, torch_names
+from fjit.frontend.record import DECOMPOSITIONS, RANDOM_OPS, REPLACEMENTS, torch_symbol, trace_call
 from fjit.strict.locate import user_location
 
 # Questions whose answer is a tensor's data in Python: catalog entry and how to say it.  In the
@@ -88,8 +88,7 @@ _APPLY_OPS: dict = {}
 
 def _on_proxies(args, kwargs) -> bool:
     """Whether a call is part of a trace: made while tracing, on at least one tensor proxy."""
-    return current() is not None and any(isinstance(x, TensorProxy)
-                                         for x in flatten_values((args, kwargs)))
+    return current() is not None and any(isinstance(x, TensorProxy) for x in flatten_values((args, kwargs)))
 
 
 def _traced_apply(cls, *args, **kwargs):
@@ -165,6 +164,7 @@ RUN_FOR_REAL = {torch.amp.autocast_mode._enter_autocast, torch.amp.autocast_mode
 def _dispatch(ctx, func, args, kwargs):
     if func in RUN_FOR_REAL:
         return func(*args, **kwargs)
+    kwargs = torch_names(func, kwargs)
     if len(ctx.scopes) == 1:      # a top-level op (not a prim of a decomposition)
         record_mode_changes(ctx)
     if func in DATA_DEPENDENT:
@@ -196,7 +196,7 @@ def _dispatch(ctx, func, args, kwargs):
         return _functionalize(ctx, func, args, kwargs)
     if func is torch.conv2d and ctx.channels_last_convs and _cpu_4d_operands(args):
         return _channels_last_convolution(ctx, func, args, kwargs)
-    if func in REPLACEMENTS:
+    if func in REPLACEMENTS and accepts(REPLACEMENTS[func], args, kwargs):
         try:
             return REPLACEMENTS[func](*args, **kwargs)
         except NotImplementedError:

@@ -14,6 +14,7 @@ from fjit.core.ir import (BoundSymbol, GeneratorVar, Symbol, Tag, TensorVar, fla
 from fjit.core.prims import VIEW_OPS, set_recorder
 from fjit.errors import UnsupportedOpError, catalog_fix, located
 from fjit.core.meta import meta_tensor, run_meta
+from fjit.frontend.callables import accepts, op_name, qualified_name, torch_names
 from fjit.frontend.context import TraceContext, current
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.frontend.modes import autocast_applies, autocast_outputs
@@ -51,29 +52,6 @@ _METADATA_GETTERS |= {getattr(torch.Tensor, n) for n in (
 # ----------------------------------------------------------------------------------------------
 
 _SYMBOLS: dict = {}
-_MODULES = {"torch": torch, "torch.nn.functional": torch.nn.functional, "torch.special": torch.special,
-            "torch.linalg": torch.linalg, "torch.fft": torch.fft}
-
-
-def qualified_name(func) -> str:
-    """How a printed trace names a torch callable (torch.add, torch.Tensor.add, ...).  Cheaper than
-    torch.overrides.resolve_name, whose first call indexes all of torch (seconds)."""
-    name = getattr(func, "__name__", None)
-    owner = getattr(func, "__self__", None)
-    if name == "__get__" and owner is not None and hasattr(owner, "__name__"):   # a property
-        return f"torch.Tensor.{owner.__name__}.__get__"
-    if name is None:
-        return repr(func)
-    if isinstance(func, torch._ops.OpOverload):     # torch.ops.aten.add.Tensor
-        return f"torch.ops.{func.namespace}.{func._opname}.{func._overloadname}"
-    if getattr(torch.Tensor, name, None) is func:
-        return f"torch.Tensor.{name}"
-    for prefix, module in _MODULES.items():
-        if getattr(module, name, None) is func:
-            return f"{prefix}.{name}"
-    return f"{getattr(func, '__module__', None) or '?'}.{getattr(func, '__qualname__', name)}"
-
-
 def torch_symbol(func) -> Symbol:
     sym = _SYMBOLS.get(func)
     if sym is None:
@@ -87,11 +65,6 @@ def torch_symbol(func) -> Symbol:
             tags.add(Tag.VIEW)
         sym = _SYMBOLS[func] = Symbol(name, func, frozenset(tags))
     return sym
-
-
-def op_name(func) -> str:
-    name = qualified_name(func)
-    return name.replace("torch.Tensor.", "Tensor.").replace(".__get__", "")
 
 
 def observed_strides(ctx: TraceContext, key: tuple, shape) -> tuple | None:
@@ -143,6 +116,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
     """Record `func(*args, **kwargs)` as `sym`; returns proxies shaped like func's result.
     `real_strides(shape)`: the real kernel's output layout, where it is known and the meta
     kernel's is not it (a CPU convolution on channels-last data)."""
+    kwargs = torch_names(func, kwargs)
     leaves = flatten_values((args, kwargs))
     if func is torch.device:     # a value, not an op (reached through the tracer's function mode)
         return func(*args, **kwargs)
@@ -228,6 +202,8 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         return TensorVar(name, m.shape, m.dtype, default_device, known or m.stride(), m.requires_grad)
 
     subsymbols = ()
+    if decomposition is not None and not accepts(decomposition, args, kwargs):
+        decomposition = None     # an argument torch takes that the decomposition does not know
     if decomposition is not None:
         ctx.push_scope()
         try:

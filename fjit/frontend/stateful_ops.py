@@ -26,18 +26,27 @@ import torch
 import torch.nn.functional as F
 
 from fjit.core.ir import Symbol
+from fjit.core.meta import suggests_channels_last
 from fjit.frontend.context import current
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.frontend.record import trace_call
-from fjit.runtime import unversioned
+from fjit.runtime import batch_norm_channels_last, unversioned
 
 UNVERSIONED = Symbol("fjit_ops.unversioned", unversioned, frozenset())
+BATCH_NORM_CHANNELS_LAST = Symbol("fjit_ops.batch_norm_channels_last", batch_norm_channels_last, frozenset())
 
 
 def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, training, momentum,
                       eps):
     """(pure output, [(statistic handle, its new value)]), or None when nothing is written."""
     stats = [s for s in (running_mean, running_var) if s is not None]
+    if training and _channels_last_form(x, stats, momentum):
+        # the channels-last form made x so: eager's NCHW accuracy, not ATen's channels-last kernel's
+        # (without running statistics, x stands in for them: the values computed from it are unused)
+        running = (running_mean, running_var) if stats else (x, x)
+        out, mean, var = trace_call(current(), BATCH_NORM_CHANNELS_LAST, batch_norm_channels_last,
+                                    (x, weight, bias, *running, float(momentum or 0.0), float(eps)), {})
+        return out, ([(running_mean, mean), (running_var, var)] if stats else [])
     if not training or not stats:
         return None
     if not all(isinstance(t, TensorProxy) for t in (x, *stats)) or \
@@ -60,6 +69,25 @@ def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, trai
     dims = [0, *range(2, len(x.shape))]
     var, mean = dispatch(torch.var_mean, (detached, dims), {"correction": 1})
     return out, _stat_writes(dispatch, (running_mean, mean), (running_var, var), momentum=momentum)
+
+
+# The fewest values per channel (N*H*W) a channels-last batch norm must have to run as
+# runtime.batch_norm_channels_last: ATen's channels-last kernel adds them one after another, and its
+# error against float64 grows with their number (2x its NCHW kernel's at 128, 5x at 2048, 13x at
+# 8192), where fjit's kernels cost about 35 us more per call.
+CHANNELS_LAST_ROWS = 256
+
+
+def _channels_last_form(x, stats: list, momentum) -> bool:
+    """Whether a training batch norm of `x` is one the channels-last form of a program relaid: a
+    4-D CPU float32/float64 value laid out channels-last there, with CHANNELS_LAST_ROWS values per
+    channel or more, its statistics (both or none) of its dtype."""
+    return current().channels_last_convs and isinstance(x, TensorProxy) and x.ir.ndim == 4 \
+        and x.ir.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.shape[1] > 1 \
+        and x.shape[0] * x.shape[2] * x.shape[3] >= CHANNELS_LAST_ROWS and suggests_channels_last(x.ir) \
+        and len(stats) in (0, 2) \
+        and all(isinstance(s, TensorProxy) and s.dtype == x.dtype for s in stats) \
+        and not isinstance(momentum, (NumberProxy, TensorProxy))
 
 
 def _instance_norm_parts(dispatch, x, running_mean, running_var, weight, bias, use_input_stats,

@@ -192,6 +192,24 @@ def test_fast_path_keeps_ints_floats_and_bools_apart():
     assert fjit.cache_info(jf) == fjit.CacheInfo(hits=2, misses=5, entries=5)
 
 
+def test_fast_path_serves_calls_that_alternate_between_shapes(monkeypatch):
+    """Calls alternating between cached shapes are served by the fast path generated once (its
+    arity compared, not its cache: every general-path hit had regenerated it, a compile() of
+    about 0.25 ms, and dropped the programs it held)."""
+    import fjit.cache
+    made = []
+    real = fjit.cache.fast_path
+    monkeypatch.setattr(fjit.cache, "fast_path", lambda *a: made.append(1) or real(*a))
+    jf = fjit.jit(lambda r: r.sum(0) * 2)
+    xs = [torch.randn(16, 3), torch.randn(4, 5), torch.randn(7, 2)]
+    for _ in range(4):
+        for x in xs:
+            torch.testing.assert_close(jf(x), x.sum(0) * 2)
+    assert len(made) == 1
+    from fjit.frontend.inputs import MISS
+    assert all(jf._cache.fast_call(x) is not MISS for x in xs)
+
+
 def test_fast_path_of_another_arity_never_serves_a_program():
     """(x, 2) and (x, 0.5, 2) build equal flat keys; each signature's fast path has its own cache."""
     def f(x, *rest):

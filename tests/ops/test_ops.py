@@ -283,3 +283,38 @@ def test_op_with_triton(info, args, monkeypatch):
     actual = fjit.jit(info.fn, executors=("triton", "torch"))(*args)
     _assert_unchanged(args, snapshot)
     assert_matches_eager(actual, expected)
+
+
+NUMPY_NAMED = {
+    # what transformers' Funnel writes, and numpy's names of other native functions
+    "cat_axis": lambda a, b: torch.cat((a, b), axis=1),
+    "sum_axis_keepdims": lambda a, b: a.sum(axis=0, keepdims=True) + b,
+    "amax_axis": lambda a, b: torch.amax(a * b, axis=-1),
+    "softmax_axis": lambda a, b: torch.softmax(a, axis=-1) * b,
+    "stack_axis": lambda a, b: torch.stack([a, b], axis=2),
+}
+
+
+@pytest.mark.parametrize("name", NUMPY_NAMED)
+def test_numpy_argument_names_of_native_functions(name):
+    """torch's argument parser takes numpy's `axis` and `keepdims` for `dim` and `keepdim` of any
+    native function; the ops are decomposed as under torch's names (no opaque fallback)."""
+    fn = NUMPY_NAMED[name]
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    jf = fjit.jit(fn)
+    torch.testing.assert_close(jf(a, b), fn(a, b))
+    trace = str(fjit.last_traces(jf)[0])
+    assert "axis" not in trace and "keepdims" not in trace and "fallback" not in trace, trace
+
+
+def test_an_argument_a_decomposition_does_not_know_leaves_the_op_whole(monkeypatch):
+    """A decomposition whose signature does not take a call's arguments (an argument torch added)
+    leaves the op one torch call with eager's result, rather than failing inside fjit."""
+    from fjit.frontend import record
+    decompositions = dict(record.DECOMPOSITIONS)
+    monkeypatch.setitem(record.DECOMPOSITIONS, torch.cat, lambda tensors: None)
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    jf = fjit.jit(lambda a, b: torch.cat((a, b), dim=1) * 2)
+    torch.testing.assert_close(jf(a, b), torch.cat((a, b), dim=1) * 2)
+    assert "prims.cat" not in str(fjit.last_traces(jf)[0])
+    assert decompositions[torch.cat] is not None
