@@ -104,9 +104,11 @@ def traced_forward(self: torch.nn.Module, layout: Layout):
                            f"with persistent=False, or run the model with torch.compile(model, "
                            f"backend=\"fjit\"))", _store_line(type(holder), attr))
         if change is not None:
+            what, name, attr = change      # located at the line of the submodule's class storing it
+            where = _store_line(type(self.get_submodule(name)), attr) if attr is not None else None
             ctx.sharp_edge("FJ104_mutate_global_object",
                            f"the forward of '{type(self).__qualname__}' changed the module "
-                           f"({change}); it happens once, while tracing, and never in compiled calls")
+                           f"({what}); it happens once, while tracing, and never in compiled calls", where)
         written = {n: b for n, b, v in zip(buffer_names, buffers, before) if b.ir is not v}
         return out, written
 

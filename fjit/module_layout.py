@@ -163,9 +163,10 @@ def backward_hook_owner(root: torch.nn.Module) -> str | None:
     return None
 
 
-def changed_config(before: tuple, after: tuple, skip: frozenset = frozenset()) -> str | None:
-    """What differs between two structure keys of one module, for a message; None if nothing (or
-    only in the submodules named in `skip`)."""
+def changed_config(before: tuple, after: tuple, skip: frozenset = frozenset()) -> tuple | None:
+    """(what differs between two structure keys of one module, for a message; the submodule's name;
+    the attribute set, or None where a submodule was added); None if nothing differs (or only in
+    the submodules named in `skip`)."""
     if before == after:
         return None
     old = {part[0]: part for part in before[1:-2]}
@@ -174,12 +175,12 @@ def changed_config(before: tuple, after: tuple, skip: frozenset = frozenset()) -
         if name in skip:
             continue
         if name not in old:
-            return f"submodule '{name}' was added"
+            return f"submodule '{name}' was added", name, None
         if old[name][2] != config:
             was = dict(old[name][2])
             for k, v in config:      # a private attribute is the layer's own cache
                 if not k.startswith("_") and (k not in was or was[k] != v):
-                    return f"attribute '{name + '.' if name else ''}{k}' was set"
+                    return f"attribute '{name + '.' if name else ''}{k}' was set", name, k
     return None
 
 

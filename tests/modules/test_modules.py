@@ -416,6 +416,25 @@ def test_forward_changing_a_torch_layers_configuration_is_fj104():
         fjit.jit(Annealing())(torch.randn(2, 3))
 
 
+def test_a_library_layer_setting_its_attribute_in_forward_is_fj104_at_that_line():
+    """A layer of a library (not the user's code, so compared after the call rather than watched)
+    that sets a public attribute in forward (transformers' Funnel: `self.pooling_mult = ...`) is
+    FJ104 located at the storing line of its class, not at the call."""
+    class Pooling(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mult = 1
+
+        def forward(self, x):
+            self.mult = 2
+            return x * self.mult
+    Pooling.__module__ = "torch.nn.modules.pooling"        # as a library's class
+    line = Pooling.forward.__code__.co_firstlineno + 1
+    with pytest.raises(fjit.SideEffectError, match="attribute '0.mult' was set") as raised:
+        fjit.jit(nn.Sequential(Pooling()))(torch.randn(2, 3))
+    assert f"test_modules.py:{line}:" in str(raised.value)
+
+
 def test_cached_module_calls_take_the_generated_fast_path():
     """Parameters are torch.nn.Parameter, not torch.Tensor: the fast path must accept them, or
     every cached call walks its arguments (about 4 us more per call on a 3-layer MLP)."""
