@@ -64,8 +64,8 @@ def _connected_inputs(trace: Trace) -> set:
     def walk(bsyms):
         for b in reversed(bsyms):
             if any(differentiable(v) and v.name in linked for v in b.outputs()):
-                walk(b.subsymbols) if b.subsymbols else linked.update(
-                    v.name for v in b.inputs() if differentiable(v))
+                linked.update(() if b.subsymbols else (v.name for v in b.inputs() if differentiable(v)))
+                walk(b.subsymbols)      # nothing where the op is a prim
     walk(trace.bsyms)
     return linked
 
