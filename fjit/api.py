@@ -20,7 +20,6 @@ import torch
 import fjit.config as config
 import fjit.logs as logs
 import fjit.pipeline as pipeline
-import fjit.runtime as runtime
 from fjit.cache import CacheInfo, ProgramCache
 from fjit.config import DEFAULT_EXECUTORS, CacheMode, Executor, SharpEdges, TraceMode
 from fjit.core.ir import Binding
@@ -207,11 +206,6 @@ def jit(fn: Callable[P, R] | None = None, *, sharp_edges: SharpEdgesOption = "er
         return FjitModule(fn, JittedFunction,
                           {"sharp_edges": sharp_edges, "executors": executors, "cache": cache})
     return JittedFunction(fn, sharp_edges=sharp_edges, executors=executors, cache=cache)
-
-
-# runtime's own compiled helpers (the channels-last batch norm) are jitted by this jit: runtime sits
-# below the pipeline that imports it, so it is handed the function rather than importing it
-runtime.JIT[:] = [jit]
 
 
 def _jitted(jf, name: str) -> JittedFunction:

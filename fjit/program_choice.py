@@ -122,7 +122,6 @@ class MeasuredChoice:
                 _forward_backward(program, leaves, grads)
                 return time.perf_counter() - start
             warm = [seconds(form.timed) for form in self.forms]        # a warm-up run each
-            wait_for_kernels()      # the kernels a warm-up run compiled (runtime's batch norm's)
             best = [float("inf")] * len(self.forms)
             # a big model's step is timed in one round, not made a long second call
             for _ in range(1 if max(warm) > LONG_RUN else ROUNDS):

@@ -104,67 +104,30 @@ class _MaxPool2dViaChannelsLast(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
-# A training batch norm of a channels-last CPU tensor (the channels-last form of a program,
-# program_choice.py), as fjit's own kernels over its [N*H*W, C] rows.  ATen's channels-last kernels
-# add the N*H*W values of each channel one after another, where its NCHW kernels add them in blocks:
-# on [8, 32, 64, 64] values of mean 5 the output erred 1.8e-6 (RMS, relative to float64) against
-# 7.5e-8, and MobileNetV3-Large's and Res2Net's gradients failed the zoo's accuracy rule (eager's
-# own, single-threaded, pass it).  The C executor's column sums accumulate in double over fixed
-# row blocks, and its kernels fuse each pass: forward and backward took 0.6-0.9x ATen's time.
-
-def _bn_forward(rows, weight, bias, eps):
-    """batch norm's output of [N*H*W, C] rows, their mean and (biased) variance, and invstd."""
-    n = rows.shape[0]
-    mean = rows.sum(0) / n
-    centred = rows - mean
-    var = centred.square().sum(0) / n
-    invstd = torch.rsqrt(var + eps)
-    out = centred * (invstd if weight is None else invstd * weight)
-    return (out if bias is None else out + bias), mean, var, invstd
-
-
-def _bn_gradients(g, rows, mean, invstd, weight):
-    """batch norm's gradients of its input, weight and bias from sum(g) and sum(g (x - mean))."""
-    n = rows.shape[0]
-    centred = rows - mean
-    gb = g.sum(0)
-    dot = (centred * g).sum(0)
-    gx = (g - gb / n - centred * (dot * invstd * invstd / n)) * (invstd if weight is None else invstd * weight)
-    return gx, dot * invstd, gb
-
-
-_BN_PROGRAMS: list = []      # the two above, jitted on first use
-JIT: list = []               # [fjit.jit], which fjit.api puts here (it imports this module)
-
-
-def _bn_programs() -> list:
-    if not _BN_PROGRAMS:
-        _BN_PROGRAMS.extend(JIT[0](f) for f in (_bn_forward, _bn_gradients))
-    return _BN_PROGRAMS
-
-
-def _rows(x):
-    """x [N, C, H, W] as [N*H*W, C] rows (a view of a channels-last x)."""
-    return x.permute(0, 2, 3, 1).reshape(-1, x.shape[1])
-
-
-def _unrows(rows, like):
-    """[N*H*W, C] rows as the channels-last [N, C, H, W] tensor they lay out; not a view to autograd
-    (a Function's output that is one may not be written in place)."""
-    n, c, h, w = like.shape
-    return rows.reshape(n, h, w, c).permute(0, 3, 1, 2).detach()
-
-
 class _BatchNormChannelsLast(torch.autograd.Function):
-    """A backward differentiated again (create_graph) is batch norm's own, on the NCHW layout."""
+    """A training batch norm of a channels-last CPU tensor (the channels-last form of a program,
+    program_choice.py), with its sums added as eager's NCHW kernel adds them.  ATen's channels-last
+    kernels add the N*H*W values of each channel one after another, where its NCHW kernels and
+    torch.sum add them in blocks: on [8, 32, 64, 64] values of mean 5 the output erred 1.8e-6 (RMS,
+    relative to float64) against 7.5e-8, and MobileNetV3-Large's and Res2Net's gradients failed
+    the zoo's accuracy rule (eager's own, single-threaded, pass it).  Here every sum is torch.sum's,
+    the output ATen's inference kernel on those statistics, the gradients batch norm's formula on
+    them (ATen's backward on them still added its own sums in sequence: a convolution bias before a
+    batch norm erred 27x; torch.var_mean is accurate too, but 10x slower on this layout; fjit's own
+    kernels were faster than ATen's, but compiled about eight per shape).
+    A backward differentiated again (create_graph) is batch norm's own, on the NCHW layout."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        out, mean, var, invstd = _bn_programs()[0](_rows(x), weight, bias, eps)
+        dims, n = (0, 2, 3), x.numel() // x.shape[1]
+        mean = x.sum(dims) / n
+        var = (x - mean[:, None, None]).square_().sum(dims) / n
+        invstd = torch.rsqrt(var + eps)
+        out = torch.ops.aten._native_batch_norm_legit_no_training(x, weight, bias, mean, var, 0.0, eps)[0]
         ctx.save_for_backward(x, weight, bias, mean, invstd)
         ctx.eps = eps
         ctx.mark_non_differentiable(mean, var)
-        return _unrows(out, x), mean, var
+        return out, mean, var
 
     @staticmethod
     def backward(ctx, g, _mean, _var):
@@ -177,9 +140,20 @@ class _BatchNormChannelsLast(torch.autograd.Function):
             wanted = [t for t, need in zip(inputs, ctx.needs_input_grad) if need]
             grads = iter(torch.autograd.grad(out, wanted, g, create_graph=True))
             return (*(next(grads) if need else None for need in ctx.needs_input_grad[:3]), None)
-        gx, gw, gb = _bn_programs()[1](_rows(g), _rows(x), mean, invstd, weight)
+        # sum(g) and sum(g (x - mean)) by torch.sum, and the input's gradient from them:
+        # (g - mean(g) - (x - mean) invstd^2 mean(g (x - mean))) invstd w
+        dims, n = (0, 2, 3), x.numel() // x.shape[1]
+        g = g.contiguous(memory_format=torch.channels_last)
+        centred = x - mean[:, None, None]
+        gb = g.sum(dims)
+        dot = (centred * g).sum(dims)
+        gx = None
+        if ctx.needs_input_grad[0]:
+            scale = invstd if weight is None else invstd * weight
+            gx = torch.addcmul(g - (gb / n)[:, None, None], centred, (-dot * invstd * invstd / n)[:, None, None])
+            gx = gx.mul_(scale[:, None, None])
         need = ctx.needs_input_grad
-        return _unrows(gx, x) if need[0] else None, gw if need[1] else None, gb if need[2] else None, None
+        return gx, dot * invstd if need[1] else None, gb if need[2] else None, None
 
 
 def batch_norm_channels_last(x, weight, bias, running_mean, running_var, momentum, eps):
