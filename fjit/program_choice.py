@@ -115,11 +115,14 @@ class MeasuredChoice:
         wanted = [x for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad]
         wait_for_kernels()
         grads = wanted if self.training else []
+        sync = _device_sync(leaves)
         with rng_preserved(self.bsyms) as rewind:
             def seconds(program) -> float:
                 rewind()
+                sync()
                 start = time.perf_counter()
                 _forward_backward(program, leaves, grads)
+                sync()
                 return time.perf_counter() - start
             warm = [seconds(form.timed) for form in self.forms]        # a warm-up run each
             best = [float("inf")] * len(self.forms)
@@ -142,6 +145,15 @@ class MeasuredChoice:
                 f"and {others}")
             self.forward_traces[:] = forward
             self.backward_traces[:] = backward
+
+
+def _device_sync(leaves) -> Callable[[], None]:
+    """What ends a timed run: a GPU program's launches return before its kernels finish, so
+    without a synchronize a run measures the host's launch time alone (a softmax's one ATen launch
+    then beat fjit's kernel on an H100 whatever either kernel took)."""
+    if any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in leaves):
+        return torch.cuda.synchronize
+    return lambda: None
 
 
 def _has_hooks(t: torch.Tensor) -> bool:

@@ -480,6 +480,22 @@ def test_channels_last_form_keeps_eagers_results_and_layouts(monkeypatch, channe
     assert ("channels-last convolutions took" in stage) is channels_last_wins
 
 
+def test_a_program_whose_first_call_ran_op_by_op_measures_on_its_second(monkeypatch):
+    """A convolution's program runs its compiling call op by op (the layout check); the call after
+    it is its second, and measures (it was counted as the first: the zoo's third step changed
+    form, after two steps of another)."""
+    import fjit.program_choice as program_choice
+    monkeypatch.setenv("FJIT_MEASURE", "all")
+    monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", 1e9)
+    torch.manual_seed(0)
+    jitted = fjit.jit(DepthwiseNet(11))
+    x = torch.randn(2, 3, 24, 24)
+    for call in range(2):
+        jitted(x)[0].sum().backward()
+        measured = "channels-last convolutions took" in fjit.last_backward_traces(jitted)[-1].stage
+        assert measured is (call == 1), call
+
+
 def test_channels_last_form_batch_norm_has_eagers_accuracy(monkeypatch):
     """In the channels-last form a batch norm of 256+ values per channel runs as fjit's kernels
     (runtime.batch_norm_channels_last), not ATen's channels-last kernel, whose sequential sums
