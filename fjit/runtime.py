@@ -142,29 +142,25 @@ class _BatchNormChannelsLast(torch.autograd.Function):
             return (*(next(grads) if need else None for need in ctx.needs_input_grad[:3]), None)
         # sum(g) and sum(g (x - mean)) by torch.sum, and the input's gradient from them:
         # (g - mean(g) - (x - mean) invstd^2 mean(g (x - mean))) invstd w
-        dims, n = (0, 2, 3), x.numel() // x.shape[1]
+        dims, n, need = (0, 2, 3), x.numel() // x.shape[1], ctx.needs_input_grad
         g = g.contiguous(memory_format=torch.channels_last)
         centred = x - mean[:, None, None]
         gb = g.sum(dims)
         dot = (centred * g).sum(dims)
         gx = None
-        if ctx.needs_input_grad[0]:
+        if need[0]:
             scale = invstd if weight is None else invstd * weight
             gx = torch.addcmul(g - (gb / n)[:, None, None], centred, (-dot * invstd * invstd / n)[:, None, None])
             gx = gx.mul_(scale[:, None, None])
-        need = ctx.needs_input_grad
         return gx, dot * invstd if need[1] else None, gb if need[2] else None, None
 
 
-def batch_norm_channels_last(x, weight, bias, running_mean, running_var, momentum, eps):
-    """(output, new running mean, new running variance) of a training batch norm of a channels-last
-    x ([N, C, H, W]), as ATen's functional batch norm gives them, by _BatchNormChannelsLast."""
+def batch_norm_channels_last(x, weight, bias, eps):
+    """(output, batch mean, biased batch variance) of a training batch norm of a channels-last x
+    ([N, C, H, W]), by _BatchNormChannelsLast; the running statistics are the caller's to blend."""
     if x.device.type == "meta":          # the recorder's shape run
-        return torch.empty_like(x), torch.empty_like(running_mean), torch.empty_like(running_var)
-    out, mean, var = _BatchNormChannelsLast.apply(x, weight, bias, eps)
-    n = x.numel() // x.shape[1]
-    return (out, running_mean * (1 - momentum) + mean * momentum,
-            running_var * (1 - momentum) + var * (n / max(n - 1, 1) * momentum))
+        return torch.empty_like(x), x.new_empty(x.shape[1]), x.new_empty(x.shape[1])
+    return _BatchNormChannelsLast.apply(x, weight, bias, eps)
 
 
 def restride(x, strides):

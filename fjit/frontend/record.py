@@ -14,7 +14,7 @@ from fjit.core.ir import (BoundSymbol, GeneratorVar, Symbol, Tag, TensorVar, fla
 from fjit.core.prims import VIEW_OPS, set_recorder
 from fjit.errors import UnsupportedOpError, catalog_fix, located
 from fjit.core.meta import meta_tensor, run_meta
-from fjit.frontend.callables import accepts, op_name, qualified_name, torch_names
+from fjit.frontend.callables import accepts, op_name, qualified_name
 from fjit.frontend.context import TraceContext, current
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.frontend.modes import autocast_applies, autocast_outputs
@@ -116,7 +116,6 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
     """Record `func(*args, **kwargs)` as `sym`; returns proxies shaped like func's result.
     `real_strides(shape)`: the real kernel's output layout, where it is known and the meta
     kernel's is not it (a CPU convolution on channels-last data)."""
-    kwargs = torch_names(func, kwargs)
     leaves = flatten_values((args, kwargs))
     if func is torch.device:     # a value, not an op (reached through the tracer's function mode)
         return func(*args, **kwargs)

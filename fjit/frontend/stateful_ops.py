@@ -42,11 +42,11 @@ def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, trai
     stats = [s for s in (running_mean, running_var) if s is not None]
     if training and _channels_last_form(x, stats, momentum):
         # the channels-last form made x so: eager's NCHW accuracy, not ATen's channels-last kernel's
-        # (without running statistics, x stands in for them: the values computed from it are unused)
-        running = (running_mean, running_var) if stats else (x, x)
         out, mean, var = trace_call(current(), BATCH_NORM_CHANNELS_LAST, batch_norm_channels_last,
-                                    (x, weight, bias, *running, float(momentum or 0.0), float(eps)), {})
-        return out, ([(running_mean, mean), (running_var, var)] if stats else [])
+                                    (x, weight, bias, float(eps)), {})
+        n = x.shape[0] * x.shape[2] * x.shape[3]
+        unbiased = dispatch(torch.mul, (var, n / (n - 1)), {})
+        return out, _stat_writes(dispatch, (running_mean, mean), (running_var, unbiased), momentum=momentum)
     if not training or not stats:
         return None
     if not all(isinstance(t, TensorProxy) for t in (x, *stats)) or \
@@ -87,7 +87,7 @@ def _channels_last_form(x, stats: list, momentum) -> bool:
         and x.shape[0] * x.shape[2] * x.shape[3] >= CHANNELS_LAST_ROWS and suggests_channels_last(x.ir) \
         and len(stats) in (0, 2) \
         and all(isinstance(s, TensorProxy) and s.dtype == x.dtype for s in stats) \
-        and not isinstance(momentum, (NumberProxy, TensorProxy))
+        and not isinstance(momentum, (NumberProxy, TensorProxy)) and (momentum is not None or not stats)
 
 
 def _instance_norm_parts(dispatch, x, running_mean, running_var, weight, bias, use_input_stats,

@@ -535,8 +535,7 @@ def test_channels_last_batch_norm_double_backward_is_eagers():
     x = torch.randn(4, 6, 16, 16, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
     w, b = torch.rand(6, dtype=torch.float64) + 0.5, torch.randn(6, dtype=torch.float64)
     grads = []
-    for f in (lambda t, w, b: batch_norm_channels_last(t, w, b, torch.zeros(6, dtype=t.dtype),
-                                                      torch.ones(6, dtype=t.dtype), 0.1, 1e-5)[0],
+    for f in (lambda t, w, b: batch_norm_channels_last(t, w, b, 1e-5)[0],
               lambda t, w, b: F.batch_norm(t, None, None, w, b, True)):
         leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
         out = f(*leaves)
