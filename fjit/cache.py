@@ -20,6 +20,9 @@ from fjit.logs import Change, Compilation
 
 CACHE_SIZE = 64
 CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "entries"])
+# The fast path generated for one arity of all-tensor calls (cache.fast_path): its key and guard
+# functions, and its cache of programs by key.
+FastPath = collections.namedtuple("FastPath", ["key_of", "guards_of", "programs", "arity"])
 
 
 def _no_fast_path(*args):
@@ -42,7 +45,7 @@ class ProgramCache:
         self.last: list = [None]
         # (forward stages, backward stages) of the last compilation filed here
         self.last_compiled: tuple[list, list] = ([], [])
-        self._fast = None    # (key function, guards function, fast cache, arity) of the fast path
+        self._fast: FastPath | None = None
         self._fast_declined = None       # an arity whose calls had no fast path
 
     def key_and_leaves(self, args: tuple, kwargs: dict) -> tuple[tuple, list]:
@@ -69,7 +72,7 @@ class ProgramCache:
         if not self.keep:
             return
         fast = self._fast
-        if fast is None or len(args) != fast[3]:
+        if fast is None or len(args) != fast.arity:
             if self._fast_declined == len(args):
                 return
             made = fast_path(args, self.specialized, self.last)
@@ -77,16 +80,15 @@ class ProgramCache:
                 self._fast_declined = len(args)
                 return
             call, key_of, guards_of, cache = made
-            fast = self._fast = (key_of, guards_of, cache, len(args))
+            fast = self._fast = FastPath(key_of, guards_of, cache, len(args))
             self.fast_call = call
-        key_of, guards_of, cache, _ = fast
-        key = key_of(*args)
+        key = fast.key_of(*args)
         if key is None:          # typed differently from the signature the fast path was made for
             return
-        if len(cache) >= CACHE_SIZE:
-            cache.clear()
+        if len(fast.programs) >= CACHE_SIZE:
+            fast.programs.clear()
             self.last[0] = None
-        cache[key] = (program, guards_of(*args))
+        fast.programs[key] = (program, fast.guards_of(*args))
 
     def _drop_fast_path(self) -> None:
         self.last[0] = None
