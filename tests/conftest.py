@@ -1,7 +1,9 @@
 """Test-wide settings.
 
 Triton reads TRITON_INTERPRET when it is first imported, so the interpreter is switched on here,
-before anything imports triton; FJIT_TRITON_CPU=0 then keeps the Triton executor off CPU tensors
+before anything imports triton, on a machine without a CUDA device (with one, the Triton modules
+imported under the interpreter refuse compiled kernels, so tests/executors/test_cuda.py runs them
+and the CPU tests of the generator switch the interpreter on themselves); FJIT_TRITON_CPU=0 then keeps the Triton executor off CPU tensors
 except in the tests that ask for it (tests/executors/test_triton.py), so the rest of the suite runs
 at torch speed.
 
@@ -11,7 +13,10 @@ tests/executors/test_c_executor.py).
 """
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("FJIT_TRITON_CPU", "0")
 os.environ.setdefault("FJIT_C_KERNELS", "sync")
 
