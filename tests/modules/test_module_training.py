@@ -391,6 +391,30 @@ def test_measured_choice_gives_ties_to_torch_autograd(monkeypatch, autograd_time
         (kept == "joint" or "measured on the second call, torch autograd took" in backward[0])
 
 
+@pytest.mark.parametrize("autograd_time, runs", [(1.5, 1 + 3), (1.04, 1 + 3 + 4)])
+def test_measured_choice_times_close_forms_longer(monkeypatch, autograd_time, runs):
+    """Forms within CLOSE of each other after ROUNDS rounds are timed CLOSE_ROUNDS more: one noisy
+    round must not decide between forms a few percent apart."""
+    import fjit.program_choice as program_choice
+    clock, calls = [0.0], []
+    monkeypatch.setattr(program_choice.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(program_choice, "LONG_RUN", 1e9)
+
+    def form(what, cost):
+        def timed(x):
+            clock[0] += cost
+            calls.append(what)
+            return x * 2.0
+        return program_choice.Form(what, timed, timed, lambda reason: ([reason], [reason]))
+    choice = program_choice.MeasuredChoice([form("joint", 1.0), form("torch autograd", autograd_time)],
+                                           [], ["compiled"], ["compiled"])
+    x = torch.randn(3, requires_grad=True)
+    choice(x)
+    choice(x)
+    # a warm-up and the rounds each; the joint form also ran both calls themselves
+    assert calls.count("joint") - 2 == calls.count("torch autograd") == runs
+
+
 def test_measured_choice_is_skipped_for_an_input_with_a_gradient_hook(monkeypatch):
     """Measuring runs backwards that a hook on an input would see: such a program keeps the joint
     form, and the hook runs once per real backward."""
