@@ -53,7 +53,14 @@ LONG_RUN = 0.25       # seconds: a form whose warm-up run takes longer is timed 
 # program, 1.04x eager's in a steady run, was kept over torch autograd's at 1.0x)
 MARGIN = 1.03
 FORWARD_MARGIN = 1.03  # a forward's torch calls, of the kernels' program's: ties go to ATen
-CHANNELS_LAST_MARGIN = 0.96   # channels-last convolutions, of the form kept before them
+# Channels-last convolutions, of the form kept before them: kept only for a large gain.  Every
+# other form runs eager's convolutions, so it rounds as eager does where most of a CNN's values
+# are made; this one rounds each convolution otherwise, and a value that lands on the other side
+# of a ReLU's kink from float64's reroutes a gradient (eager run channels-last, two threads, fails
+# the zoo's accuracy rule on SqueezeNet at seed 0, as this form did at 0.87x eager's time).  The
+# big wins (depthwise and grouped convolutions: MobileNetV2, EfficientNet, MNASNet, MobileNetV4,
+# 0.76-0.81x) stay.
+CHANNELS_LAST_MARGIN = 0.85
 
 
 def wants_measuring(n_ops: int) -> bool:
