@@ -13,8 +13,8 @@ eager MobileNetV3 step in that layout takes 0.82x the time), where a ResNet's de
 (1.04-1.13x).  So, as an autotuner does, a program big enough for the difference to matter
 (training: MIN_OPS top-level ops; a forward: MIN_NUMEL input elements; FJIT_MEASURE in
 fjit/config.py) runs every form on its second call, on that call's own inputs, ROUNDS times
-interleaved after a warm-up (once where a warm-up run takes over LONG_RUN; CLOSE_ROUNDS more where
-the two fastest are within CLOSE), and keeps the fastest
+interleaved after a warm-up (once where a form's first timed run takes over LONG_RUN; CLOSE_ROUNDS
+more where the two fastest are within CLOSE), and keeps the fastest
 by the minimum time, with margins in favour of eager's kernels (torch autograd's and the
 forward's torch calls win ties) and of the layout eager's program has.  In training each run is a
 forward and a backward with cotangents of ones to the inputs that require grad
@@ -46,7 +46,7 @@ MIN_NUMEL = 1 << 20   # input elements that make a forward's kernels worth measu
 ROUNDS = 3
 CLOSE = 0.05          # forms this close after ROUNDS get CLOSE_ROUNDS more
 CLOSE_ROUNDS = 4
-LONG_RUN = 0.25       # seconds: a form whose warm-up run takes longer is timed in one round
+LONG_RUN = 0.25       # seconds: forms whose first timed run takes longer get one round
 # torch autograd must take less than this fraction of the joint's time: ties go to torch autograd,
 # which runs eager's own kernels, so its step is eager's to within the dispatch it saves; a joint
 # program must win by more than the second call's three rounds can tell apart (a ResNet-50's joint
@@ -134,16 +134,20 @@ class MeasuredChoice:
                 _forward_backward(program, leaves, grads)
                 sync()
                 return time.perf_counter() - start
-            warm = [seconds(form.timed) for form in self.forms]        # a warm-up run each
+            for form in self.forms:            # a warm-up run each
+                seconds(form.timed)
             best = [float("inf")] * len(self.forms)
-            # a big model's step is timed in one round, not made a long second call; forms
-            # within CLOSE of each other get CLOSE_ROUNDS more (RegNet-Y's step read 0.87x and
-            # 1.05x eager in two sweeps, by the form each process kept)
-            rounds = 1 if max(warm) > LONG_RUN else ROUNDS
-            for _ in range(rounds):
+            # a big model's step is timed in one round, not made a long second call (judged by
+            # the first round, not the warm-up: a program's first run pays one-time costs, and an
+            # EfficientNet's 75 ms step, warmed up at 300 ms, was decided on one noisy round);
+            # forms within CLOSE of each other get CLOSE_ROUNDS more (RegNet-Y's step read 0.87x
+            # and 1.05x eager in two sweeps, by the form each process kept)
+            for done in range(1, ROUNDS + 1):
                 for k, form in enumerate(self.forms):
                     best[k] = min(best[k], seconds(form.timed))
-            if rounds > 1 and _close(best):
+                if max(best) > LONG_RUN:
+                    break
+            if done == ROUNDS and _close(best):
                 for _ in range(CLOSE_ROUNDS):
                     for k, form in enumerate(self.forms):
                         best[k] = min(best[k], seconds(form.timed))

@@ -415,6 +415,28 @@ def test_measured_choice_times_close_forms_longer(monkeypatch, autograd_time, ru
     assert calls.count("joint") - 2 == calls.count("torch autograd") == runs
 
 
+def test_a_slow_warm_up_does_not_cut_the_measured_choice_to_one_round(monkeypatch):
+    """A program's first run pays one-time costs (kernels loaded, buffers first touched): a form
+    whose warm-up exceeds LONG_RUN but whose runs after it do not gets every round."""
+    import fjit.program_choice as program_choice
+    clock, calls = [0.0], []
+    monkeypatch.setattr(program_choice.time, "perf_counter", lambda: clock[0])
+
+    def form(what, cost):
+        def timed(x):
+            clock[0] += 10 * cost if what not in calls else cost     # the first run is slow
+            calls.append(what)
+            return x * 2.0
+        return program_choice.Form(what, timed, timed, lambda reason: ([reason], [reason]))
+    choice = program_choice.MeasuredChoice([form("joint", 0.1), form("torch autograd", 0.2)],
+                                           [], ["compiled"], ["compiled"])
+    x = torch.randn(3, requires_grad=True)
+    choice(x)
+    calls.clear()
+    choice(x)
+    assert calls.count("torch autograd") == 1 + program_choice.ROUNDS
+
+
 def test_measured_choice_is_skipped_for_an_input_with_a_gradient_hook(monkeypatch):
     """Measuring runs backwards that a hook on an input would see: such a program keeps the joint
     form, and the hook runs once per real backward."""
