@@ -134,6 +134,9 @@ class MeasuredChoice:
                 _forward_backward(program, leaves, grads)
                 sync()
                 return time.perf_counter() - start
+            def time_round() -> None:
+                for k, form in enumerate(self.forms):
+                    best[k] = min(best[k], seconds(form.timed))
             for form in self.forms:            # a warm-up run each
                 seconds(form.timed)
             best = [float("inf")] * len(self.forms)
@@ -143,14 +146,12 @@ class MeasuredChoice:
             # forms within CLOSE of each other get CLOSE_ROUNDS more (RegNet-Y's step read 0.87x
             # and 1.05x eager in two sweeps, by the form each process kept)
             for done in range(1, ROUNDS + 1):
-                for k, form in enumerate(self.forms):
-                    best[k] = min(best[k], seconds(form.timed))
+                time_round()
                 if max(best) > LONG_RUN:
                     break
             if done == ROUNDS and _close(best):
                 for _ in range(CLOSE_ROUNDS):
-                    for k, form in enumerate(self.forms):
-                        best[k] = min(best[k], seconds(form.timed))
+                    time_round()
         self.times = best
         kept = 0
         for k in range(1, len(self.forms)):
@@ -178,9 +179,12 @@ def _device_sync(leaves) -> Callable[[], None]:
     """What ends a timed run: a GPU program's launches return before its kernels finish, so
     without a synchronize a run measures the host's launch time alone (a softmax's one ATen launch
     then beat fjit's kernel on an H100 whatever either kernel took)."""
-    if any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in leaves):
-        return torch.cuda.synchronize
-    return lambda: None
+    devices = {x.device for x in leaves if isinstance(x, torch.Tensor) and x.device.type == "cuda"}
+
+    def sync() -> None:
+        for device in devices:       # each device the program runs on, not only the current one
+            torch.cuda.synchronize(device)
+    return sync
 
 
 def _has_hooks(t: torch.Tensor) -> bool:

@@ -1,11 +1,11 @@
 """Test-wide settings.
 
 Triton reads TRITON_INTERPRET when it is first imported, so the interpreter is switched on here,
-before anything imports triton, on a machine without a CUDA device (with one, the Triton modules
-imported under the interpreter refuse compiled kernels, so tests/executors/test_cuda.py runs them
-and the CPU tests of the generator switch the interpreter on themselves); FJIT_TRITON_CPU=0 then keeps the Triton executor off CPU tensors
-except in the tests that ask for it (tests/executors/test_triton.py), so the rest of the suite runs
-at torch speed.
+before anything imports triton, on a machine without a CUDA device (with one, Triton imported
+under the interpreter refuses compiled kernels, which tests/executors/test_cuda.py runs, and the
+CPU tests of the generator switch the interpreter on themselves).  FJIT_TRITON_CPU=0 then keeps
+the Triton executor off CPU tensors except in the tests that ask for it
+(tests/executors/test_triton.py), so the rest of the suite runs at torch speed.
 
 FJIT_C_KERNELS=sync builds each C kernel before the compile returns, so every test knows what runs:
 the default executors' C kernels for small CPU regions (the background build users get is tested in

@@ -2,6 +2,7 @@
 eager, at sizes that take the GPU strategies (looped and split reductions, several rows per
 program, libdevice math, bfloat16 rounding).  Skipped where no CUDA device is present; on a GPU
 machine `python -m pytest -m cuda` runs them."""
+import copy
 import os
 
 import pytest
@@ -68,7 +69,7 @@ def test_gpu_training_step_of_a_module_matches_eager():
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.LayerNorm(1024),
                                 torch.nn.Linear(1024, 10)).cuda()
     x, target = _rand(64, 256), torch.randint(0, 10, (64,), device="cuda")
-    twin = torch.nn.Sequential(*[m for m in __import__("copy").deepcopy(model)])
+    twin = copy.deepcopy(model)
     jitted = fjit.jit(model, executors=("triton", "torch"))
     for _ in range(3):           # compile, first cached call, the measured choice's call
         model.zero_grad(), twin.zero_grad()
