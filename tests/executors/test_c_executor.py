@@ -574,11 +574,32 @@ def test_a_softmax_of_narrow_rows_is_threaded_from_fewer_elements():
         torch.testing.assert_close(results[0], fn(x))
 
 
+@pytest.mark.parametrize("width", [64, 1024])
+def test_a_wide_row_reduction_keeps_two_vectors_of_partial_results(width):
+    """One float32 vector of partial maxima or sums is a chain of dependent instructions, one per
+    vector of the row; a row of at least 4 * WIDE_LANES elements keeps WIDE_LANES partial results
+    (softmax 64x1024: 37 -> 25 us a call on one thread), a narrower row LANES (a row of 64 would
+    leave most of it to the scalar tail)."""
+    from fjit.executors.c import accumulators
+    lanes = accumulators.row_lanes(width)
+    assert lanes == (accumulators.WIDE_LANES if width == 1024 else accumulators.LANES)
+    x = torch.randn(64, width) * 4
+    fn = lambda x: torch.softmax(x * 1.5, -1)  # noqa: E731
+    jf = fjit.jit(fn)
+    got = jf(x)
+    text = _kernel_text(jf)
+    # the max's and the sum's partial results, each set to its identity in a loop over the lanes
+    declared = re.findall(r"for \(int l = 0; l < (\d+); l\+\+\) \w+\[l\] = (?:-INFINITY|0);", text)
+    assert len(declared) >= 2 and set(declared) == {str(lanes)}, declared
+    torch.testing.assert_close(got, fn(x), rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("width", [17, 1024, 1030, 5000, 1 << 18])
 def test_float32_sums_in_float_lanes_stay_within_their_bound_and_near_torch(width):
     """accumulators.SUM_BLOCK's precision argument, measured: a float32 row sum adds blocks of 1024
-    elements in 16 float lanes (64 roundings each) folded into double, so its error against the
-    exact sum is at most 64 * 2^-24 * sum|x| plus the final rounding, whatever the row's length;
+    elements in 16 float lanes (64 roundings each; 32 lanes in a wide row, 32 roundings) folded
+    into double, so its error against the exact sum is at most 64 * 2^-24 * sum|x| plus the final
+    rounding, whatever the row's length;
     and over many rows it is as close to the exact sum as torch's own float32 sum, on mixed signs
     and on positive terms (softmax's denominator)."""
     torch.manual_seed(width)

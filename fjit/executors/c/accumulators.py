@@ -1,9 +1,10 @@
 """How a C kernel's reductions loop and accumulate.
 
 A region with reductions is a loop over rows and one loop over the row per reduction level
-(RowLoops, which the C emitter inherits).  A row reduction (a reduction over a region's inner dims) keeps LANES partial accumulators per row,
-in the dtype below (float sums and products in double, a float32 sum first in float lanes: see
-codegen.py); `accumulator` declares one, `accumulate` adds a value into it.
+(RowLoops, which the C emitter inherits).  A row reduction (a reduction over a region's inner
+dims) keeps LANES partial accumulators per row (WIDE_LANES in a wide row), in the dtype below
+(float sums and products in double, a float32 sum first in float lanes: see codegen.py);
+`accumulator` declares one, `accumulate` adds a value into it.
 
 A column sum (a sum over a region's outer dims: a bias's or a norm weight's gradient, summed over
 the batch and sequence dims of the value the region computes anyway) cuts the rows into CHUNKS
@@ -25,9 +26,20 @@ from fjit.executors.render import domain_strides, held
 
 # Row ranges of a threaded kernel with column sums (the work a thread pool shares).
 CHUNKS = 16
-# Reductions keep LANES partial accumulators per row.
+# Reductions keep LANES partial accumulators per row, WIDE_LANES in a row of at least
+# 4 * WIDE_LANES elements: one vector of accumulators is a chain of dependent max or add
+# instructions, one per vector of the row, waiting on each other's latency (a 64x1024 softmax's
+# max and sum passes took 28 of its 37 us in one float32 vector of lanes, 25 us in all in two).
 LANES = 16
-# A float32 sum adds blocks of SUM_BLOCK elements in LANES float lanes (64 roundings a lane), folded
+WIDE_LANES = 32
+
+
+def row_lanes(width: int) -> int:
+    """The partial accumulators of a row reduction over `width` elements."""
+    return WIDE_LANES if width >= 4 * WIDE_LANES else LANES
+
+
+# A float32 sum adds blocks of SUM_BLOCK elements in LANES float lanes (64 roundings a lane at most), folded
 # into double lanes: |error| <= 64 * 2^-24 * sum|x| at any row length, at float32 vector width
 # (tests/executors/test_c_executor.py measures it, and torch's cascade sum, against float64).
 SUM_BLOCK = 1024
@@ -229,29 +241,29 @@ class RowLoops:
                 row_lines += ["    " + x for x in loop]
                 row_lines.append("}")
                 continue
-            accs = []
+            accs, lanes = [], row_lanes(width)
             for b in reductions:
                 acc = self.fresh()
                 ctype, identity = accumulator(b, self.lang)
-                row_lines += [f"{ctype} {acc}[{LANES}];",
-                              f"for (int l = 0; l < {LANES}; l++) {acc}[l] = {identity};"]
+                row_lines += [f"{ctype} {acc}[{lanes}];",
+                              f"for (int l = 0; l < {lanes}; l++) {acc}[l] = {identity};"]
                 accs.append((b, acc))
             # LANES partial accumulators, lane = c % LANES: blocks of LANES, then the tail (a
             # float32 sum's in float lanes per SUM_BLOCK elements, folded into double lanes)
             blocked = {acc for b, acc in accs if float_lanes(b)}
             row_lines += ["{", "    int64_t c0 = 0;"]
             if blocked:
-                row_lines += [f"    while (c0 + {LANES} <= {width}) {{",
+                row_lines += [f"    while (c0 + {lanes} <= {width}) {{",
                               f"    int64_t cb = c0 + {SUM_BLOCK} < {width} ? c0 + {SUM_BLOCK} : {width};"]
                 for acc in sorted(blocked):
-                    row_lines += [f"    float {acc}_b[{LANES}];",
-                                  f"    for (int l = 0; l < {LANES}; l++) {acc}_b[l] = 0;"]
+                    row_lines += [f"    float {acc}_b[{lanes}];",
+                                  f"    for (int l = 0; l < {lanes}; l++) {acc}_b[l] = 0;"]
             end = "cb" if blocked else width
             # (the lane loop must not be unrolled before the vectorizer sees it: unrolled, its
             # NaN-propagating max/min stay scalar)
-            for head, tail in (([f"for (; c0 + {LANES} <= {end}; c0 += {LANES}) {{",
+            for head, tail in (([f"for (; c0 + {lanes} <= {end}; c0 += {lanes}) {{",
                                  "#pragma GCC unroll 1",
-                                 f"for (int64_t l = 0; l < {LANES}; l++) {{"], ["}", "}"]),
+                                 f"for (int64_t l = 0; l < {lanes}; l++) {{"], ["}", "}"]),
                                ([f"for (int64_t l = 0; c0 + l < {width}; l++) {{"], ["}"])):
                 loop, local = self.element_code(p, row_names, p, ["int64_t c = c0 + l;"])
                 for b, acc in accs:
@@ -261,7 +273,7 @@ class RowLoops:
                 row_lines += ["        " + x for x in loop]
                 row_lines += ["    " + x for x in tail]
                 if blocked and tail == ["}", "}"]:
-                    row_lines += [f"    for (int l = 0; l < {LANES}; l++) {acc}[l] += {acc}_b[l];"
+                    row_lines += [f"    for (int l = 0; l < {lanes}; l++) {acc}[l] += {acc}_b[l];"
                                   for acc in sorted(blocked)] + ["    }"]
             row_lines.append("}")
             for b, acc in accs:
@@ -269,7 +281,7 @@ class RowLoops:
                 # one loop per level of the pairwise tree, each of a constant length, so each
                 # is a vector op (a loop over the levels stayed scalar: ~10% of a narrow softmax)
                 row_lines += [f"for (int l = 0; l < {w}; l++) " + accumulate(b, f"{acc}[l]", f"{acc}[l + {w}]")
-                              for w in (LANES >> k for k in range(1, LANES.bit_length())) if w]
+                              for w in (lanes >> k for k in range(1, lanes.bit_length())) if w]
                 self.bind(o, f"({C_TYPE[held(o.dtype)]}){acc}[0]", o.dtype, row_names, row_lines)
         for k, v in enumerate(r.outputs):
             if v.name in self.rows:
