@@ -190,9 +190,10 @@ def _measured_choice(joint, traces: list[Trace], backward: list[Trace],
         shown = (joint.forward_traces, joint.backward_traces)
     else:
         shown = (traces, backward)
+    grouped = any(_grouped_convolution(b) for b in traces[-1].bsyms)
     for stages, what, margin in ((traces, "torch autograd's forward and backward", "MARGIN"),
                                  (channels_last, "torch autograd over channels-last convolutions",
-                                  "CHANNELS_LAST_MARGIN")):
+                                  "CHANNELS_LAST_MARGIN_GROUPED" if grouped else "CHANNELS_LAST_MARGIN")):
         if stages is None:
             continue
         final = stages[-1]
@@ -251,6 +252,14 @@ def _relaid_convolution(b) -> bool:
     """A 2-D convolution whose input the channels-last form would make channels-last."""
     x = b.args[0] if b.args else None
     return b.sym.fn is torch.conv2d and isinstance(x, TensorVar) and relaid_channels_last(x)
+
+
+def _grouped_convolution(b) -> bool:
+    """A 2-D convolution of more than one group (depthwise included)."""
+    if b.sym.fn is not torch.conv2d:
+        return False
+    groups = b.kwargs.get("groups", b.args[6] if len(b.args) > 6 else 1)
+    return not isinstance(groups, int) or groups > 1
 
 
 def _backward_context(trace: Trace, counter: int) -> TraceContext:

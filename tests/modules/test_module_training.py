@@ -488,6 +488,13 @@ class DepthwiseNet(nn.Module):
         return self.head(features.mean((2, 3))), features
 
 
+def _set_channels_last_margin(monkeypatch, value: float) -> None:
+    """Both channels-last margins (DepthwiseNet's programs have grouped convolutions)."""
+    import fjit.program_choice as program_choice
+    for name in ("CHANNELS_LAST_MARGIN", "CHANNELS_LAST_MARGIN_GROUPED"):
+        monkeypatch.setattr(program_choice, name, value)
+
+
 @pytest.mark.parametrize("channels_last_wins", [False, True])
 def test_channels_last_form_keeps_eagers_results_and_layouts(monkeypatch, channels_last_wins):
     """A CPU training program with 2-D convolutions measures, beside its other forms, torch
@@ -495,9 +502,8 @@ def test_channels_last_form_keeps_eagers_results_and_layouts(monkeypatch, channe
     every step's outputs, gradients and batch-norm statistics are eager's (up to the convolution
     algorithm's rounding), the outputs have eager's layouts (a caller may `.view` them), and the
     traces show the form that runs."""
-    import fjit.program_choice as program_choice
     monkeypatch.setenv("FJIT_MEASURE", "all")
-    monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", 1e9 if channels_last_wins else 0.0)
+    _set_channels_last_margin(monkeypatch, 1e9 if channels_last_wins else 0.0)
     torch.manual_seed(0)
     model = DepthwiseNet(12 + channels_last_wins)
     eager = copy.deepcopy(model)
@@ -526,13 +532,35 @@ def test_channels_last_form_keeps_eagers_results_and_layouts(monkeypatch, channe
     assert ("channels-last convolutions took" in stage) is channels_last_wins
 
 
+@pytest.mark.parametrize("groups", [1, 4])
+def test_the_channels_last_margin_of_a_program_with_grouped_convolutions(monkeypatch, groups):
+    """A program with a grouped or depthwise convolution keeps the channels-last form under
+    CHANNELS_LAST_MARGIN_GROUPED (oneDNN's NCHW depthwise kernels are the slow ones), one with
+    dense convolutions only under CHANNELS_LAST_MARGIN."""
+    import fjit.program_choice as program_choice
+    monkeypatch.setenv("FJIT_MEASURE", "all")
+    monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", 0.0)
+    monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN_GROUPED", 1e9)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3, padding=1, groups=groups), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 64, 3))
+    jitted = fjit.jit(model)
+    x = torch.randn(2, 3, 8, 8)
+    for _ in range(2):
+        jitted(x).sum().backward()
+    stage = fjit.last_backward_traces(jitted)[-1].stage
+    assert "channels-last convolutions" in stage and "joint program" in stage   # all three measured
+    kept_channels_last = "memory_format=torch.channels_last" in str(fjit.last_traces(jitted)[-1])
+    assert kept_channels_last is (groups > 1)
+
+
 def test_a_program_whose_first_call_ran_op_by_op_measures_on_its_second(monkeypatch):
     """A convolution's program runs its compiling call op by op (the layout check); the call after
     it is its second, and measures (it was counted as the first: the zoo's third step changed
     form, after two steps of another)."""
-    import fjit.program_choice as program_choice
     monkeypatch.setenv("FJIT_MEASURE", "all")
-    monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", 1e9)
+    _set_channels_last_margin(monkeypatch, 1e9)
     torch.manual_seed(0)
     jitted = fjit.jit(DepthwiseNet(11))
     x = torch.randn(2, 3, 24, 24)
@@ -548,9 +576,8 @@ def test_channels_last_form_batch_norm_has_eagers_accuracy(monkeypatch):
     erred 5-13x more than eager's NCHW kernel against float64.  Every output, gradient and running
     statistic stays within a few times eager's float32 error (the convolutions' channels-last
     kernels add rounding of their own); with ATen's kernel, 4 of them erred 10-17x as much."""
-    import fjit.program_choice as program_choice
     monkeypatch.setenv("FJIT_MEASURE", "all")
-    monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", 1e9)
+    _set_channels_last_margin(monkeypatch, 1e9)
     torch.manual_seed(0)
     model = DepthwiseNet(16)
     reference = copy.deepcopy(model).double()
@@ -596,9 +623,8 @@ def test_channels_last_form_is_not_offered_where_a_random_draw_reads_a_relaid_va
     order: on the channels-last form's activations each position would get another number than
     eager's.  Such a program does not offer that form, however fast it would be, and every
     step's outputs and gradients are eager's under the same seed."""
-    import fjit.program_choice as program_choice
     monkeypatch.setenv("FJIT_MEASURE", "all")
-    monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", 1e9)
+    _set_channels_last_margin(monkeypatch, 1e9)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Dropout(0.5), nn.Conv2d(8, 5, 1),
                           nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten())
@@ -622,9 +648,8 @@ def test_channels_last_form_is_not_offered_where_a_random_draw_reads_a_relaid_va
 def test_channels_last_form_is_not_offered_where_an_output_layout_cannot_be_eagers(monkeypatch):
     """An output that eager gives neither contiguous nor as the channels-last trace does (a
     permuted feature map) drops the channels-last form: the program keeps eager's layouts."""
-    import fjit.program_choice as program_choice
     monkeypatch.setenv("FJIT_MEASURE", "all")
-    monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", 1e9)
+    _set_channels_last_margin(monkeypatch, 1e9)
     torch.manual_seed(0)
     class Permuted(nn.Module):
         def __init__(self):
