@@ -20,7 +20,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from fjit.config import Executor, kernel_cache_root
+from fjit.config import Executor, kernel_cache_root, triton_on_cpu
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Var, map_values
 from fjit.core.trace import Trace
 from fjit.runtime import register_kernel
@@ -50,9 +50,18 @@ _MODULES = {Executor.TRITON: "fjit.executors.triton.executor", Executor.C: "fjit
 _LOADED: dict = {}
 
 
+def _may_fuse(option: Executor) -> bool:
+    """Whether the executor could claim anything in this process: Triton's only with a CUDA device
+    or its interpreter on the CPU (a CPU-only program imports none of fjit's Triton modules)."""
+    return option is not Executor.TRITON or triton_on_cpu() or torch.cuda.is_available()
+
+
 def kernel_executor(option: Executor) -> KernelExecutor | None:
-    """The executor registered for `option`, or None (torch, or an executor that cannot load)."""
+    """The executor registered for `option`, or None (torch, an executor that cannot load, or one
+    with nothing to fuse in this process)."""
     if option not in _LOADED:
+        if not _may_fuse(option):
+            return None
         try:
             _LOADED[option] = importlib.import_module(_MODULES[option]) if option in _MODULES else None
         except ImportError:
