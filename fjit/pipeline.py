@@ -79,7 +79,7 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
                 program_choice.wants_measuring_forward(leaves):
             program = _measured_forward(program, result.trace, traces, leaves)
         if first is not _NOT_RUN and isinstance(program, program_choice.MeasuredChoice):
-            program.calls = 1     # the compiling call ran op by op: the next one is its second
+            program.count_call()      # the compiling call ran op by op: the next one is its second
         if any(b.sym.has(Tag.MODE) for b in traces[-1].bsyms):
             program = _restoring_modes_on_error(program)
         if config.check_mode():
