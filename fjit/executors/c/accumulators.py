@@ -39,8 +39,8 @@ def row_lanes(width: int) -> int:
     return WIDE_LANES if width >= 4 * WIDE_LANES else LANES
 
 
-# A float32 sum adds blocks of SUM_BLOCK elements in LANES float lanes (64 roundings a lane at most), folded
-# into double lanes: |error| <= 64 * 2^-24 * sum|x| at any row length, at float32 vector width
+# A float32 sum adds blocks of SUM_BLOCK elements in float lanes (64 roundings a lane at most),
+# folded into double lanes: |error| <= 64 * 2^-24 * sum|x| at any row length, at float32 vector width
 # (tests/executors/test_c_executor.py measures it, and torch's cascade sum, against float64).
 SUM_BLOCK = 1024
 # Bytes of a row's costly values (exp, tanh, libm calls) a reduction region keeps in per-thread
@@ -248,7 +248,7 @@ class RowLoops:
                 row_lines += [f"{ctype} {acc}[{lanes}];",
                               f"for (int l = 0; l < {lanes}; l++) {acc}[l] = {identity};"]
                 accs.append((b, acc))
-            # LANES partial accumulators, lane = c % LANES: blocks of LANES, then the tail (a
+            # `lanes` partial accumulators, lane = c % lanes: blocks of lanes, then the tail (a
             # float32 sum's in float lanes per SUM_BLOCK elements, folded into double lanes)
             blocked = {acc for b, acc in accs if float_lanes(b)}
             row_lines += ["{", "    int64_t c0 = 0;"]
