@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from fjit.core.trace import trace_constants  # noqa: F401  (imported by printed traces)
 from fjit.core.prims import NAMESPACE as prims  # noqa: F401  (imported by printed traces)
+from fjit.core.meta import same_layout
 
 
 def _apply_chain(value, chain):
@@ -153,6 +154,24 @@ class _BatchNormChannelsLast(torch.autograd.Function):
             gx = torch.addcmul(g - (gb / n)[:, None, None], centred, (-dot * invstd * invstd / n)[:, None, None])
             gx = gx.mul_(scale[:, None, None])
         return gx, dot * invstd if need[1] else None, gb if need[2] else None, None
+
+
+def laid_out(grads, layouts):
+    """Each cotangent in the layout the backward trace records for it (its operand's, where that
+    is dense: a channels-last activation's, attention's transposed q), copied where ATen's
+    backward gave another; None where none is wanted (the flash backward returns all three)."""
+    return tuple(None if r is None or strides is None else r if same_layout(tuple(r.shape), r.stride(), strides) else
+                 torch.empty_strided(r.shape, strides, dtype=r.dtype).copy_(r)
+                 for r, strides in zip(grads, layouts))
+
+
+def batch_norm_vjp(g, x, weight, mean, invstd, eps, mask, layouts):
+    """The cotangents of a training batch norm's input, weight and bias, by ATen's
+    native_batch_norm_backward on the batch statistics the forward returned (what eager's node
+    calls; the running statistics are not read in training).  The C executor runs its own kernel
+    in its place where that takes the tensors (executors/c/batch_norm.py)."""
+    return laid_out(torch.ops.aten.native_batch_norm_backward.default(
+        g, x, weight, None, None, mean, invstd, True, eps, mask), layouts)
 
 
 def batch_norm_channels_last(x, weight, bias, eps):

@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from fjit.core.ir import BoundSymbol, Symbol, TensorVar, flatten_values, map_values
-from fjit.core.meta import ATTENTION_PARAMS, attention_backend, meta_tensor, same_layout
+from fjit.core.meta import ATTENTION_PARAMS, attention_backend, meta_tensor
 from fjit.core.trace import Trace
+from fjit.runtime import batch_norm_vjp, laid_out
 from fjit.logs import recompiles
 
 
@@ -187,29 +188,12 @@ def torch_vjp(graphs, leaves, cotangents):
     return tuple(g.contiguous() for g in grads)
 
 
-def _laid_out(grads, layouts):
-    """Each cotangent in the layout the backward trace records for it (its operand's, where that
-    is dense: a channels-last activation's, attention's transposed q), copied where ATen's
-    backward gave another; None where none is wanted (the flash backward returns all three)."""
-    return tuple(None if r is None or strides is None else r if same_layout(tuple(r.shape), r.stride(), strides) else
-                 torch.empty_strided(r.shape, strides, dtype=r.dtype).copy_(r)
-                 for r, strides in zip(grads, layouts))
-
-
 def convolution_vjp(g, x, w, bias_sizes, stride, padding, dilation, groups, mask, layouts):
     """The cotangents of a convolution's input, weight and bias, by ATen's convolution_backward
     (what eager's autograd node calls)."""
-    return _laid_out(torch.ops.aten.convolution_backward.default(
+    return laid_out(torch.ops.aten.convolution_backward.default(
         g, x, w, bias_sizes, stride, padding, dilation, False, [0] * len(stride), groups, mask),
         layouts)
-
-
-def batch_norm_vjp(g, x, weight, mean, invstd, eps, mask, layouts):
-    """The cotangents of a training batch norm's input, weight and bias, by ATen's
-    native_batch_norm_backward on the batch statistics the forward returned (what eager's node
-    calls; the running statistics are not read in training)."""
-    return _laid_out(torch.ops.aten.native_batch_norm_backward.default(
-        g, x, weight, None, None, mean, invstd, True, eps, mask), layouts)
 
 
 def _additive(attn_mask, q):
@@ -228,7 +212,7 @@ def flash_attention(q, k, v, attn_mask, is_causal, scale):
 def attention_vjp(g, q, k, v, out, logsumexp, attn_mask, is_causal, scale, mask, layouts):
     """The cotangents of an attention's q, k and v, by the flash CPU kernel's backward (what eager's
     node calls) on the output and log-sum-exp the forward returned."""
-    return _laid_out(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
+    return laid_out(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default(
         g, q, k, v, out, logsumexp, 0.0, is_causal, attn_mask=_additive(attn_mask, q), scale=scale),
         layouts)
 

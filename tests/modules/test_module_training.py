@@ -705,9 +705,10 @@ def test_batch_norm_in_the_joint_program_is_atens_backward_on_the_batch_statisti
                                                                                    channels_last):
     """In the compiled joint program a training batch norm's backward is ATen's
     native_batch_norm_backward on the batch mean and inverse std its forward returned (what eager's
-    node calls), not a nested autograd call: gradients and running statistics as eager's, with a
-    ReLU's and a residual add's backward fused around it, affine or not, and on channels-last
-    activations (whose gradients keep that layout)."""
+    node calls; the C kernel computing it on contiguous float32 tensors,
+    tests/executors/test_c_batch_norm.py), not a nested autograd call: gradients and running
+    statistics as eager's, with a ReLU's and a residual add's backward fused around it, affine or
+    not, and on channels-last activations (whose gradients keep that layout)."""
     monkeypatch.setenv("FJIT_MEASURE", "0")     # the joint program, not a measured choice
 
     class Block(nn.Module):
@@ -730,10 +731,15 @@ def test_batch_norm_in_the_joint_program_is_atens_backward_on_the_batch_statisti
         jm(x).square().sum().backward()
         ref(x_ref).square().sum().backward()
         torch.testing.assert_close(x.grad, x_ref.grad)
+        # to rounding on the scale of the gradients (the C kernel adds its sums in another order)
+        scale = max(q.grad.abs().max().item() for q in ref.parameters())
         for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, msg=name)
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6 * scale, msg=name)
         for (name, a), b in zip(model.named_buffers(), ref.buffers()):
-            assert torch.equal(a, b), (step, name)
+            torch.testing.assert_close(a, b, msg=f"{step} {name}")
     backward = str(fjit.last_backward_traces(jm)[-1])
-    assert backward.count("ATen's native_batch_norm_backward") == 2
+    # ATen's on channels-last activations, the C executor's kernel computing it on contiguous ones
+    claimed = "a training batch norm by fjit's C kernel (fjit/executors/c/batch_norm.py)'s backward"
+    assert backward.count("ATen's native_batch_norm_backward") == (2 if channels_last else 0)
+    assert backward.count(claimed) == (0 if channels_last else 2)
     assert "torch autograd's backward" not in backward and "# C kernel" in backward

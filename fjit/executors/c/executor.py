@@ -44,6 +44,7 @@ from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, map_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.trace import Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
+from fjit.executors.c import batch_norm
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
 from fjit.executors.c.launch import HEADER, PYTHON_FLAGS, entry, launcher, python_entry
 from fjit.logs import kernels as log
@@ -144,13 +145,31 @@ def fuses_on(device: torch.device) -> bool:
 
 
 def claim(trace: Trace, leaves: list) -> Trace | None:
-    """The trace with each fusion region C takes replaced by one C kernel call, or None."""
+    """The trace with each fusion region C takes replaced by one C kernel call, and each batch
+    norm the written kernels take calling them (batch_norm.py), or None."""
     if not kernel_inputs_usable(trace, leaves, fuses_on):
         return None
     # a region of one prim stays a torch call: that costs what a kernel call does; but a copy of
     # a permuted value is twice as fast in a kernel as ATen's strided copy_
-    return _PARTITIONER.fuse(trace, "c_fusion", _region_bsym, worth=lambda r: len(r.bsyms) > 1 or (
+    fused = _PARTITIONER.fuse(trace, "c_fusion", _region_bsym, worth=lambda r: len(r.bsyms) > 1 or (
         prim_of(r.bsyms[0]) is Prim.CONTIGUOUS and math.prod(r.domain) >= COPY_MIN_NUMEL))
+    if any(b.sym.fn in batch_norm.CLAIMED for b in trace.bsyms):
+        return batch_norm.claim(fused or trace.with_stage("c_fusion"), _batch_norm_kernels()) or fused
+    return fused
+
+
+_BATCH_NORM: list = []    # [batch_norm.Kernels], made when a trace first has a batch norm
+
+
+def _batch_norm_kernels() -> batch_norm.Kernels:
+    if not _BATCH_NORM:
+        binaries = []
+        for name, (source, arg_types) in batch_norm.KERNELS.items():
+            unique = f"{name}_{hashlib.sha1((build_key() + source).encode()).hexdigest()[:16]}"
+            binaries.append(_binary(Kernel(unique, source.replace(f"void {name}(", f"void {unique}("),
+                                           [], arg_types, True)))
+        _BATCH_NORM.append(batch_norm.Kernels(*binaries, requeue=_binary))
+    return _BATCH_NORM[0]
 
 
 def decompose(b: BoundSymbol, fused: bool = False) -> bool | int:
@@ -166,11 +185,7 @@ def decompose(b: BoundSymbol, fused: bool = False) -> bool | int:
 
 def _region_bsym(region: Region) -> BoundSymbol:
     kernel = generate(region, "fused")
-    # the flags and the CPU they target are part of what a binary is: a change of either must not
-    # load an old one (gcc's parameters are in the key whatever the compiler: finding out which
-    # one it is runs a subprocess, which only a build, in the background, should pay)
-    key = " ".join(CFLAGS + PYTHON_FLAGS + GCC_PARAMS) + "\n" + _isa() + "\n"
-    digest = hashlib.sha1((key + kernel.source + entry("fused", kernel.arg_types)).encode()).hexdigest()[:16]
+    digest = hashlib.sha1((build_key() + kernel.source + entry("fused", kernel.arg_types)).encode()).hexdigest()[:16]
     kernel.name = f"fjit_c_{digest}"
     kernel.source = kernel.source.replace("void fused(", f"void {kernel.name}(")
     binary = _binary(kernel)
@@ -178,6 +193,13 @@ def _region_bsym(region: Region) -> BoundSymbol:
     launch = launcher(region, kernel, binary, fallback)
     comment = f"C kernel {kernel.name}\n{kernel.source[kernel.source.index(f'void {kernel.name}('):]}"
     return kernel_bsym(region, kernel.name, launch, comment)
+
+
+def build_key() -> str:
+    """What a binary is besides its source: the flags and the CPU they target, so that a change of
+    either never loads an old one (gcc's parameters are in it whatever the compiler: finding out
+    which one it is runs a subprocess, which only a build, in the background, should pay)."""
+    return " ".join(CFLAGS + PYTHON_FLAGS + GCC_PARAMS) + "\n" + _isa() + "\n"
 
 
 class _Fallback:

@@ -22,9 +22,9 @@ import torch
 from fjit.core.ir import TensorVar
 
 try:        # torch's CPU allocation without the dispatcher (inductor's): 0.5 us against 1.1 us
-    from torch._C._dynamo.guards import _empty_strided_cpu
+    from torch._C._dynamo.guards import _empty_strided_cpu as empty_strided
 except ImportError:      # pragma: no cover -- a torch without it
-    def _empty_strided_cpu(shape, strides, dtype):
+    def empty_strided(shape, strides, dtype):
         return torch.empty_strided(shape, strides, dtype=dtype)
 
 
@@ -123,7 +123,7 @@ def launcher(region, kernel, binary, fallback):
     Its source holds only names this module makes and integer literals; dtypes come in through
     its namespace."""
     params = [f"a{k}" for k in range(len(region.inputs))]
-    ns = {"binary": binary, "fallback": fallback, "empty_strided": _empty_strided_cpu,
+    ns = {"binary": binary, "fallback": fallback, "empty_strided": empty_strided,
           "get_num_threads": torch.get_num_threads}
     lines = [f"def launch({', '.join(params)}):",
              "    fn = binary.fn",
