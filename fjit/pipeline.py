@@ -211,10 +211,13 @@ def _measured_choice(joint, traces: list[Trace], backward: list[Trace],
 def _channels_last_traces(fn, args, kwargs, leaves, mode, first: Trace) -> list[Trace] | None:
     """The stages of `fn` traced again with its 2-D CPU convolutions' inputs made channels-last,
     for torch calls alone (what torch autograd runs), its outputs laid out as `first`'s (this
-    call's trace); None where it has no such convolution, or where tracing it so fails or its
+    call's trace); None where it has no such convolution, or more dense ones than
+    program_choice.CHANNELS_LAST_DENSE_CONVOLUTIONS and no grouped one, or where tracing it so fails or its
     real layouts are not the recorded ones (it is a faster form at best: `first`'s program
     runs either way)."""
-    if mode is not TraceMode.ERROR or not any(_relaid_convolution(b) for b in first.bsyms):
+    relaid = sum(_relaid_convolution(b) for b in first.bsyms)
+    if mode is not TraceMode.ERROR or not relaid or relaid > program_choice.CHANNELS_LAST_DENSE_CONVOLUTIONS \
+            and not any(_grouped_convolution(b) for b in first.bsyms):
         return None
     observed: dict = {}
     for _ in range(3):    # as _trace_with_real_layouts: a layout a meta kernel got wrong, retraced

@@ -66,6 +66,13 @@ CHANNELS_LAST_MARGIN = 0.85
 # EfficientNet-B0's and ConvNeXt's channels-last forms measured 0.92-0.94x the best other, and
 # kept 3/3 seeds of the zoo's accuracy rule where SqueezeNet's (dense) failed one.
 CHANNELS_LAST_MARGIN_GROUPED = 0.96
+# The most convolutions a program with no grouped one may relay for the channels-last form to be
+# offered at all: a patch embedding's one (ResMLP 0.79x the best other form, CaiT 0.95x).  A CNN
+# of dense convolutions reroutes gradients at ReLU kinks as above, and a speed margin only makes
+# that rarer: SqueezeNet's form, forced, fails the accuracy rule at seed 0, and it measured under
+# 0.85x in some processes of a zoo sweep and failed there; no other dense CNN of the zoo gained
+# 15% from the form (DLA-46 0.96x, DenseNet-121 0.99x, ResNet-50 1.17x, GoogLeNet 1.00x).
+CHANNELS_LAST_DENSE_CONVOLUTIONS = 1
 
 
 def wants_measuring(n_ops: int) -> bool:

@@ -489,10 +489,12 @@ class DepthwiseNet(nn.Module):
 
 
 def _set_channels_last_margin(monkeypatch, value: float) -> None:
-    """Both channels-last margins (DepthwiseNet's programs have grouped convolutions)."""
+    """Both channels-last margins (DepthwiseNet's programs have grouped convolutions), and the
+    form offered to a program of several dense convolutions too (these tests' networks)."""
     import fjit.program_choice as program_choice
     for name in ("CHANNELS_LAST_MARGIN", "CHANNELS_LAST_MARGIN_GROUPED"):
         monkeypatch.setattr(program_choice, name, value)
+    monkeypatch.setattr(program_choice, "CHANNELS_LAST_DENSE_CONVOLUTIONS", 1 << 30)
 
 
 @pytest.mark.parametrize("channels_last_wins", [False, True])
@@ -535,8 +537,8 @@ def test_channels_last_form_keeps_eagers_results_and_layouts(monkeypatch, channe
 @pytest.mark.parametrize("groups", [1, 4])
 def test_the_channels_last_margin_of_a_program_with_grouped_convolutions(monkeypatch, groups):
     """A program with a grouped or depthwise convolution keeps the channels-last form under
-    CHANNELS_LAST_MARGIN_GROUPED (oneDNN's NCHW depthwise kernels are the slow ones), one with
-    dense convolutions only under CHANNELS_LAST_MARGIN."""
+    CHANNELS_LAST_MARGIN_GROUPED (oneDNN's NCHW depthwise kernels are the slow ones); one with
+    several dense convolutions only is not offered the form (CHANNELS_LAST_DENSE_CONVOLUTIONS)."""
     import fjit.program_choice as program_choice
     monkeypatch.setenv("FJIT_MEASURE", "all")
     monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", 0.0)
@@ -550,9 +552,30 @@ def test_the_channels_last_margin_of_a_program_with_grouped_convolutions(monkeyp
     for _ in range(2):
         jitted(x).sum().backward()
     stage = fjit.last_backward_traces(jitted)[-1].stage
-    assert "channels-last convolutions" in stage and "joint program" in stage   # all three measured
+    assert "joint program" in stage
+    assert ("channels-last convolutions" in stage) is (groups > 1)    # measured beside the others
     kept_channels_last = "memory_format=torch.channels_last" in str(fjit.last_traces(jitted)[-1])
     assert kept_channels_last is (groups > 1)
+
+
+@pytest.mark.parametrize("margin", [0.0, 1e9])
+def test_a_dense_program_with_one_convolution_is_offered_the_channels_last_form(monkeypatch, margin):
+    """A patch embedding's one dense convolution (ResMLP, CaiT): the form is measured and kept
+    under CHANNELS_LAST_MARGIN."""
+    import fjit.program_choice as program_choice
+    monkeypatch.setenv("FJIT_MEASURE", "all")
+    monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", margin)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU(), nn.Tanh(),
+                          nn.Hardswish(), nn.Flatten(), nn.LayerNorm(8 * 64), nn.Linear(8 * 64, 3))
+    jitted = fjit.jit(model)
+    x = torch.randn(2, 3, 8, 8)
+    for _ in range(2):
+        jitted(x).sum().backward()
+    stage = fjit.last_backward_traces(jitted)[-1].stage
+    assert "channels-last convolutions" in stage and "joint program" in stage
+    kept_channels_last = "memory_format=torch.channels_last" in str(fjit.last_traces(jitted)[-1])
+    assert kept_channels_last is (margin > 1)
 
 
 def test_a_program_whose_first_call_ran_op_by_op_measures_on_its_second(monkeypatch):
