@@ -169,3 +169,27 @@ def assert_same_gradients(model, ref):
     scale = max(q.grad.abs().max().item() for q in ref.parameters())
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6 * scale, msg=name)
+
+
+@pytest.mark.parametrize("lost_to_fork", [False, True])
+def test_until_the_kernels_are_built_atens_ops_run(lost_to_fork):
+    """A kernel still building (the background mode's first calls) leaves ATen's ops running, with
+    their exact results; one whose build was lost to fork is queued again by the call."""
+    class Unbuilt:
+        fn = fast = error = None
+        queued = not lost_to_fork
+
+        def __init__(self, kernel):
+            self.kernel = kernel
+    requeued = []
+    kernels = c_batch_norm.Kernels(Unbuilt("forward"), Unbuilt("backward"), requeue=requeued.append)
+    x, grad = torch.randn(4, 3, 5, 5), torch.randn(4, 3, 5, 5)
+    w, b, rm, rv = torch.randn(3), torch.randn(3), torch.zeros(3), torch.ones(3)
+    with torch.no_grad():
+        ours = kernels.forward(x, w, b, rm, rv, True, 0.1, 1e-5)
+        aten = ATEN_FORWARD(x, w, b, rm, rv, True, 0.1, 1e-5)
+        grads = kernels.backward(grad, x, w, aten[1], aten[2], 1e-5, [True] * 3, [x.stride(), (1,), (1,)])
+        aten_grads = ATEN_BACKWARD(grad, x, w, None, None, aten[1], aten[2], True, 1e-5, [True] * 3)
+    for mine, theirs in zip((*ours, *grads), (*aten, *aten_grads)):
+        assert torch.equal(mine, theirs)
+    assert requeued == (["forward", "backward"] if lost_to_fork else [])
