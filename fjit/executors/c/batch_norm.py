@@ -33,7 +33,6 @@ from fjit.executors.render import contiguous_strides
 from fjit.runtime import batch_norm_vjp, laid_out, register_kernel
 
 _ATEN_FORWARD = torch.ops.aten._native_batch_norm_legit_functional.default
-_ATEN_BACKWARD = torch.ops.aten.native_batch_norm_backward.default
 # Fewer elements than this run on one thread: below it a second thread's share of the work is
 # smaller than what starting it costs (measured on [8, C, H, W] activations, 2 threads).
 PARALLEL_MIN = 1 << 13
@@ -175,10 +174,10 @@ void fjit_batch_norm_backward(const float *restrict g, const float *restrict x, 
 
 _FORWARD_ARGS = ["p"] * 10 + ["q"] * 4 + ["d", "d", "q"]
 _BACKWARD_ARGS = ["p"] * 8 + ["q"] * 6
-_HELPER_VALUES = {"block": SUM_BLOCK, "parallel_min": PARALLEL_MIN}
+_HELPERS = _HELPERS % {"block": SUM_BLOCK, "parallel_min": PARALLEL_MIN}
 # name -> (source, argument types): what the C executor builds, naming each binary by its source
-KERNELS = {"fjit_batch_norm_forward": ((_HELPERS % _HELPER_VALUES) + _FORWARD, _FORWARD_ARGS),
-           "fjit_batch_norm_backward": ((_HELPERS % _HELPER_VALUES) + _BACKWARD, _BACKWARD_ARGS)}
+KERNELS = {"fjit_batch_norm_forward": (_HELPERS + _FORWARD, _FORWARD_ARGS),
+           "fjit_batch_norm_backward": (_HELPERS + _BACKWARD, _BACKWARD_ARGS)}
 _FLOAT32 = torch.float32
 CLAIMED = (_ATEN_FORWARD, batch_norm_vjp)    # what claim() looks for
 
@@ -190,10 +189,10 @@ class Kernels:
     def __init__(self, forward_binary, backward_binary, requeue):
         self.binaries = (forward_binary, backward_binary)
         self.requeue = requeue
-        # printed traces import them from fjit.runtime by these names (registered while they live)
-        self.launchers = (self.forward, self.backward)
-        self.forward_symbol = Symbol("fjit_c_batch_norm_forward", self.launchers[0], frozenset({Tag.KERNEL}))
-        self.backward_symbol = Symbol("fjit_c_batch_norm_backward", self.launchers[1], frozenset({Tag.KERNEL}))
+        # printed traces import the launchers from fjit.runtime by these names, registered while
+        # the symbols (which hold them) live
+        self.forward_symbol = Symbol("fjit_c_batch_norm_forward", self.forward, frozenset({Tag.KERNEL}))
+        self.backward_symbol = Symbol("fjit_c_batch_norm_backward", self.backward, frozenset({Tag.KERNEL}))
         for symbol in (self.forward_symbol, self.backward_symbol):
             register_kernel(symbol.qualname, symbol.fn)
 
@@ -263,12 +262,17 @@ def _float32(v, shape) -> bool:
         and tuple(v.shape) == tuple(shape) and tuple(v.strides) == contiguous_strides(v.shape)
 
 
+def _input_fits(x, eps) -> bool:
+    """A contiguous float32 CPU tensor, 2-D or more, with more than one value per channel; a
+    literal eps."""
+    return isinstance(x, TensorVar) and len(x.shape) >= 2 and _float32(x, x.shape) \
+        and math.prod(x.shape) >= 2 * x.shape[1] and type(eps) in (float, int)
+
+
 def _forward_fits(x, weight, bias, running_mean, running_var, training, momentum, eps, *rest) -> bool:
-    """A training batch norm of a contiguous float32 CPU tensor, 2-D or more, with more than one
-    value per channel; float32 parameters (both or none) and running statistics; literal numbers."""
-    if rest or training is not True or not isinstance(x, TensorVar) or len(x.shape) < 2 \
-            or not _float32(x, x.shape) or math.prod(x.shape) < 2 * x.shape[1] \
-            or type(momentum) not in (float, int) or type(eps) not in (float, int):
+    """A training batch norm of an input _input_fits; float32 parameters (both or none) and
+    running statistics; a literal momentum."""
+    if rest or training is not True or not _input_fits(x, eps) or type(momentum) not in (float, int):
         return False
     channels = (x.shape[1],)
     return all(_float32(t, channels) for t in (running_mean, running_var)) and (
@@ -277,8 +281,7 @@ def _forward_fits(x, weight, bias, running_mean, running_var, training, momentum
 
 def _backward_fits(g, x, weight, mean, invstd, eps, mask, layouts, *rest) -> bool:
     """runtime.batch_norm_vjp's arguments for the forward above, its cotangent contiguous."""
-    if rest or not isinstance(x, TensorVar) or len(x.shape) < 2 or not _float32(x, x.shape) \
-            or not _float32(g, x.shape) or math.prod(x.shape) < 2 * x.shape[1] or type(eps) not in (float, int):
+    if rest or not _input_fits(x, eps) or not _float32(g, x.shape):
         return False
     channels = (x.shape[1],)
     return all(_float32(t, channels) for t in (mean, invstd)) and (weight is None or _float32(weight, channels))
