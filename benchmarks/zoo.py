@@ -60,7 +60,8 @@ Timing (``--timing``): one training step without the optimizer (forward, loss, b
 to None first) of eager, fjit.jit, backend="fjit" and torch.compile (Inductor, default mode; ``--timed`` picks fewer),
 each on its own copy of the model, measured as the other suites measure (benchmarks/harness.py): after a
 compile call and 3 warm-up calls (and fjit's background C kernel builds), in ``--rounds``
-interleaved rounds, each candidate sampled once per round in a rotated order; the ratios are paired
+interleaved rounds, each candidate sampled once per round in a rotated order (a sample is as many
+steps as take ``SAMPLE_NS``, 100 ms, of eager); the ratios are paired
 (median over rounds of candidate / eager of the same round; below 1 is faster than eager).  A
 candidate that raises is not timed.  The geometric mean of each entry's ratios is taken over the
 models it ran, and says over how many.
@@ -416,6 +417,10 @@ def _train_thunk(module: torch.nn.Module, call: torch.nn.Module, zm: ZooModel, b
 
 
 TIMED = ("jit", "backend", "inductor")
+# How long one sample of a candidate lasts (in eager's time; 1000 steps at most).  At 20 ms, most
+# models' samples were one step each, and a model's paired ratio moved by several percent between
+# runs of the same code; several steps per sample average that step-to-step noise out.
+SAMPLE_NS = 100e6
 
 
 def time_model(zm: ZooModel, rounds: int, seed: int = 0, timed: tuple = TIMED) -> dict:
@@ -445,7 +450,7 @@ def time_model(zm: ZooModel, rounds: int, seed: int = 0, timed: tuple = TIMED) -
     if "eager" not in candidates:
         return {"errors": errors}
     timer = H.CpuTimer(cuda_sync=DEVICE == "cuda")
-    iters = H.calibrate_iters(candidates["eager"], timer, target_ns=20e6, max_iters=1000)
+    iters = H.calibrate_iters(candidates["eager"], timer, target_ns=SAMPLE_NS, max_iters=1000)
     stats = H.measure(candidates, timer, rounds=rounds, iters=iters, warmup=3)
     return {"iters": iters, "eager_ms": stats["eager"].median_ns / 1e6,
             "ratios": {e: H.paired_ratio(stats, e, "eager") for e in candidates if e != "eager"},
