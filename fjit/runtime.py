@@ -90,19 +90,42 @@ class _MaxPool2dViaChannelsLast(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, kernel_size, stride, padding, dilation, ceil_mode):
-        out, indices = torch.ops.aten.max_pool2d_with_indices(
-            x.contiguous(memory_format=torch.channels_last), kernel_size, stride, padding, dilation,
-            ceil_mode)
-        indices = indices.contiguous()
+        out, indices = max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)
         ctx.save_for_backward(x, indices)
         ctx.pool = (kernel_size, stride, padding, dilation, ceil_mode)
-        return out.contiguous()
+        return out
 
     @staticmethod
     def backward(ctx, g):
         x, indices = ctx.saved_tensors
         grad = torch.ops.aten.max_pool2d_with_indices_backward(g.contiguous(), x, *ctx.pool, indices)
         return grad, None, None, None, None, None
+
+
+def max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode):
+    """F.max_pool2d's output and the NCHW indices of its maxima (what its backward reads) for a
+    contiguous NCHW x, both contiguous, computed on a channels-last copy.  The compiled joint
+    program's forward runs this in place of max_pool2d; the C executor runs its own kernel in its
+    place where that takes the tensors (executors/c/max_pool.py)."""
+    out, indices = torch.ops.aten.max_pool2d_with_indices(
+        x.contiguous(memory_format=torch.channels_last), kernel_size, stride, padding, dilation,
+        ceil_mode)
+    return out.contiguous(), indices.contiguous()
+
+
+def avg_pool2d_vjp(g, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
+                   mask, layouts):
+    """The cotangent of an average pool's input, by ATen's avg_pool2d_backward (what eager's node
+    calls)."""
+    return laid_out((torch.ops.aten.avg_pool2d_backward(
+        g, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override),), layouts)
+
+
+def max_pool2d_vjp(g, x, indices, kernel_size, stride, padding, dilation, ceil_mode, mask, layouts):
+    """The cotangent of a max pool's input, by ATen's max_pool2d_with_indices_backward on the
+    indices the forward returned (what eager's node calls)."""
+    return laid_out((torch.ops.aten.max_pool2d_with_indices_backward(
+        g, x, kernel_size, stride, padding, dilation, ceil_mode, indices),), layouts)
 
 
 class _BatchNormChannelsLast(torch.autograd.Function):
@@ -258,7 +281,8 @@ def matmul_as_weight_grad(a, b):
 fjit_ops = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem, unversioned=unversioned,
                                  functional_inplace=functional_inplace, generator=generator,
                                  register_hook=register_hook, retain_grad=retain_grad,
-                                 max_pool2d=max_pool2d, restride=restride,
+                                 max_pool2d=max_pool2d, max_pool2d_with_indices=max_pool2d_with_indices,
+                                 restride=restride,
                                  batch_norm_channels_last=batch_norm_channels_last,
                                  reinterpret=reinterpret, linear_as_conv=linear_as_conv,
                                  matmul_as_conv=matmul_as_conv, matmul_as_input_grad=matmul_as_input_grad,

@@ -19,11 +19,13 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch._prims_common import make_contiguous_strides_for
 
-from fjit.core.ir import BoundSymbol, Symbol, TensorVar, flatten_values, map_values
+from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, flatten_values, map_values
 from fjit.core.meta import ATTENTION_PARAMS, attention_backend, meta_tensor
 from fjit.core.trace import Trace
-from fjit.runtime import batch_norm_vjp, laid_out
+from fjit.runtime import (avg_pool2d_vjp, batch_norm_vjp, laid_out, max_pool2d, max_pool2d_vjp,
+                          max_pool2d_with_indices)
 from fjit.logs import recompiles
 
 
@@ -77,6 +79,44 @@ def _batch_norm_args(b: BoundSymbol) -> tuple | None:
     return x, weight, bias, eps
 
 
+def _max_pool_args(b: BoundSymbol) -> tuple | None:
+    """(x, (kernel_size, stride, padding, dilation, ceil_mode)) of a max pool the frontend routed
+    through runtime.max_pool2d (ops/nn_ops.py: a contiguous NCHW CPU input)."""
+    if b.sym.fn is not max_pool2d or len(b.args) != 6 or b.kwargs or not isinstance(b.args[0], TensorVar):
+        return None
+    return b.args[0], tuple(b.args[1:])
+
+
+_AVG_POOL_PARAMS = ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
+                    "divisor_override")
+
+
+def _avg_pool_args(b: BoundSymbol) -> tuple | None:
+    """(x, (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)) of a
+    2-D average pool with literal sizes, as ATen's avg_pool2d_backward takes them."""
+    if b.sym.fn is not F.avg_pool2d:
+        return None
+    given = dict(zip(_AVG_POOL_PARAMS, b.args))
+    given.update(b.kwargs)
+    x = given.get("input")
+    if set(given) - set(_AVG_POOL_PARAMS) or not isinstance(x, TensorVar) or x.ndim not in (3, 4):
+        return None
+    sizes = []
+    for key, default in (("kernel_size", None), ("stride", None), ("padding", 0)):
+        v = given.get(key, default)
+        v = [] if v is None and key == "stride" else [v, v] if type(v) is int else \
+            list(v) if isinstance(v, (tuple, list)) and all(type(i) is int for i in v) else None
+        if v is None:
+            return None         # a traced number
+        sizes.append(v)
+    flags = (given.get("ceil_mode", False), given.get("count_include_pad", True))
+    divisor = given.get("divisor_override")
+    if not all(type(f) is bool for f in flags) or not (divisor is None or type(divisor) is int):
+        return None
+    return x, (*sizes, *flags, divisor)
+
+
+_MAX_POOL_SYMBOL = Symbol("fjit_ops.max_pool2d_with_indices", max_pool2d_with_indices, frozenset({Tag.FALLBACK}))
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
@@ -125,7 +165,8 @@ class AtenBackward:
 
 
 def aten_backward(b: BoundSymbol) -> AtenBackward | None:
-    """A convolution's or a training batch norm's backward; None for any other op."""
+    """A convolution's, a training batch norm's, a 2-D pool's or an attention's backward; None for
+    any other op."""
     conv = convolution_args(b)
     if conv is not None:
         x, w, bias, stride, padding, dilation, groups = conv
@@ -138,6 +179,19 @@ def aten_backward(b: BoundSymbol) -> AtenBackward | None:
         _, mean, invstd = b.outputs()[:3]
         return AtenBackward((x, weight, bias), (x, weight, mean, invstd), (eps,), batch_norm_vjp,
                             "native_batch_norm_backward")
+    pool = _avg_pool_args(b)
+    if pool is not None:
+        return AtenBackward((pool[0],), (pool[0],), pool[1], avg_pool2d_vjp, "avg_pool2d_backward")
+    pool = _max_pool_args(b)
+    if pool is not None:
+        x, static = pool
+        out = b.outputs()[0]
+        indices = TensorVar(f"{out.name}_indices", out.shape, torch.int64, out.device,
+                            tuple(make_contiguous_strides_for(out.shape)), False)
+        forward = BoundSymbol(_MAX_POOL_SYMBOL, tuple(b.args), {}, (out, indices),
+                              comment="the max pool, also returning the indices its backward reads")
+        return AtenBackward((x,), (x, indices), static, max_pool2d_vjp, "max_pool2d_with_indices_backward",
+                            forward)
     attention = _attention_args(b)
     if attention is not None:
         q, k, v, mask, is_causal, scale = attention

@@ -4,9 +4,9 @@ Each top-level op of the (cleaned) forward trace is one of
 - plain: none of its outputs requires grad; it runs as traced and gets no backward;
 - prims: it is differentiated through its prims' VJP rules (rules.py), and its backward is traced
   as prims the kernel executors fuse, like the forward;
-- aten: a convolution with numeric padding, or a training batch norm; it runs as traced, and its
-  backward is the ATen function eager's autograd node calls (convolution_backward on its saved
-  operands, native_batch_norm_backward on its input and batch statistics: `aten_backward`);
+- aten: a convolution, a training batch norm, a 2-D pool or a flash attention; it runs as traced
+  (or as a kernel also returning what its backward reads), and its backward is the ATen function
+  eager's autograd node calls (convolution_backward on its saved operands, ...: `aten_backward`);
 - recorded: torch autograd keeps it (an opaque op, a prim without a rule, or an op whose prims no
   executor would fuse, where torch's own backward kernel is the fast one): the forward runs it under
   enable_grad on detached leaves (`record`) and saves that small graph; the backward calls
@@ -136,7 +136,8 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool | int],
     # Worth it when kernels take enough work: a recorded op costs a graph in the forward and a
     # nested autograd call in the backward (tens of us on the CPU), which a few fused prims do
     # not pay back; otherwise torch autograd over the forward's torch calls is as fast.
-    fused = sum(decompose(b, fused=True) for b, kind in zip(trace.bsyms, kinds) if kind == "prims")
+    # (an op kept whole with eager's backward counts where a kernel takes it whole: a batch norm)
+    fused = sum(decompose(b, fused=True) for b, kind in zip(trace.bsyms, kinds) if kind in ("prims", "aten"))
     if fused < max(2, 4 * kinds.count("record")):
         return (f"kernels would take {fused} prims of the backward against "
                 f"{kinds.count('record')} ops kept by torch autograd: not worth a joint program")

@@ -295,6 +295,27 @@ def test_convolution_backward_is_atens_without_a_nested_autograd_call(conv, shap
     assert _c_kernels(backward)
 
 
+@pytest.mark.parametrize("pool, shape", [
+    (lambda x: F.avg_pool2d(x, 2), (2, 3, 8, 8)),
+    (lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False), (2, 3, 9, 7)),
+    (lambda x: F.avg_pool2d(x, (3, 2), stride=(1, 2), padding=(1, 0), divisor_override=5), (3, 7, 6)),
+    (lambda x: F.max_pool2d(x, 3, 2, 1), (2, 16, 64, 64)),         # the channels-last route
+    (lambda x: F.max_pool2d(x, 2, 2, ceil_mode=True), (2, 16, 65, 65)),
+])
+def test_pool_backward_is_atens_without_a_nested_autograd_call(pool, shape):
+    """A 2-D average pool's backward is ATen's avg_pool2d_backward, and a max pool's (the frontend's
+    channels-last route) max_pool2d_with_indices_backward on the indices the joint forward
+    returns: no nested autograd call, and eager's gradients."""
+    x = _f32(*shape, grad=True)
+
+    def f(x):
+        return ((pool(x.sin() * 2) + 1).exp() * 0.5).sum()
+    jf = _grads_match(f, (x,))
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    assert re.search(r"ATen's (avg|max)_pool2d(_with_indices)?_backward", backward)
+    assert "torch autograd's backward" not in backward and _c_kernels(backward)
+
+
 @pytest.mark.parametrize("mask_kind", ["none", "float", "bool", "causal", "float_grad"])
 def test_attention_backward_is_the_flash_kernels_without_a_nested_autograd_call(mask_kind):
     """An attention eager runs as ATen's flash CPU kernel is run by the joint forward as that kernel

@@ -26,12 +26,12 @@ def sync_build(monkeypatch):
 def kernel_calls(monkeypatch):
     """The kernels' calls, in order (each the binary it ran)."""
     calls = []
-    real = c_batch_norm._call
+    real = c_batch_norm.call
 
     def counted(binary, *args):
         calls.append(binary)
         return real(binary, *args)
-    monkeypatch.setattr(c_batch_norm, "_call", counted)
+    monkeypatch.setattr(c_batch_norm, "call", counted)
     return calls
 
 
@@ -50,7 +50,7 @@ def test_the_kernels_are_as_accurate_as_atens_against_float64(shape, affine, ker
     """Output, batch statistics, running statistics and the three gradients of values far from
     zero mean (where a one-pass variance would lose digits), against ATen's float64 results:
     within float32's tolerance and within a small factor of ATen's own float32 error."""
-    kernels = c_executor._batch_norm_kernels()
+    kernels = c_executor._written_kernels(c_batch_norm)
     g = torch.Generator().manual_seed(sum(shape))
     c = shape[1]
     x = torch.randn(shape, generator=g) * 3 + 40
@@ -80,7 +80,7 @@ def test_the_kernels_are_as_accurate_as_atens_against_float64(shape, affine, ker
 
 
 def test_the_gradients_not_asked_for_are_none(kernel_calls):
-    kernels = c_executor._batch_norm_kernels()
+    kernels = c_executor._written_kernels(c_batch_norm)
     x, grad = torch.randn(4, 3, 5, 5), torch.randn(4, 3, 5, 5)
     w, b = torch.randn(3), torch.randn(3)
     with torch.no_grad():
@@ -157,7 +157,7 @@ def test_a_model_trained_through_the_joint_program_runs_the_kernels(kernel_calls
             torch.testing.assert_close(a, b, msg=f"{step} {name}")
         model.zero_grad(), ref.zero_grad()
     # the first call runs the traced ops one by one (it records the program)
-    forward_kernel, backward_kernel = c_executor._batch_norm_kernels().binaries
+    forward_kernel, backward_kernel = c_executor._written_kernels(c_batch_norm).binaries
     assert kernel_calls.count(forward_kernel) == 2 * 2 and kernel_calls.count(backward_kernel) == 2 * 2
 
 
@@ -193,3 +193,32 @@ def test_until_the_kernels_are_built_atens_ops_run(lost_to_fork):
     for mine, theirs in zip((*ours, *grads), (*aten, *aten_grads)):
         assert torch.equal(mine, theirs)
     assert requeued == (["forward", "backward"] if lost_to_fork else [])
+
+
+class ConvBatchNorm(nn.Module):
+    """A convolution, a batch norm and a max pool: one fusible prim (the ReLU) besides them."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+
+    def forward(self, x):
+        return F.max_pool2d(F.relu(self.bn(self.conv(x))), 3, 2, 1)
+
+
+@pytest.mark.parametrize("size", [4, 32])
+def test_a_batch_norm_the_kernels_take_counts_toward_a_joint_program(size, monkeypatch):
+    """The joint program's worth rule counts a batch norm the kernels take, of PARALLEL_MIN
+    elements or more, as the prims it replaces: a CNN block whose only fusible prim is its ReLU
+    gets a joint program at [8, 16, 32, 32], and keeps torch autograd at [8, 16, 4, 4]."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    model = ConvBatchNorm()
+    jm = fjit.jit(model)
+    x = torch.randn(8, 3, size, size)
+    for _ in range(2):
+        jm(x).sum().backward()
+    stage = fjit.last_backward_traces(jm)[-1].stage
+    big = 8 * 16 * size * size >= c_batch_norm.PARALLEL_MIN
+    assert big == (size == 32)
+    assert ("not worth a joint program" in stage) == (not big)
+    assert ("fjit_c_batch_norm_backward(" in str(fjit.last_backward_traces(jm)[-1])) == big

@@ -28,7 +28,7 @@ import torch
 from fjit.core.ir import Symbol, Tag, TensorVar
 from fjit.core.trace import Trace
 from fjit.executors.c.accumulators import SUM_BLOCK
-from fjit.executors.c.launch import empty_strided
+from fjit.executors.c.launch import call, empty_strided
 from fjit.executors.render import contiguous_strides
 from fjit.runtime import batch_norm_vjp, laid_out, register_kernel
 
@@ -211,7 +211,7 @@ class Kernels:
         out = empty_strided(tuple(x.shape), x.stride(), _FLOAT32)
         stats = [empty_strided((c,), (1,), _FLOAT32) for _ in range(4)]
         affine = weight is not None
-        _call(self.binaries[0], x, weight if affine else x, bias if affine else x, running_mean,
+        call(self.binaries[0], x, weight if affine else x, bias if affine else x, running_mean,
               running_var, out, *stats, n, c, math.prod(x.shape[2:]), int(affine), float(momentum),
               float(eps), torch.get_num_threads())
         return (out, *stats)
@@ -226,17 +226,27 @@ class Kernels:
         dx = empty_strided(tuple(x.shape), x.stride(), _FLOAT32) if want[0] else None
         dw, db = (empty_strided((c,), (1,), _FLOAT32) if w else None for w in want[1:])
         affine = weight is not None
-        _call(self.binaries[1], g, x, weight if affine else x, mean, invstd,
+        call(self.binaries[1], g, x, weight if affine else x, mean, invstd,
               *(t if t is not None else x for t in (dx, dw, db)), n, c, math.prod(x.shape[2:]),
               int(affine), want[0] | want[1] << 1 | want[2] << 2, torch.get_num_threads())
         return laid_out((dx, dw, db), layouts)
 
 
-def _call(binary, *args):
-    if binary.fast is not None:
-        binary.fast(*args)
-    else:
-        binary.fn(*(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args))
+# The pointwise and reduction prims a batch norm's forward and backward would be, which the kernels
+# take: what the joint program's worth rule (autodiff/joint.py) counts for one of PARALLEL_MIN
+# elements or more (a smaller one gains too little over ATen's to pay for a joint program).
+PRIMS = 8
+
+
+def takes(b) -> bool:
+    """Whether claim() gives the training batch norm `b` (a forward) to the kernels."""
+    return b.sym.fn is _ATEN_FORWARD and not b.kwargs and _forward_fits(*b.args)
+
+
+def worth(b) -> int:
+    """What the joint program's worth rule counts for op `b`: PRIMS for a batch norm the kernels
+    take of PARALLEL_MIN elements or more, else 0."""
+    return PRIMS if takes(b) and b.args[0].numel() >= PARALLEL_MIN else 0
 
 
 def claim(trace: Trace, kernels: Kernels) -> Trace | None:
@@ -244,7 +254,7 @@ def claim(trace: Trace, kernels: Kernels) -> Trace | None:
     None where there is none."""
     bsyms, changed = [], False
     for b in trace.bsyms:
-        if b.sym.fn is _ATEN_FORWARD and _forward_fits(*b.args) and not b.kwargs:
+        if takes(b):
             b = b.replace(sym=kernels.forward_symbol, comment=_COMMENT)
             changed = True
         elif b.sym.fn is batch_norm_vjp and _backward_fits(*b.args) and not b.kwargs:

@@ -44,7 +44,7 @@ from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, map_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.trace import Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
-from fjit.executors.c import batch_norm
+from fjit.executors.c import batch_norm, max_pool
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
 from fjit.executors.c.launch import HEADER, PYTHON_FLAGS, entry, launcher, python_entry
 from fjit.logs import kernels as log
@@ -146,40 +146,45 @@ def fuses_on(device: torch.device) -> bool:
 
 def claim(trace: Trace, leaves: list) -> Trace | None:
     """The trace with each fusion region C takes replaced by one C kernel call, and each batch
-    norm the written kernels take calling them (batch_norm.py), or None."""
+    norm and max pool the written kernels take calling them (batch_norm.py, max_pool.py), or None."""
     if not kernel_inputs_usable(trace, leaves, fuses_on):
         return None
     # a region of one prim stays a torch call: that costs what a kernel call does; but a copy of
     # a permuted value is twice as fast in a kernel as ATen's strided copy_
     fused = _PARTITIONER.fuse(trace, "c_fusion", _region_bsym, worth=lambda r: len(r.bsyms) > 1 or (
         prim_of(r.bsyms[0]) is Prim.CONTIGUOUS and math.prod(r.domain) >= COPY_MIN_NUMEL))
-    if any(b.sym.fn in batch_norm.CLAIMED for b in trace.bsyms):
-        return batch_norm.claim(fused or trace.with_stage("c_fusion"), _batch_norm_kernels()) or fused
+    for written in (batch_norm, max_pool):
+        if any(b.sym.fn in written.CLAIMED for b in trace.bsyms):
+            fused = written.claim(fused or trace.with_stage("c_fusion"), _written_kernels(written)) or fused
     return fused
 
 
-_BATCH_NORM: list = []    # [batch_norm.Kernels], made when a trace first has a batch norm
+_WRITTEN: dict = {}   # batch_norm or max_pool -> its Kernels, made when a trace first has its op
 
 
-def _batch_norm_kernels() -> batch_norm.Kernels:
-    if not _BATCH_NORM:
-        binaries = []
-        for name, (source, arg_types) in batch_norm.KERNELS.items():
-            unique = f"{name}_{hashlib.sha1((build_key() + source).encode()).hexdigest()[:16]}"
-            binaries.append(_binary(Kernel(unique, source.replace(f"void {name}(", f"void {unique}("),
-                                           [], arg_types, True)))
-        _BATCH_NORM.append(batch_norm.Kernels(*binaries, requeue=_binary))
-    return _BATCH_NORM[0]
+def _written_kernels(written):
+    if written not in _WRITTEN:
+        _WRITTEN[written] = batch_norm.Kernels(*(_written_binary(name, *kernel) for name, kernel in
+                                                 batch_norm.KERNELS.items()), requeue=_binary) \
+            if written is batch_norm else max_pool.Kernels(_written_binary)
+    return _WRITTEN[written]
+
+
+def _written_binary(name: str, source: str, arg_types: list) -> "_Binary":
+    """The build state of the threaded kernel `name` that `source` defines, named by a digest."""
+    unique = f"{name}_{hashlib.sha1((build_key() + source).encode()).hexdigest()[:16]}"
+    return _binary(Kernel(unique, source.replace(f"void {name}(", f"void {unique}("), [], arg_types, True))
 
 
 def decompose(b: BoundSymbol, fused: bool = False) -> bool | int:
     """fused=False: whether to differentiate b through its prims (a single pointwise prim costs
     what eager's backward does even unfused).  fused=True: how many of its pointwise and reduction
-    prims go into C kernels (0 unless C kernels take all of its prims)."""
+    prims go into C kernels (0 unless C kernels take all of its prims; a batch norm the written
+    kernels take counts as the prims they replace: batch_norm.worth)."""
     prims = b.subsymbols or (b,)
     work = [s for s in prims if s.sym.has(Tag.ELEMENTWISE) or s.sym.has(Tag.REDUCTION)]
     if fused:
-        return len(work) if all(_claimable(s) for s in prims) else 0
+        return len(work) if all(_claimable(s) for s in prims) else batch_norm.worth(b)
     return len(work) <= 1 or all(_claimable(s) for s in work)
 
 

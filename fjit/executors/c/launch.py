@@ -116,6 +116,15 @@ def python_entry(library: ctypes.CDLL, name: str):
                 torch.nn.Parameter, memory, ctypes.addressof(memory))
 
 
+def call(binary, *args) -> None:
+    """A built written kernel (batch_norm.py, max_pool.py) called on tensors and numbers: through
+    its Python entry point where it has one, else its ctypes function on data pointers."""
+    if binary.fast is not None:
+        binary.fast(*args)
+    else:
+        binary.fn(*(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args))
+
+
 def launcher(region, kernel, binary, fallback):
     """A generated function per kernel: outputs allocated with literal layouts, then one call of
     the entry point with the tensors (else of the ctypes function with their data pointers).
