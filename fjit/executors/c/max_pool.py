@@ -30,14 +30,13 @@ from fjit.runtime import max_pool2d, max_pool2d_with_indices, register_kernel
 # Fewer elements than this run on one thread (as batch_norm.PARALLEL_MIN).
 PARALLEL_MIN = 1 << 13
 # The largest plane of row maxima the kernel takes (input rows x output columns, 8 bytes each, on
-# each thread's stack) and the widest output row (a buffer of its own).
-MAX_ROW_MAXIMA = 1 << 16
+# each thread's stack: 256 KB; a 512x512 image's stem pool has 32768) and the widest output row.
+MAX_ROW_MAXIMA = 1 << 15
 MAX_OUTPUT_WIDTH = 2048
 
 _SOURCE = r"""
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #define KH %(kh)d
 #define KW %(kw)d
 #define SH %(sh)d
