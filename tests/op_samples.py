@@ -982,6 +982,9 @@ op(f"{NNF}.hardsigmoid", lambda x: F.hardsigmoid(x), FLOATS, _BOUNDS)
 op(f"{NNF}.relu6", lambda x: F.relu6(x), FLOATS, _BOUNDS)
 op(f"{NNF}.hardtanh", lambda x: F.hardtanh(x), FLOATS, _BOUNDS)
 op(f"{NNF}.hardtanh", lambda x: F.hardtanh(x, -0.5, 2), FLOATS, _BOUNDS, variant="bounds")
+op(f"{NNF}.leaky_relu", lambda x: F.leaky_relu(x), FLOATS, _BOUNDS)
+op(f"{NNF}.leaky_relu", lambda x: F.leaky_relu(x, 0.2), FLOATS, _BOUNDS, variant="slope")
+op(f"{NNF}.leaky_relu", lambda x: F.leaky_relu(x, -1.5), FLOATS, _BOUNDS, variant="negative_slope")
 op(f"{NNF}.tanh", lambda x: F.tanh(x), FLOATS, unary_samples())
 
 

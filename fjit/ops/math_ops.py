@@ -177,6 +177,17 @@ def _hardswish(x, inplace=False):
     return downcast(apply(Prim.DIV, apply(Prim.MUL, y, gate), 6.0), x.dtype)
 
 
+# leaky_relu as ATen computes it (x > 0 ? x : x * slope: NaN and -0.0 go through the multiply)
+# and differentiates it (leaky_relu_backward: the gradient where x > 0, else times the slope); a
+# torch call instead, torch autograd recorded it in a joint program (CSPDarkNet-53: 67 a step).
+@register(F.leaky_relu)
+def _leaky_relu(x, negative_slope=0.01, inplace=False):
+    if not x.dtype.is_floating_point or isinstance(negative_slope, (TensorProxy, NumberProxy)) \
+            or type(negative_slope) not in (int, float):
+        raise NotImplementedError
+    return apply(Prim.WHERE, apply(Prim.GT, x, 0.0), x, apply(Prim.MUL, x, float(negative_slope)))
+
+
 @register(F.silu)
 def _silu(x, inplace=False):
     y = upcast(x)
