@@ -186,6 +186,22 @@ def test_square_is_a_product_not_a_libm_call():
     assert "(x0 * x0)" in _kernel_text(jf) or "v1 * v1" in _kernel_text(jf), _kernel_text(jf)
 
 
+def test_bool_tensors_are_bytes_in_memory_and_read_as_bools():
+    """A bool tensor's elements are uint8_t in a kernel's signature (gcc vectorizes no loop that
+    loads _Bool next to floats), read into bool values and written as 0 or 1: a mask in, a mask
+    out, and a select on it, as eager's."""
+    g = torch.Generator().manual_seed(0)
+    mask, x = torch.rand(4, 4096, generator=g) > 0.5, torch.randn(4, 4096, generator=g)
+
+    def f(mask, x):
+        y = torch.where(mask, x, x * 0.01) + 1
+        return y, (y > 1) & ~mask
+    jf = _check(f, mask, x, kernels=1, exact=True)
+    text = str(fjit.last_traces(jf)[-1])
+    assert "const uint8_t *restrict in1" in text and "uint8_t *restrict out1" in text, text
+    assert "bool *restrict" not in text and "bool x1 = in1[c];" in text, text
+
+
 def test_torch_level_ops_stay_whole_unless_all_their_prims_fuse():
     """At a size where gelu's tanh stays with torch, gelu stays one torch call (not ten prims)."""
     x = torch.randn(4, c_executor.MAX_NUMEL_LIBM)

@@ -24,7 +24,10 @@ DTYPES = set(C_TYPE) | set(HALF)
 
 
 def storage(dt: torch.dtype) -> str:
-    return "uint16_t" if dt in HALF else C_TYPE[dt]
+    """The C type of a tensor's elements in memory.  A bool tensor's are bytes, read into bool
+    values: gcc vectorizes no loop that loads _Bool next to floats (a leaky ReLU's backward,
+    where(mask, g, g * slope), ran scalar at 2.5 ms a million elements)."""
+    return "uint16_t" if dt in HALF else "uint8_t" if dt == torch.bool else C_TYPE[dt]
 
 
 class CLanguage(render.Language):
