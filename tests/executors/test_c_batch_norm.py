@@ -10,29 +10,17 @@ from torch import nn
 import fjit
 from fjit.executors.c import batch_norm as c_batch_norm, executor as c_executor
 
-pytestmark = [pytest.mark.ckernels,
+pytestmark = [pytest.mark.ckernels, pytest.mark.usefixtures("sync_build"),
               pytest.mark.skipif(c_executor.compiler() is None, reason="no C compiler on PATH")]
 
 ATEN_FORWARD = torch.ops.aten._native_batch_norm_legit_functional.default
 ATEN_BACKWARD = torch.ops.aten.native_batch_norm_backward.default
 
 
-@pytest.fixture(autouse=True)
-def sync_build(monkeypatch):
-    monkeypatch.setenv("FJIT_C_KERNELS", "sync")
-
-
 @pytest.fixture
-def kernel_calls(monkeypatch):
+def kernel_calls(counted_calls):
     """The kernels' calls, in order (each the binary it ran)."""
-    calls = []
-    real = c_batch_norm.call
-
-    def counted(binary, *args):
-        calls.append(binary)
-        return real(binary, *args)
-    monkeypatch.setattr(c_batch_norm, "call", counted)
-    return calls
+    return counted_calls(c_batch_norm)
 
 
 def _relative_error(value, reference):

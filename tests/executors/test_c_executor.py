@@ -18,13 +18,8 @@ import torch.nn.functional as F
 import fjit
 from fjit.executors.c import elementwise, executor as c_executor
 
-pytestmark = [pytest.mark.ckernels,
+pytestmark = [pytest.mark.ckernels, pytest.mark.usefixtures("sync_build"),
               pytest.mark.skipif(c_executor.compiler() is None, reason="no C compiler on PATH")]
-
-
-@pytest.fixture(autouse=True)
-def sync_build(monkeypatch):
-    monkeypatch.setenv("FJIT_C_KERNELS", "sync")
 
 
 @pytest.fixture

@@ -15,25 +15,14 @@ from fjit.core.ir import TensorVar
 from fjit.executors.c import executor as c_executor, max_pool as c_max_pool
 from fjit.runtime import max_pool2d_with_indices
 
-pytestmark = [pytest.mark.ckernels,
+pytestmark = [pytest.mark.ckernels, pytest.mark.usefixtures("sync_build"),
               pytest.mark.skipif(c_executor.compiler() is None, reason="no C compiler on PATH")]
 
 
-@pytest.fixture(autouse=True)
-def sync_build(monkeypatch):
-    monkeypatch.setenv("FJIT_C_KERNELS", "sync")
-
-
 @pytest.fixture
-def kernel_calls(monkeypatch):
-    calls = []
-    real = c_max_pool.call
-
-    def counted(binary, *args):
-        calls.append(binary)
-        return real(binary, *args)
-    monkeypatch.setattr(c_max_pool, "call", counted)
-    return calls
+def kernel_calls(counted_calls):
+    """The kernels' calls, in order (each the binary it ran)."""
+    return counted_calls(c_max_pool)
 
 
 def _var(x) -> TensorVar:
