@@ -23,12 +23,11 @@ import torch
 
 from fjit.core.ir import Symbol, Tag, TensorVar
 from fjit.core.trace import Trace
+from fjit.executors.c.batch_norm import PARALLEL_MIN    # (fewer elements: one thread, for the same reason)
 from fjit.executors.c.launch import call, empty_strided
 from fjit.executors.render import contiguous_strides
 from fjit.runtime import max_pool2d, max_pool2d_with_indices, register_kernel
 
-# Fewer elements than this run on one thread (as batch_norm.PARALLEL_MIN).
-PARALLEL_MIN = 1 << 13
 # The largest plane of row maxima the kernel takes (input rows x output columns, 8 bytes each, on
 # each thread's stack: 256 KB; a 512x512 image's stem pool has 32768) and the widest output row.
 MAX_ROW_MAXIMA = 1 << 15
@@ -47,6 +46,17 @@ _SOURCE = r"""
 #define DW %(dw)d
 #define FJ_TAKE(v, m) ((v) > (m) || (v) != (v))
 
+/* the maximum of the KW taps of one row from flat position `at`, and its index (ATen's rule) */
+static inline void fj_taps(const float *restrict x, int64_t at, float *restrict m, int32_t *restrict i) {
+    float best = -INFINITY; int32_t where = (int32_t)at;
+    for (int kw = 0; kw < KW; kw++) {
+        float v = x[at + kw * DW];
+        int t = FJ_TAKE(v, best);
+        best = t ? v : best; where = t ? (int32_t)(at + kw * DW) : where;
+    }
+    *m = best; *i = where;
+}
+
 /* the maxima of rows [0, H) of plane x over the taps of output columns [lo, hi), whose taps are
    all in bounds: rm/ri[ih * OW + ow] */
 static void fj_rows(const float *restrict x, int64_t H, int64_t W, int64_t OW, int64_t lo, int64_t hi,
@@ -55,29 +65,13 @@ static void fj_rows(const float *restrict x, int64_t H, int64_t W, int64_t OW, i
         /* column ow of row ih starts at flat position (ih * OW + ow) * SW - PW: one run over the
            plane from the first row's first interior column to the last row's last, whose taps
            are all in the plane (the edge columns between, read across rows, are redone after) */
-        for (int64_t j = lo; j < (H - 1) * OW + hi; j++) {
-            int64_t at = j * SW - PW;
-            float m = -INFINITY; int32_t i = (int32_t)at;
-            for (int kw = 0; kw < KW; kw++) {
-                float v = x[at + kw * DW];
-                int t = FJ_TAKE(v, m);
-                m = t ? v : m; i = t ? (int32_t)(at + kw * DW) : i;
-            }
-            rm[j] = m; ri[j] = i;
-        }
+        for (int64_t j = lo; j < (H - 1) * OW + hi; j++)
+            fj_taps(x, j * SW - PW, rm + j, ri + j);
         return;
     }
     for (int64_t ih = 0; ih < H; ih++)
-        for (int64_t ow = lo; ow < hi; ow++) {
-            int64_t at = ih * W + ow * SW - PW;
-            float m = -INFINITY; int32_t i = (int32_t)at;
-            for (int kw = 0; kw < KW; kw++) {
-                float v = x[at + kw * DW];
-                int t = FJ_TAKE(v, m);
-                m = t ? v : m; i = t ? (int32_t)(at + kw * DW) : i;
-            }
-            rm[ih * OW + ow] = m; ri[ih * OW + ow] = i;
-        }
+        for (int64_t ow = lo; ow < hi; ow++)
+            fj_taps(x, ih * W + ow * SW - PW, rm + ih * OW + ow, ri + ih * OW + ow);
 }
 
 void fjit_max_pool(const float *restrict in, float *restrict out, int64_t *restrict indices,
