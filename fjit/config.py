@@ -12,7 +12,7 @@ test or a notebook may change them between compilations; FJIT_LOGS is read when 
 | FJIT_CHECK | 1 | check mode: every stage runs and is compared with the first; torch fallbacks' real layouts are checked |
 | FJIT_C_KERNELS | background (default), sync, 0 | when C kernels are built: in a background thread, before the compile returns, or never |
 | FJIT_MEASURE | auto (default), 0, all | whether a program times its forms on its second call and keeps the fastest (fjit/program_choice.py): for training programs of at least 32 ops the joint backward, torch autograd, and (CPU 2-D convolutions) torch autograd over channels-last convolutions; kernels against torch calls for forwards of at least 2^20 input elements; never; or every program |
-| FJIT_GEMM | auto (default), torch, onednn | who computes a float32 CPU linear layer's matmuls of at least 2^20 multiply-adds: the faster of torch's matmul and oneDNN's 1x1 convolution, timed once per shape and process (fjit/passes/matmuls.py); torch's always; oneDNN's wherever the layouts allow, at any size |
+| FJIT_GEMM | auto (default), torch, onednn | who computes a float32 CPU linear layer's matmuls of at least 2^20 multiply-adds: the faster of torch's matmul and oneDNN's 1x1 convolution, timed once per shape and process (fjit/passes/matmuls.py), and likewise a 2-D convolution's weight gradient over at most 4 output positions an image: oneDNN's or a GEMM over the input's patches; torch's always (the weight gradient as the GEMM wherever it applies); oneDNN's wherever the layouts allow, at any size |
 | FJIT_TRITON_CPU | 0 | with TRITON_INTERPRET=1, keep CPU tensors away from the Triton interpreter |
 | FJIT_TRITON_DUMP_TARGET | a directory | every Triton kernel built is also written there as generated for a GPU, for `python -m fjit.executors.triton.target DIR` (compiles them for sm_90/sm_80, reports spills) |
 | FJIT_TRITON_LAUNCH | compiled (default), jit | on a GPU: call each kernel compiled once through a pre-bound launcher, or through `kernel[grid]` |
@@ -82,7 +82,7 @@ class Measure(enum.Enum):
 class Gemm(enum.Enum):
     """FJIT_GEMM: who computes a float32 CPU matmul of a linear layer's form (passes/matmuls.py)."""
     AUTO = "auto"       # the faster of torch's matmul and oneDNN's 1x1 convolution, timed per shape
-    TORCH = "torch"     # always torch's matmul
+    TORCH = "torch"     # always torch's matmul (a convolution's weight gradient too, where it may)
     ONEDNN = "onednn"   # oneDNN's convolution wherever the operands' layouts allow (tests)
 
 

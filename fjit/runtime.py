@@ -278,6 +278,45 @@ def matmul_as_weight_grad(a, b):
     return grads[1].reshape(n, k)
 
 
+def convolution_vjp(g, x, w, bias_sizes, stride, padding, dilation, groups, mask, layouts):
+    """The cotangents of a convolution's input, weight and bias, by ATen's convolution_backward
+    (what eager's autograd node calls)."""
+    return laid_out(torch.ops.aten.convolution_backward.default(
+        g, x, w, bias_sizes, stride, padding, dilation, False, [0] * len(stride), groups, mask),
+        layouts)
+
+
+def convolution_vjp_by_gemm(g, x, w, bias_sizes, stride, padding, dilation, groups, mask, layouts):
+    """convolution_vjp of a 2-D convolution (one group) with the weight's cotangent as one GEMM:
+    the output cotangent's rows [O, N*OH*OW] by the input's patches [N*OH*OW, C*kh*kw] (F.unfold;
+    for a 1x1 filter without padding, the strided positions themselves), and for such a 1x1 filter
+    the input's cotangent too (the rows by the filter bank, placed at the strided positions).  The
+    input's cotangent of a larger filter is ATen's.  passes/matmuls.py choose_gemms times this
+    against convolution_vjp per shape: oneDNN's weight gradient over a 2x2 output (a CNN's last
+    stage on small images) measured 4x these GEMMs' time.  Same products, summed in another order:
+    results agree to rounding."""
+    n, c = x.shape[:2]
+    o, _, kh, kw = w.shape
+    rows = g.transpose(0, 1).reshape(o, -1)                      # [O, N*OH*OW]
+    pointwise = (kh, kw) == (1, 1) and list(padding) == [0, 0]
+    if pointwise:
+        picked = x[:, :, ::stride[0], ::stride[1]]
+        patches = picked.permute(0, 2, 3, 1).reshape(-1, c)
+        dx = None
+        if mask[0]:
+            dx = x.new_zeros(x.shape)
+            d = torch.mm(g.permute(0, 2, 3, 1).reshape(-1, o), w.reshape(o, c))
+            dx[:, :, ::stride[0], ::stride[1]] = d.view(n, *picked.shape[2:], c).permute(0, 3, 1, 2)
+        db = g.sum((0, 2, 3)) if mask[2] else None
+    else:
+        patches = F.unfold(x, (kh, kw), dilation, padding, stride).transpose(1, 2).reshape(-1, c * kh * kw)
+        dx, _, db = torch.ops.aten.convolution_backward.default(
+            g, x, w, bias_sizes, stride, padding, dilation, False, [0, 0], groups,
+            [mask[0], False, mask[2]]) if mask[0] or mask[2] else (None, None, None)
+    dw = torch.mm(rows, patches).view(w.shape) if mask[1] else None
+    return laid_out((dx, dw, db), layouts)
+
+
 fjit_ops = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem, unversioned=unversioned,
                                  functional_inplace=functional_inplace, generator=generator,
                                  register_hook=register_hook, retain_grad=retain_grad,
@@ -286,7 +325,8 @@ fjit_ops = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem, unv
                                  batch_norm_channels_last=batch_norm_channels_last,
                                  reinterpret=reinterpret, linear_as_conv=linear_as_conv,
                                  matmul_as_conv=matmul_as_conv, matmul_as_input_grad=matmul_as_input_grad,
-                                 matmul_as_weight_grad=matmul_as_weight_grad)
+                                 matmul_as_weight_grad=matmul_as_weight_grad,
+                                 convolution_vjp_by_gemm=convolution_vjp_by_gemm)
 
 
 # -- kernels and constants, by name --------------------------------------------------------------

@@ -24,8 +24,8 @@ from torch._prims_common import make_contiguous_strides_for
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, flatten_values, map_values
 from fjit.core.meta import ATTENTION_PARAMS, attention_backend, meta_tensor
 from fjit.core.trace import Trace
-from fjit.runtime import (avg_pool2d_vjp, batch_norm_vjp, laid_out, max_pool2d, max_pool2d_vjp,
-                          max_pool2d_with_indices)
+from fjit.runtime import (avg_pool2d_vjp, batch_norm_vjp, convolution_vjp, laid_out, max_pool2d,
+                          max_pool2d_vjp, max_pool2d_with_indices)
 from fjit.logs import recompiles
 
 
@@ -240,14 +240,6 @@ def torch_vjp(graphs, leaves, cotangents):
     grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
                                 allow_unused=True, materialize_grads=True, retain_graph=True)
     return tuple(g.contiguous() for g in grads)
-
-
-def convolution_vjp(g, x, w, bias_sizes, stride, padding, dilation, groups, mask, layouts):
-    """The cotangents of a convolution's input, weight and bias, by ATen's convolution_backward
-    (what eager's autograd node calls)."""
-    return laid_out(torch.ops.aten.convolution_backward.default(
-        g, x, w, bias_sizes, stride, padding, dilation, False, [0] * len(stride), groups, mask),
-        layouts)
 
 
 def _additive(attn_mask, q):

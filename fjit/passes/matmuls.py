@@ -2,7 +2,8 @@
 `split_ops` hands the partitioner): matmuls BLAS runs slowly because one of their dims is a
 handful (`unroll_thin_matmuls`), and copies ATen makes slowly through strides
 (`copies_in_kernels`), become prims a C kernel computes.  The last stage's (`choose_gemms`): a
-float32 CPU linear layer's matmuls run by whichever GEMM library is faster for their shape.
+float32 CPU linear layer's matmuls, and a convolution's weight gradient over few positions, run
+by whichever GEMM library is faster for their shape.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar
 from fjit.core.prims import Prim, prim_of
 from fjit.core.prims.layout import reshape_copies
 from fjit.core.trace import Trace
-from fjit.runtime import linear_as_conv, matmul_as_conv, matmul_as_input_grad, matmul_as_weight_grad
+from fjit.runtime import (convolution_vjp, convolution_vjp_by_gemm, linear_as_conv, matmul_as_conv,
+                          matmul_as_input_grad, matmul_as_weight_grad)
 
 # The longest inner dim a matmul is unrolled over (unroll_thin_matmuls), and the fewest elements of
 # its result (below it a BLAS call costs a few microseconds either way: the trace stays readable).
@@ -207,11 +209,18 @@ GEMM_MIN_ROWS = 32
 GEMM_MIN_ROWS_WEIGHT_GRAD = 64
 # A candidate whose warm-up run takes longer than this is timed once more, not best of 5.
 GEMM_LONG_RUN = 0.05
+# A 2-D convolution's backward whose output has at most CONV_GEMM_POSITIONS positions an image is
+# timed against its weight gradient as one GEMM over the input's patches
+# (runtime.convolution_vjp_by_gemm).  oneDNN's weight gradient over a 2x2 output took 4x the GEMM's
+# time (ResNet-50's last stage on 64x64 images: 3x3 512 -> 512, 6.6 ms against 1.5; its 1x1
+# stride-2 downsampling 3.1 against 0.8); over 4x4 it took half the GEMM's, over 8x8 a quarter.
+CONV_GEMM_POSITIONS = 4
 _TAGS = frozenset({Tag.FALLBACK})
 LINEAR_AS_CONV = Symbol("fjit_ops.linear_as_conv", linear_as_conv, _TAGS)
 MATMUL_AS_CONV = Symbol("fjit_ops.matmul_as_conv", matmul_as_conv, _TAGS)
 MATMUL_AS_INPUT_GRAD = Symbol("fjit_ops.matmul_as_input_grad", matmul_as_input_grad, _TAGS)
 MATMUL_AS_WEIGHT_GRAD = Symbol("fjit_ops.matmul_as_weight_grad", matmul_as_weight_grad, _TAGS)
+CONVOLUTION_VJP_BY_GEMM = Symbol("fjit_ops.convolution_vjp_by_gemm", convolution_vjp_by_gemm, _TAGS)
 _timed: dict = {}      # (form, shapes, strides, grad, threads) -> whether oneDNN's form was faster
 
 
@@ -225,14 +234,22 @@ def choose_gemms(trace: Trace, tracked: bool) -> Trace:
     are not Intel's (this project's AMD EPYC: a ViT layer's forward and backward 0.5x MKL's time);
     on an Intel CPU the two are close and MKL keeps most shapes.  Timing each shape once (a few
     milliseconds, at the compile) finds the crossover on any machine; products of fewer than
-    GEMM_MIN_ROWS rows or GEMM_MIN_MACS multiply-adds stay torch's untimed.  FJIT_GEMM=torch or
-    onednn fixes the choice."""
+    GEMM_MIN_ROWS rows or GEMM_MIN_MACS multiply-adds stay torch's untimed.
+
+    The other way round for a 2-D convolution's backward over at most CONV_GEMM_POSITIONS output
+    positions an image (runtime.convolution_vjp_by_gemm): its weight gradient runs as torch's
+    matmul over the input's patches where that timed faster than oneDNN's.  FJIT_GEMM=torch or
+    onednn fixes both choices."""
     mode = config.gemm()
-    if mode is config.Gemm.TORCH:
-        return trace
     out, changed = [], False
     for b in trace.bsyms:
-        form = _conv_form(b, tracked)
+        if _gemm_vjp(b) and mode is not config.Gemm.ONEDNN and (mode is config.Gemm.TORCH or _gemm_vjp_faster(b)):
+            out.append(b.replace(sym=CONVOLUTION_VJP_BY_GEMM, comment=(
+                "ATen's convolution_backward with the weight's gradient as a GEMM over the input's "
+                "patches" + ("" if mode is config.Gemm.TORCH else ": timed faster than oneDNN's"))))
+            changed = True
+            continue
+        form = _conv_form(b, tracked) if mode is not config.Gemm.TORCH else None
         if form is None or not (mode is config.Gemm.ONEDNN or _onednn_faster(*form)):
             out.append(b)
             continue
@@ -282,6 +299,30 @@ def _conv_form(b: BoundSymbol, tracked: bool) -> tuple | None:
     if not tracked and a.ndim == 2 and a.strides == (1, a.shape[0]) and _rows(w):
         return MATMUL_AS_WEIGHT_GRAD, (a, w), torch.matmul, False, a.shape[1], macs
     return None
+
+
+def _gemm_vjp(b: BoundSymbol) -> bool:
+    """Whether `b` is a convolution's backward convolution_vjp_by_gemm may run: a 2-D convolution of
+    one group and contiguous float32 CPU operands whose weight's gradient is wanted, with at most
+    CONV_GEMM_POSITIONS output positions an image and GEMM_MIN_MACS multiply-adds."""
+    if b.sym.fn is not convolution_vjp or b.kwargs or len(b.args) != 10:
+        return False
+    g, x, w, _, stride, padding, dilation, groups, mask, _ = b.args
+    return all(_rows(v) and v.ndim == 4 for v in (g, x, w)) and groups == 1 and mask[1] \
+        and g.shape[2] * g.shape[3] <= CONV_GEMM_POSITIONS and math.prod(g.shape) * math.prod(w.shape[1:]) >= GEMM_MIN_MACS
+
+
+def _gemm_vjp_faster(b: BoundSymbol) -> bool:
+    """Whether convolution_vjp_by_gemm timed under GEMM_MARGIN of convolution_vjp's time on
+    operands like b's, measured once per shape in this process."""
+    key = (CONVOLUTION_VJP_BY_GEMM.qualname, *((v.shape, v.strides) if isinstance(v, TensorVar) else repr(v)
+                                                for v in b.args), torch.get_num_threads())
+    if key not in _timed:
+        with torch.inference_mode(False), torch.autocast("cpu", enabled=False), torch.no_grad():
+            inputs = [_example(v, False) for v in b.args]
+            _timed[key] = _seconds(convolution_vjp_by_gemm, inputs, False) \
+                < GEMM_MARGIN * _seconds(convolution_vjp, inputs, False)
+    return _timed[key]
 
 
 def _example(v, grad: bool):

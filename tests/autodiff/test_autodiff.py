@@ -1173,3 +1173,89 @@ def test_gemm_choice_times_a_shape_once_and_keeps_small_products_on_torch(monkey
     jf = fjit.jit(lambda x, w, b: F.linear(x, w, b))
     jf(*big)
     assert _gemm_calls(jf) == []
+
+
+# (N, C, H, W, O, kh, kw, stride, padding, dilation): a filter over a 2x2 output, a 1x1 stride-2
+# downsampling (odd input: the last row and column are read by no output), a strided rectangular
+# filter, a dilated one, a filter without padding
+_CONVOLUTIONS = [(2, 5, 4, 4, 7, 3, 3, 1, 1, 1), (2, 5, 5, 3, 7, 1, 1, 2, 0, 1), (3, 4, 7, 6, 3, 3, 2, 2, 1, 1),
+                 (2, 3, 6, 6, 4, 3, 3, 1, 2, 2), (2, 3, 5, 5, 4, 2, 2, 1, 0, 1)]
+
+
+@pytest.mark.parametrize("conv", _CONVOLUTIONS)
+@pytest.mark.parametrize("mask", [(True, True, True), (False, True, False), (True, True, False)])
+def test_convolution_vjp_by_gemm_equals_atens(conv, mask):
+    """runtime.convolution_vjp_by_gemm (the weight's gradient as a GEMM over the input's patches,
+    a 1x1 filter's input gradient too) gives ATen's convolution_backward's cotangents, in the
+    layouts asked for, None where the mask wants none (float64: agreement to rounding)."""
+    from fjit.runtime import convolution_vjp, convolution_vjp_by_gemm
+    n, c, h, w, o, kh, kw, s, p, d = conv
+    x = torch.randn(n, c, h, w, dtype=torch.float64)
+    weight = torch.randn(o, c, kh, kw, dtype=torch.float64)
+    g = torch.randn_like(F.conv2d(x, weight, None, s, p, d))
+    args = (g, x, weight, [o], [s, s], [p, p], [d, d], 1, list(mask),
+            [tuple(x.stride()), tuple(weight.stride()), (1,)])
+    for want, got in zip(convolution_vjp(*args), convolution_vjp_by_gemm(*args)):
+        assert (want is None) == (got is None)
+        if want is not None:
+            assert got.stride() == want.stride()
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def _small_cnn(x, w1, w2, w3):
+    """A CNN's last stage on a small image: a 3x3 and a 1x1 convolution of stride 2 with 2x2
+    outputs (the GEMM form's candidates), and a 3x3 one over 4x4 positions (never one)."""
+    y = torch.relu(F.conv2d(x, w1, None, 1, 1))
+    z = F.conv2d(y, w2, None, 2, 1) * 0.5 + F.conv2d(y, w3, None, 2)
+    return (torch.relu(z).sin() * 2).sum()
+
+
+def _small_cnn_inputs():
+    return (_f32(8, 64, 4, 4, grad=False), _f32(64, 64, 3, 3, seed=1), _f32(64, 64, 3, 3, seed=2),
+            _f32(64, 64, 1, 1, seed=3))
+
+
+def _gemm_vjps(jf) -> int:
+    return "".join(map(str, fjit.last_backward_traces(jf))).count("fjit_ops.convolution_vjp_by_gemm(")
+
+
+@pytest.mark.parametrize("gemm, calls", [("torch", 1), ("onednn", 0)])
+def test_a_convolutions_weight_gradient_over_few_positions_as_a_gemm(monkeypatch, gemm, calls):
+    """In the joint program, a convolution's backward over at most CONV_GEMM_POSITIONS output
+    positions an image may compute the weight's gradient as a GEMM (passes/matmuls.py
+    choose_gemms): always with FJIT_GEMM=torch, never with onednn.  Gradients agree with eager's,
+    compiling and cached."""
+    monkeypatch.setenv("FJIT_GEMM", gemm)
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    from fjit.passes import matmuls
+    monkeypatch.setattr(matmuls, "GEMM_MIN_MACS", 1 << 17)
+    jf = _grads_match(_small_cnn, _small_cnn_inputs(), rtol=1e-4, atol=1e-4)
+    assert _gemm_vjps(jf) == calls * 2
+
+
+def test_the_convolution_gemm_choice_is_timed_once_per_shape(monkeypatch):
+    """FJIT_GEMM=auto times the GEMM form against ATen's convolution_backward once per shape and
+    process, keeps ATen's where the GEMM form is not under GEMM_MARGIN of its time, and never
+    times a convolution with more than CONV_GEMM_POSITIONS output positions an image."""
+    from fjit.passes import matmuls
+    from fjit.runtime import convolution_vjp_by_gemm
+    timed = []
+    verdict = {"gemm": 0.5}
+
+    def seconds(fn, inputs, grad, samples=5):
+        timed.append((fn, tuple(inputs[2].shape)))
+        return verdict["gemm"] if fn is convolution_vjp_by_gemm else 1.0
+    monkeypatch.setattr(matmuls, "_seconds", seconds)
+    monkeypatch.setattr(matmuls, "_timed", {})
+    monkeypatch.setattr(matmuls, "GEMM_MIN_MACS", 1 << 17)
+    monkeypatch.setenv("FJIT_GEMM", "auto")
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    for _ in range(2):
+        jf = _grads_match(_small_cnn, _small_cnn_inputs(), rtol=1e-4, atol=1e-4)
+        assert _gemm_vjps(jf) == 2
+    # the two filters over 2x2 outputs, each form once
+    assert sorted(shape for _, shape in timed) == [(64, 64, 1, 1)] * 2 + [(64, 64, 3, 3)] * 2
+    verdict["gemm"] = 0.95
+    monkeypatch.setattr(matmuls, "_timed", {})
+    jf = _grads_match(_small_cnn, _small_cnn_inputs(), rtol=1e-4, atol=1e-4)
+    assert _gemm_vjps(jf) == 0

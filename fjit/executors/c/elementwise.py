@@ -16,10 +16,13 @@ from fjit.executors.render import coalesce, held
 
 # Elements of a flat loop are handed out in blocks of BLOCK (reductions: accumulators.py).
 BLOCK = 1 << 13
-# A transposing elementwise loop (tiled_body) is cut into tiles of TILE x TILE elements, where it
-# has at least TILED_MIN of them.
+# A transposing elementwise loop (tiled_body) is cut into tiles of up to TILE x TILE elements, where
+# it has at least TILED_MIN of them and both dims have at least TILED_MIN_SIZE.  Short dims matter:
+# a residual gradient of ResNet's stage 3, [8, 1024, 4, 4] NCHW plus one in NHWC, read the NHWC one
+# 16 loads 4 KiB apart a row, all in one cache set: 520 us untiled, 46 us tiled.
 TILE = 32
 TILED_MIN = 1 << 12
+TILED_MIN_SIZE = 4
 
 
 class ElementLoops:
@@ -161,12 +164,12 @@ class ElementLoops:
 def _transposed_dim(sizes: tuple, strides: list) -> int | None:
     """The dim (not the last) along which some tensor of an elementwise loop nest is contiguous
     while it is not along the last dim, where that tiles the loop (tiled_body); else None."""
-    if len(sizes) < 2 or sizes[-1] < TILE or math.prod(sizes) < TILED_MIN:
+    if len(sizes) < 2 or sizes[-1] < TILED_MIN_SIZE or math.prod(sizes) < TILED_MIN:
         return None
     for st in strides:
         if st[-1] not in (0, 1):
             for j in range(len(sizes) - 1):
-                if st[j] == 1 and sizes[j] >= TILE:
+                if st[j] == 1 and sizes[j] >= TILED_MIN_SIZE:
                     return j
     return None
 
