@@ -116,6 +116,24 @@ def test_the_executor_claims_the_batch_norms_the_kernels_take(case, monkeypatch)
         torch.testing.assert_close(printed[0], ref(x))
 
 
+@pytest.mark.parametrize("shape, taken", [((32, 16), False), ((4, 16, 3), False), ((4, 16, 4), True),
+                                          ((4, 16, 2, 2), True), ((4, 16, 1, 1), False)])
+def test_the_kernels_take_runs_of_min_run_values(shape, taken):
+    """A batch norm whose channels hold runs of fewer than MIN_RUN values (BatchNorm1d over rows:
+    runs of one) is ATen's: the kernels walk a channel's runs, a strided walk over rows of one
+    value (3.7-6.6x ATen's time).  Either way, eager's output and running statistics."""
+    layer = nn.BatchNorm1d(16) if len(shape) < 4 else nn.BatchNorm2d(16)
+    ref = copy.deepcopy(layer)
+    x = torch.randn(shape) * 2 + 3
+    jl = fjit.jit(layer)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(jl(x), ref(x))
+    for a, b in zip(layer.buffers(), ref.buffers()):
+        torch.testing.assert_close(a, b)
+    assert ("fjit_c_batch_norm_forward(" in str(fjit.last_traces(jl)[-1])) == taken
+
+
 def test_a_model_trained_through_the_joint_program_runs_the_kernels(kernel_calls, monkeypatch):
     """fjit.jit(model) in the compiled joint program: every training batch norm's forward and
     backward is a kernel call, and gradients and running statistics match eager's over steps."""
