@@ -75,3 +75,59 @@ def test_printed_source_carries_its_imports():
     kernel = next(line for line in src.splitlines() if "from fjit.runtime import fjit_c_" in line)
     name = kernel.split("import ")[1].strip()
     assert f"= {name}(" in src
+
+
+def _long_chain(x, m):
+    """A program of 300 elementwise ops and a Cholesky factorization: its frame holds more than
+    RESUMABLE_MIN_SLOTS locals (with C kernels off every op is a torch call of its own)."""
+    for k in range(300):
+        x = x * 1.001 + 0.001 if k % 2 else x.sin()
+    return x, torch.linalg.cholesky(m)
+
+
+def test_a_big_program_runs_in_a_resumable_frame(monkeypatch):
+    """A program whose frame holds RESUMABLE_MIN_SLOTS slots or more runs in a generator's frame
+    (core/trace.py Resumable): results equal eager's call after call, its values are freed when
+    the caller drops them (the waiting frame keeps none), a program that raised runs again, and
+    calls from several threads at once each get their own frame."""
+    import gc
+    import threading
+    import weakref
+    from fjit.core import trace as trace_module
+    monkeypatch.setenv("FJIT_C_KERNELS", "0")
+    made = []
+
+    class Counted(trace_module.Resumable):
+        def __init__(self, make):
+            made.append(self)
+            super().__init__(make)
+    monkeypatch.setattr(trace_module, "Resumable", Counted)
+    jf = fjit.jit(_long_chain)
+    x, m = torch.randn(64), torch.eye(3) * 2
+    for _ in range(3):
+        got = jf(x, m)
+        torch.testing.assert_close(got, _long_chain(x, m))
+    assert len(made) == 1 and "while True:" in "".join(
+        __import__("linecache").getlines(made[0]._make.__code__.co_filename))
+    dropped = weakref.ref(got[0])
+    kept_input = weakref.ref(x)
+    del got, x
+    gc.collect()
+    assert dropped() is None and kept_input() is None
+    x = torch.randn(64)
+    with pytest.raises(Exception):           # not positive definite: raises inside the program
+        jf(x, -torch.eye(3))
+    torch.testing.assert_close(jf(x, m), _long_chain(x, m))
+    results, barrier = {}, threading.Barrier(4)
+
+    def worker(k):
+        barrier.wait()
+        for _ in range(5):
+            results[k] = jf(x * k, m)[0]
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(4):
+        torch.testing.assert_close(results[k], _long_chain(x * k, m)[0])
