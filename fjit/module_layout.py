@@ -34,6 +34,7 @@ import torch
 from torch.nn.modules import module as _torch_module
 
 from fjit.core.ir import Binding
+from fjit.core.trace import compile_function
 
 # Per-module hook tables that change what a forward call does (the *_with_kwargs and
 # *_always_called tables are keyed by the same handle ids as these).
@@ -267,8 +268,7 @@ def _generate_reader(root, modules, index, slots):
     state = [f"m{i}.{kind}[{n!r}]" for i, kind, n in slots]
     bits = " + ".join(f"{1 << i} * m{i}.training" for i in range(len(modules)))
     lines.append(f"    return ({''.join(s + ', ' for s in state)}), {bits}")
-    exec(compile("\n".join(lines), f"<fjit module reader of {type(root).__qualname__}>", "exec"), env)
-    read = env["read"]
+    read, _ = compile_function("\n".join(lines), "read", env, f"<fjit module reader of {type(root).__qualname__}>")
 
     def safe_read(m):
         try:

@@ -62,12 +62,8 @@ class Trace:
         if extra_namespace:
             ns.update(extra_namespace)
         filename = f"<fjit {self.name} {self.stage} {id(self):x}>"
-        exec(compile(src, filename, "exec"), ns)
-        fn = ns.pop("computation")   # not in its own globals: no cycle, freed as soon as unused
-        if _frame_slots(fn.__code__) >= RESUMABLE_MIN_SLOTS:
-            src = _resumable_source(src, fn.__code__)
-            exec(compile(src, filename, "exec"), ns)
-            fn = Resumable(ns.pop("computation"))
+        fn, src = compile_function(src, "computation", ns, filename)
+        ns.pop("computation")   # not in its own globals: no cycle, freed as soon as unused
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
         # Tracebacks show the generated source while the function lives; an evicted program (or a
         # check-mode stage) takes its source with it, so linecache does not grow with recompiles.
@@ -75,39 +71,66 @@ class Trace:
         return fn
 
 
-# A program whose frame holds at least this many slots (locals and stack, 8 bytes each) runs as a
-# Resumable.  CPython (3.11+) keeps frames in 16 KiB chunks of a per-thread stack: a chunk is
-# mmap'ed when a frame does not fit in the current one, and munmap'ed when that frame returns, so a
-# frame that crosses a chunk's end maps and unmaps memory on every call (with an inter-processor
-# interrupt to flush the other threads' TLBs).  A joint program's frame is 9-14 KiB (1100+ locals):
-# whether a step paid that depended on the caller's stack depth.  LeViT's step read 19.5 ms called
-# from a module's top level and 24.3 ms from inside a function (10 chunks a step), eager's 21.5.
+# A generated function whose frame holds at least this many slots (locals and stack, 8 bytes
+# each) runs as a Resumable.  CPython (3.11+) keeps frames in 16 KiB chunks of a per-thread stack:
+# a chunk is mmap'ed when a frame does not fit in the current one, and munmap'ed when that frame
+# returns, so a frame that crosses a chunk's end maps and unmaps memory on every call (with an
+# inter-processor interrupt to flush the other threads' TLBs).  A joint program's frame is 9-14
+# KiB (1100+ locals), a big module's fast path and state reader 2-5 KiB: whether a step paid that
+# depended on the caller's stack depth.  LeViT's step read 19.5 ms called from a module's top
+# level and 24.3 ms from inside a function (10 chunks a step), eager's 21.5 ms.
 RESUMABLE_MIN_SLOTS = 256
 
 
-def _frame_slots(code) -> int:
-    return code.co_nlocals + code.co_stacksize + len(code.co_cellvars) + len(code.co_freevars)
+def compile_function(src: str, name: str, ns: dict, filename: str) -> tuple[Callable, str]:
+    """(function `name` of the generated source `src` executed in `ns`, which keeps the name; the
+    source executed): a Resumable where its frame holds RESUMABLE_MIN_SLOTS slots or more and its
+    body has no loop."""
+    exec(compile(src, filename, "exec"), ns)
+    code = ns[name].__code__
+    slots = code.co_nlocals + code.co_stacksize + len(code.co_cellvars) + len(code.co_freevars)
+    resumable = _resumable_source(src, name, code) if slots >= RESUMABLE_MIN_SLOTS else None
+    if resumable is not None:
+        src = resumable
+        exec(compile(src, filename, "exec"), ns)
+        ns[name] = Resumable(ns[name])
+    return ns[name], src
 
 
-def _resumable_source(src: str, code) -> str:
-    """The printed function `src` (straight-line: its last line returns) as a generator function
-    that loops: it takes the arguments sent to it, runs the body, sets every local to None (a
-    waiting frame must not keep the values alive) and yields the result in a one-item list."""
-    head, body = src.split("\ndef computation(", 1)
-    params, body = body.split("):\n", 1)
-    lines = body.rstrip("\n").split("\n")
-    assert lines[-1].startswith("  return "), lines[-1]
-    lines[-1] = "  _result = " + lines[-1][len("  return "):]
+def _resumable_source(src: str, name: str, code) -> str | None:
+    """`src` with function `name` as a generator function that loops: it binds the arguments sent
+    to it, runs the body (each `return x` setting the result and leaving a one-pass loop), sets
+    every local to None (a waiting frame must not keep values alive) and yields the result in a
+    one-item list.  None where the body has a loop of its own (a `break` would leave it)."""
+    lines = src.split("\n")
+    start = next(k for k, line in enumerate(lines) if line.startswith(f"def {name}("))
+    end = next((k for k in range(start + 1, len(lines)) if lines[k][:1] not in ("", " ")), len(lines))
+    params = lines[start][len(f"def {name}("):lines[start].rindex("):")]
+    body = [line for line in lines[start + 1:end] if line.strip()]
+    if any(line.lstrip().startswith(("for ", "while ", "async ")) for line in body):
+        return None
+    base = len(body[0]) - len(body[0].lstrip())
+    inner = []
+    for line in body:
+        text, pad = line.lstrip(), " " * (12 + len(line) - len(line.lstrip()) - base)
+        if text == "return" or text.startswith(("return ", "return(")):
+            inner += [f"{pad}_result = {text[len('return'):].strip() or 'None'}", f"{pad}break"]
+        else:
+            inner.append(pad + text)
+    star = [p.strip()[1:] for p in params.split(",") if p.strip().startswith("*")]
+    bind = f"{params[1:]} = _args" if params.startswith("*") else f"({params},) = _args" if params else ""
+    if star and not params.startswith("*"):      # a starred target binds a list
+        bind += f"; {star[0]} = tuple({star[0]})"
     names = [n for n in code.co_varnames if n not in ("_args", "_result")]
-    unpack = [f"    ({params},) = _args"] if params else []
-    return "\n".join([head, "def computation():", "  _args = yield", "  while True:", *unpack,
-                      "    _args = None", *("  " + line for line in lines), "    _result = [_result]",
-                      *([f"    {' = '.join(names)} = None"] if names else []),
-                      "    _args = yield _result"]) + "\n"
+    loop = ["def " + name + "():", "    _args = yield", "    while True:",
+            *([f"        {bind}"] if bind else []), "        _args = _result = None", "        while True:",
+            *inner, "            break", "        _result = [_result]",
+            *([f"        {' = '.join(names)} = None"] if names else []), "        _args = yield _result"]
+    return "\n".join(lines[:start] + loop + lines[end:])
 
 
 class Resumable:
-    """A big program run in a generator's frame, which lives on the heap: a call resumes a
+    """A generated function run in a generator's frame, which lives on the heap: a call resumes a
     generator that waits for its next arguments (a generator's frame is not on CPython's frame
     stack, so no chunk is mapped per call: see RESUMABLE_MIN_SLOTS).  A call while every waiting
     generator is busy (a reentrant or concurrent one) starts another; one that raised is dropped."""

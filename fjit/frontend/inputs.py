@@ -18,6 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from fjit.core.ir import NumberVar, TensorVar
+from fjit.core.trace import compile_function
 from fjit.errors import UnsupportedInputError, catalog_fix, catalog_ref, hint_for, located
 from fjit.frontend.context import autocast_key
 from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
@@ -147,8 +148,8 @@ def fast_path(args: tuple, specialized: frozenset, last: list):
                  "mixed": [None], "_guards": _tensor_guards}
     namespace.update({f"_c{i}": type(a) for i, a in enumerate(args)
                       if type(a) in _FAST_CONSTANTS or type(a) in _TENSOR_TYPES})
-    exec(compile(source, "<fjit fast path>", "exec"), namespace)
-    return namespace["call"], namespace["key"], namespace["guards"], cache
+    call, _ = compile_function(source, "call", namespace, "<fjit fast path>")   # the key and guards
+    return call, namespace["key"], namespace["guards"], cache                    # run on misses
 
 
 try:     # torch's C++ check of a tensor's metadata (what Dynamo's guards are made of)

@@ -131,3 +131,43 @@ def test_a_big_program_runs_in_a_resumable_frame(monkeypatch):
         t.join()
     for k in range(4):
         torch.testing.assert_close(results[k], _long_chain(x * k, m)[0])
+
+
+def test_compile_function_makes_big_generated_functions_resumable():
+    """core/trace.py compile_function: a generated function of RESUMABLE_MIN_SLOTS slots or more
+    becomes a Resumable that returns what the function returns on each branch (a `return` in an
+    `if`, a bare one, falling off the end), takes *args; one whose body loops, or a small one,
+    stays a function; a big module's fast path and state reader are Resumables."""
+    from fjit.core.trace import RESUMABLE_MIN_SLOTS, Resumable, compile_function
+    n = RESUMABLE_MIN_SLOTS
+    locals_ = "".join(f"    v{i} = x + {i}\n" for i in range(n))
+    src = (f"def f(x, *rest):\n{locals_}    if x < 0:\n        return None\n    if x == 0:\n        return\n"
+           f"    if x == 1:\n        return (v{n - 1}, rest)\n    y = x\n")
+    f, _ = compile_function(src, "f", {}, "<test>")
+    assert isinstance(f, Resumable)
+    for _ in range(2):
+        assert f(-1) is None and f(0) is None and f(1, "a") == (n, ("a",)) and f(2) is None
+    looped, _ = compile_function(src.replace("    y = x\n", "    for i in range(2):\n        y = i\n"), "f", {}, "<t>")
+    small, _ = compile_function("def f(x):\n    return x + 1\n", "f", {}, "<t>")
+    assert not isinstance(looped, Resumable) and not isinstance(small, Resumable) and small(1) == 2
+
+    class Wide(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(2, 2) for _ in range(n))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+    model, x = Wide(), torch.randn(3, 2)
+    jm = fjit.jit(model)
+    for _ in range(3):
+        torch.testing.assert_close(jm(x), model(x))
+    import gc
+    import warnings
+    with warnings.catch_warnings():      # isinstance on every object touches deprecated ones
+        warnings.simplefilter("ignore")
+        made = [o for o in gc.get_objects() if isinstance(o, Resumable)]
+    filenames = {r._make.__code__.co_filename for r in made}
+    assert "<fjit fast path>" in filenames and any(f.startswith("<fjit module reader") for f in filenames)
