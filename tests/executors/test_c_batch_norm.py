@@ -84,6 +84,18 @@ def test_the_gradients_not_asked_for_are_none(kernel_calls):
     assert len(kernel_calls) == 4
 
 
+def _runs_as_eager(layer, ref, x):
+    """(fjit.jit(layer), its printed program) after three no-grad training calls that give `ref`'s
+    outputs and running statistics."""
+    jl = fjit.jit(layer)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(jl(x), ref(x))
+    for a, b in zip(layer.buffers(), ref.buffers()):
+        torch.testing.assert_close(a, b)
+    return jl, str(fjit.last_traces(jl)[-1])
+
+
 @pytest.mark.parametrize("case", ["float32", "float64", "channels_last", "kernels_off"])
 def test_the_executor_claims_the_batch_norms_the_kernels_take(case, monkeypatch):
     """A training batch norm run without autograd: a float32 contiguous one calls the kernel (as
@@ -98,13 +110,7 @@ def test_the_executor_claims_the_batch_norms_the_kernels_take(case, monkeypatch)
         layer, ref, x = layer.double(), ref.double(), x.double()
     elif case == "channels_last":
         x = x.contiguous(memory_format=torch.channels_last)
-    jl = fjit.jit(layer)
-    with torch.no_grad():
-        for _ in range(3):
-            torch.testing.assert_close(jl(x), ref(x))
-    for a, b in zip(layer.buffers(), ref.buffers()):
-        torch.testing.assert_close(a, b)
-    text = str(fjit.last_traces(jl)[-1])
+    jl, text = _runs_as_eager(layer, ref, x)
     assert ("fjit_c_batch_norm_forward(" in text) == (case == "float32")
     assert ("_native_batch_norm_legit_functional" in text) == (case != "float32")
     # the printed program runs as printed, importing the kernel from fjit.runtime by its name
@@ -125,13 +131,7 @@ def test_the_kernels_take_runs_of_min_run_values(shape, taken):
     layer = nn.BatchNorm1d(16) if len(shape) < 4 else nn.BatchNorm2d(16)
     ref = copy.deepcopy(layer)
     x = torch.randn(shape) * 2 + 3
-    jl = fjit.jit(layer)
-    with torch.no_grad():
-        for _ in range(2):
-            torch.testing.assert_close(jl(x), ref(x))
-    for a, b in zip(layer.buffers(), ref.buffers()):
-        torch.testing.assert_close(a, b)
-    assert ("fjit_c_batch_norm_forward(" in str(fjit.last_traces(jl)[-1])) == taken
+    assert ("fjit_c_batch_norm_forward(" in _runs_as_eager(layer, ref, x)[1]) == taken
 
 
 def test_a_model_trained_through_the_joint_program_runs_the_kernels(kernel_calls, monkeypatch):
