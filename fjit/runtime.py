@@ -310,9 +310,8 @@ def convolution_vjp_by_gemm(g, x, w, bias_sizes, stride, padding, dilation, grou
         db = g.sum((0, 2, 3)) if mask[2] else None
     else:
         patches = F.unfold(x, (kh, kw), dilation, padding, stride).transpose(1, 2).reshape(-1, c * kh * kw)
-        dx, _, db = torch.ops.aten.convolution_backward.default(
-            g, x, w, bias_sizes, stride, padding, dilation, False, [0, 0], groups,
-            [mask[0], False, mask[2]]) if mask[0] or mask[2] else (None, None, None)
+        dx, _, db = convolution_vjp(g, x, w, bias_sizes, stride, padding, dilation, groups,
+                                    [mask[0], False, mask[2]], layouts) if mask[0] or mask[2] else (None,) * 3
     dw = torch.mm(rows, patches).view(w.shape) if mask[1] else None
     return laid_out((dx, dw, db), layouts)
 

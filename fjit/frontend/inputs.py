@@ -148,8 +148,9 @@ def fast_path(args: tuple, specialized: frozenset, last: list):
                  "mixed": [None], "_guards": _tensor_guards}
     namespace.update({f"_c{i}": type(a) for i, a in enumerate(args)
                       if type(a) in _FAST_CONSTANTS or type(a) in _TENSOR_TYPES})
-    call, _ = compile_function(source, "call", namespace, "<fjit fast path>")   # the key and guards
-    return call, namespace["key"], namespace["guards"], cache                    # run on misses
+    # the call may run in a resumable frame (a big module's); the key and guards run on misses only
+    call, _ = compile_function(source, "call", namespace, "<fjit fast path>")
+    return call, namespace["key"], namespace["guards"], cache
 
 
 try:     # torch's C++ check of a tensor's metadata (what Dynamo's guards are made of)

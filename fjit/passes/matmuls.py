@@ -243,7 +243,8 @@ def choose_gemms(trace: Trace, tracked: bool) -> Trace:
     mode = config.gemm()
     out, changed = [], False
     for b in trace.bsyms:
-        if _gemm_vjp(b) and mode is not config.Gemm.ONEDNN and (mode is config.Gemm.TORCH or _gemm_vjp_faster(b)):
+        if _gemm_vjp(b) and mode is not config.Gemm.ONEDNN and (
+                mode is config.Gemm.TORCH or _faster(CONVOLUTION_VJP_BY_GEMM, convolution_vjp, b.args, False)):
             out.append(b.replace(sym=CONVOLUTION_VJP_BY_GEMM, comment=(
                 "ATen's convolution_backward with the weight's gradient as a GEMM over the input's "
                 "patches" + ("" if mode is config.Gemm.TORCH else ": timed faster than oneDNN's"))))
@@ -309,20 +310,8 @@ def _gemm_vjp(b: BoundSymbol) -> bool:
         return False
     g, x, w, _, stride, padding, dilation, groups, mask, _ = b.args
     return all(_rows(v) and v.ndim == 4 for v in (g, x, w)) and groups == 1 and mask[1] \
-        and g.shape[2] * g.shape[3] <= CONV_GEMM_POSITIONS and math.prod(g.shape) * math.prod(w.shape[1:]) >= GEMM_MIN_MACS
-
-
-def _gemm_vjp_faster(b: BoundSymbol) -> bool:
-    """Whether convolution_vjp_by_gemm timed under GEMM_MARGIN of convolution_vjp's time on
-    operands like b's, measured once per shape in this process."""
-    key = (CONVOLUTION_VJP_BY_GEMM.qualname, *((v.shape, v.strides) if isinstance(v, TensorVar) else repr(v)
-                                                for v in b.args), torch.get_num_threads())
-    if key not in _timed:
-        with torch.inference_mode(False), torch.autocast("cpu", enabled=False), torch.no_grad():
-            inputs = [_example(v, False) for v in b.args]
-            _timed[key] = _seconds(convolution_vjp_by_gemm, inputs, False) \
-                < GEMM_MARGIN * _seconds(convolution_vjp, inputs, False)
-    return _timed[key]
+        and g.shape[2] * g.shape[3] <= CONV_GEMM_POSITIONS \
+        and math.prod(g.shape) * math.prod(w.shape[1:]) >= GEMM_MIN_MACS
 
 
 def _example(v, grad: bool):
@@ -333,19 +322,25 @@ def _example(v, grad: bool):
 
 
 def _onednn_faster(sym: Symbol, args: tuple, torch_fn: Callable, grad: bool, rows: int, macs: int) -> bool:
-    """Whether `sym` on operands like `args` timed under GEMM_MARGIN of torch_fn's time (forward
-    and backward where `grad`), measured once per shape in this process."""
+    """_faster(sym, torch_fn, ...), for a product of at least GEMM_MIN_ROWS rows (a weight
+    gradient's: GEMM_MIN_ROWS_WEIGHT_GRAD) and GEMM_MIN_MACS multiply-adds; False below."""
     if rows < (GEMM_MIN_ROWS_WEIGHT_GRAD if sym is MATMUL_AS_WEIGHT_GRAD else GEMM_MIN_ROWS) \
             or macs < GEMM_MIN_MACS:
         return False
-    key = (sym.qualname, *((v.shape, v.strides, v.requires_grad) if isinstance(v, TensorVar) else v
+    return _faster(sym, torch_fn, args, grad)
+
+
+def _faster(sym: Symbol, baseline: Callable, args: tuple, grad: bool) -> bool:
+    """Whether `sym` on operands like `args` timed under GEMM_MARGIN of `baseline`'s time (forward
+    and backward where `grad`), measured once per shape in this process."""
+    key = (sym.qualname, *((v.shape, v.strides, v.requires_grad) if isinstance(v, TensorVar) else repr(v)
                            for v in args), grad, torch.get_num_threads())
     if key not in _timed:
         # timed as the program runs, whatever modes the compiling call was made under
         with torch.inference_mode(False), torch.autocast("cpu", enabled=False), \
                 torch.enable_grad() if grad else torch.no_grad():
             inputs = [_example(v, grad) for v in args]
-            _timed[key] = _seconds(sym.fn, inputs, grad) < GEMM_MARGIN * _seconds(torch_fn, inputs, grad)
+            _timed[key] = _seconds(sym.fn, inputs, grad) < GEMM_MARGIN * _seconds(baseline, inputs, grad)
     return _timed[key]
 
 
