@@ -12,6 +12,7 @@ test or a notebook may change them between compilations; FJIT_LOGS is read when 
 | FJIT_CHECK | 1 | check mode: every stage runs and is compared with the first; torch fallbacks' real layouts are checked |
 | FJIT_C_KERNELS | background (default), sync, 0 | when C kernels are built: in a background thread, before the compile returns, or never |
 | FJIT_MEASURE | auto (default), 0, all | whether a program times its forms on its second call and keeps the fastest (fjit/program_choice.py): for training programs of at least 32 ops the joint backward, torch autograd, and (CPU 2-D convolutions) torch autograd over channels-last convolutions; kernels against torch calls for forwards of at least 2^20 input elements; never; or every program |
+| FJIT_FRAME_CACHE | 1 (default), 0 | on CPython 3.11 and 3.12, keep a few freed frame-stack chunks for reuse (fjit/executors/c/frame_stack.py: a call crossing a chunk's end otherwise maps and unmaps memory every time, as 3.13+ no longer does) |
 | FJIT_GEMM | auto (default), torch, onednn | who computes a float32 CPU linear layer's matmuls of at least 2^20 multiply-adds: the faster of torch's matmul and oneDNN's 1x1 convolution, timed once per shape and process (fjit/passes/matmuls.py), and likewise a 2-D convolution's weight gradient over at most 4 output positions an image: oneDNN's or a GEMM over the input's patches; torch's always (the weight gradient as the GEMM wherever it applies); oneDNN's wherever the layouts allow, at any size |
 | FJIT_TRITON_CPU | 0 | with TRITON_INTERPRET=1, keep CPU tensors away from the Triton interpreter |
 | FJIT_TRITON_DUMP_TARGET | a directory | every Triton kernel built is also written there as generated for a GPU, for `python -m fjit.executors.triton.target DIR` (compiles them for sm_90/sm_80, reports spills) |
@@ -143,6 +144,11 @@ def c_kernels() -> CKernels:
 def measure() -> Measure:
     """FJIT_MEASURE (see the table above)."""
     return parse(Measure, os.environ.get("FJIT_MEASURE", "auto"), "FJIT_MEASURE")
+
+
+def frame_cache() -> bool:
+    """FJIT_FRAME_CACHE (see the table above)."""
+    return os.environ.get("FJIT_FRAME_CACHE", "1").strip() != "0"
 
 
 def gemm() -> Gemm:

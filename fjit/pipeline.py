@@ -25,6 +25,7 @@ from fjit.core.ir import Tag, TensorVar
 from fjit.core.meta import relaid_channels_last, same_layout
 from fjit.core.trace import Trace
 from fjit.executors import fusing_executor, kernel_executor, torch_executor
+from fjit.executors.c import frame_stack
 from fjit.frontend.context import AMP_DEVICES, Mode, TraceContext, autocast_state
 from fjit.frontend.dispatch import dispatch
 from fjit.frontend.light_imports import light_imports
@@ -58,6 +59,7 @@ class Compilation:
 def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: TraceMode,
                  executors: tuple) -> Compilation:
     """Trace `fn` on this call and compile it for `executors` (a tuple of config.Executor)."""
+    frame_stack.install_in_background()
     with light_imports():
         result, traces, first, executors = _trace_with_real_layouts(fn, args, kwargs, leaves, mode,
                                                                     executors)
