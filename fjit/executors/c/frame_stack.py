@@ -158,3 +158,12 @@ def install_in_background() -> None:
         return
     _STARTED.append(True)
     threading.Thread(target=install, name="fjit-frame-cache", daemon=True).start()
+
+
+def _after_fork_in_child() -> None:
+    """A fork while the builder thread held the lock must not leave the child's held forever."""
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
