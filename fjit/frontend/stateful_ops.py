@@ -47,7 +47,9 @@ def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, trai
         n = x.shape[0] * x.shape[2] * x.shape[3]
         unbiased = dispatch(torch.mul, (var, n / (n - 1)), {})
         return out, _stat_writes(dispatch, (running_mean, mean), (running_var, unbiased), momentum=momentum)
-    if not training or not stats:
+    if training and not stats:
+        return _batch_statistics_only(dispatch, x, weight, bias, eps)
+    if not training:
         return None
     if not all(isinstance(t, TensorProxy) for t in (x, *stats)) or \
             isinstance(momentum, (NumberProxy, TensorProxy)) or momentum is None:
@@ -69,6 +71,27 @@ def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, trai
     dims = [0, *range(2, len(x.shape))]
     var, mean = dispatch(torch.var_mean, (detached, dims), {"correction": 1})
     return out, _stat_writes(dispatch, (running_mean, mean), (running_var, var), momentum=momentum)
+
+
+def _batch_statistics_only(dispatch, x, weight, bias, eps):
+    """A training batch norm that keeps no running statistics (a weight standardization: timm's
+    ScaledStdConv2d normalizes its filter bank this way on every call; a BatchNorm of
+    track_running_stats=False) as ATen's functional batch norm over running statistics of its own
+    that nothing reads (and a bias of zeros for a weight alone, or the reverse): eager's kernel and eager's backward (runtime.batch_norm_vjp), which the C
+    kernels take, where the torch call was an op torch autograd had to record inside a joint
+    program (NF-ResNet-26: 29 of them kept its step on torch autograd).  None (the torch call) for
+    another dtype or a traced eps."""
+    if not (isinstance(x, TensorProxy) and x.dtype in (torch.float32, torch.float64) and x.ndim >= 2
+            and all(t is None or isinstance(t, TensorProxy) and t.dtype == x.dtype for t in (weight, bias))
+            and type(eps) in (float, int)):
+        return None
+    zeros, ones = (dispatch(fill, ((x.shape[1],),), {"dtype": x.dtype, "device": x.device})
+                   for fill in (torch.zeros, torch.ones))
+    if (weight is None) != (bias is None):     # ATen's own defaults, so that the kernels take it
+        weight, bias = (ones if weight is None else weight), (zeros if bias is None else bias)
+    out = dispatch(torch.ops.aten._native_batch_norm_legit_functional.default,
+                   (x, weight, bias, zeros, ones, True, 0.0, float(eps)), {})[0]
+    return out, []
 
 
 # The fewest values per channel (N*H*W) a channels-last batch norm must have to run as

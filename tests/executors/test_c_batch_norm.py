@@ -228,3 +228,60 @@ def test_a_batch_norm_the_kernels_take_counts_toward_a_joint_program(size, monke
     assert big == (size == 32)
     assert ("not worth a joint program" in stage) == (not big)
     assert ("fjit_c_batch_norm_backward(" in str(fjit.last_backward_traces(jm)[-1])) == big
+
+
+class _StandardizedConv(nn.Conv2d):
+    """timm's ScaledStdConv2d: each call normalizes the filter bank by a batch norm that keeps no
+    running statistics (a weight standardization), scaled by a learned gain."""
+
+    def __init__(self, cin, cout):
+        super().__init__(cin, cout, 3, padding=1)
+        self.gain = nn.Parameter(torch.full((cout,), 0.8))
+
+    def forward(self, x):
+        w = F.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None,
+                         weight=self.gain, training=True, momentum=0.0, eps=1e-6).reshape_as(self.weight)
+        return F.conv2d(x, w, self.bias, self.stride, self.padding)
+
+
+class _NoStatistics(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = _StandardizedConv(3, 16), _StandardizedConv(16, 16)
+        self.norm = nn.BatchNorm2d(16, track_running_stats=False)
+
+    def forward(self, x):
+        y = F.gelu(self.conv1(x))
+        return (F.relu(self.norm(self.conv2(y))) + y).mean((2, 3))
+
+
+def test_a_batch_norm_without_running_statistics_is_atens_functional_one(kernel_calls, monkeypatch):
+    """A training batch norm that keeps no running statistics (a weight standardization, a
+    BatchNorm of track_running_stats=False) is traced as ATen's functional batch norm over
+    statistics nothing reads, not as a torch call autograd records: the joint program is built
+    and the kernels run its forward and backward; outputs and gradients are eager's.  A float16
+    one stays the torch call."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    torch.manual_seed(0)
+    model = _NoStatistics()
+    ref = copy.deepcopy(model)
+    jm = fjit.jit(model)
+    for step in range(3):
+        x = torch.randn(4, 3, 12, 12)
+        out, expected = jm(x), ref(x)
+        torch.testing.assert_close(out, expected, msg=str(step))
+        (out * out).sum().backward()
+        (expected * expected).sum().backward()
+        assert_same_gradients(model, ref)
+        model.zero_grad(), ref.zero_grad()
+    forward = str(fjit.last_traces(jm)[0])
+    assert "_native_batch_norm_legit_functional" in forward and "functional.batch_norm(" not in forward
+    backward = fjit.last_backward_traces(jm)[-1]
+    assert "torch_autograd" not in backward.stage and "fjit_c_batch_norm_backward(" in str(backward)
+    forward_kernel, backward_kernel = c_executor._written_kernels(c_batch_norm).binaries
+    assert kernel_calls.count(forward_kernel) == 3 * 2 and kernel_calls.count(backward_kernel) == 3 * 2
+
+    half = fjit.jit(lambda v: F.batch_norm(v, None, None, training=True))
+    v = torch.randn(4, 3, 5, dtype=torch.float16)
+    torch.testing.assert_close(half(v), F.batch_norm(v, None, None, training=True))
+    assert "functional.batch_norm(" in str(fjit.last_traces(half)[0])
