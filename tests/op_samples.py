@@ -1169,6 +1169,23 @@ op("torch.addmm", lambda c, a, b: torch.addmm(c, a, b, beta=0), (F32,),
    lambda m: [(m.specials()[:5], m((3, 4)), m((4, 5)))], variant="beta0")
 op("torch.Tensor.addmm", lambda c, a, b: c.addmm(a, b), (F32,),
    lambda m: [(m((3, 5)), m((3, 4)), m((4, 5)))])
+op("torch.baddbmm", lambda c, a, b: torch.baddbmm(c, a, b), (F32, BF16, I64),
+   lambda m: [(m((2, 3, 5)), m((2, 3, 4)), m((2, 4, 5))), (m((5,)), m((2, 3, 4), nc=True), m((2, 4, 5))),
+              (m((1, 3, 1)), m((2, 3, 0)), m((2, 0, 5))), (m(()), m((2, 2, 4)), m((2, 4, 3)))])
+op("torch.baddbmm", lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5, alpha=0.125), (F32,),
+   lambda m: [(m((2, 3, 5)), m((2, 3, 4)), m((2, 4, 5)))], variant="beta_alpha")
+op("torch.baddbmm", lambda c, a, b: torch.baddbmm(c, a, b, beta=0), (F32,),
+   lambda m: [(m.specials()[:5], m((2, 3, 4)), m((2, 4, 5)))], variant="beta0")
+op("torch.baddbmm", lambda c, a, b: torch.baddbmm(c, a, b, alpha=2), (I64,),
+   lambda m: [(m((2, 3, 5)), m((2, 3, 4)), m((2, 4, 5)))], variant="integer_alpha")
+op("torch.Tensor.baddbmm", lambda c, a, b: c.baddbmm(a, b, beta=1.0, alpha=0.5), (F32,),
+   lambda m: [(m((2, 3, 5)), m((2, 3, 4)), m((2, 4, 5)))])
+op("torch.addmv", lambda c, a, b: torch.addmv(c, a, b), (F32, BF16, I64),
+   lambda m: [(m((3,)), m((3, 4)), m((4,))), (m(()), m((3, 4), nc=True), m((4,))), (m((3,)), m((3, 0)), m((0,)))])
+op("torch.addmv", lambda c, a, b: torch.addmv(c, a, b, beta=2.0, alpha=-1.5), (F32,),
+   lambda m: [(m((3,)), m((3, 4)), m((4,)))], variant="beta_alpha")
+op("torch.Tensor.addmv", lambda c, a, b: c.addmv(a, b), (F32,),
+   lambda m: [(m((3,)), m((3, 4)), m((4,)))])
 op("torch.bmm", lambda a, b: torch.bmm(a, b), (F32, BF16, I64),
    lambda m: [(m((2, 3, 4)), m((2, 4, 5))), (m((2, 3, 4), nc=True), m((2, 4, 5), nc=True)),
               (m((0, 3, 4)), m((0, 4, 2)))])

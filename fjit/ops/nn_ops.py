@@ -268,17 +268,31 @@ def _grouped_matmul(a, b):
     return dispatch(torch.Tensor.reshape, (out, (n, h, m, out.shape[-1])), {})
 
 
-@register(*torch_callables("addmm"))
-def _addmm(bias, a, b, *, beta=1, alpha=1):
-    # transformers' Conv1D (GPT-2) is addmm(bias, x, w): a matmul and an add the kernels fuse, and
-    # whose backward is prims' (a recorded op costs a nested autograd call per backward)
-    if isinstance(beta, (NumberProxy, TensorProxy)) or isinstance(alpha, (NumberProxy, TensorProxy)) \
-            or beta == 0 or a.ndim != 2 or b.ndim != 2:
-        raise NotImplementedError   # beta=0 ignores NaN in bias: one torch call
-    out = apply(Prim.MATMUL, a, b)
-    if alpha != 1:
-        out = apply(Prim.MUL, out, alpha)
-    return apply(Prim.ADD, out, bias if beta == 1 else apply(Prim.MUL, bias, beta))
+# operand ranks of each "input + product" op: a matmul and an add the kernels fuse, whose backward
+# is prims' (a recorded op costs a nested autograd call per backward).  transformers' Conv1D
+# (GPT-2) is addmm(bias, x, w); BLOOM's attention scores are alibi.baddbmm(q, k) scaled by alpha.
+_ADDED_PRODUCTS = {"addmm": (2, 2), "baddbmm": (3, 3), "addmv": (2, 1)}
+
+
+def _added_product(ranks):
+    def rule(bias, a, b, *, beta=1, alpha=1):
+        if not all(isinstance(t, TensorProxy) for t in (bias, a, b)) or (a.ndim, b.ndim) != ranks \
+                or isinstance(beta, (NumberProxy, TensorProxy)) or isinstance(alpha, (NumberProxy, TensorProxy)) \
+                or beta == 0 or not bias.dtype == a.dtype == b.dtype \
+                or not (a.dtype.is_floating_point or a.dtype.is_complex) and \
+                any(isinstance(k, float) for k in (alpha, beta)):
+            # beta=0 ignores NaN in the input, mixed dtypes and a float scale of integers raise in
+            # eager: one torch call each
+            raise NotImplementedError
+        out = apply(Prim.MATMUL, a, b)
+        if alpha != 1:
+            out = apply(Prim.MUL, out, alpha)
+        return apply(Prim.ADD, out, bias if beta == 1 else apply(Prim.MUL, bias, beta))
+    return rule
+
+
+for _name, _ranks in _ADDED_PRODUCTS.items():
+    register(*torch_callables(_name))(_added_product(_ranks))
 
 
 @register(torch.Tensor.__rmatmul__)

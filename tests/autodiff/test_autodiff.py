@@ -1259,3 +1259,26 @@ def test_the_convolution_gemm_choice_is_timed_once_per_shape(monkeypatch):
     monkeypatch.setattr(matmuls, "_timed", {})
     jf = _grads_match(_small_cnn, _small_cnn_inputs(), rtol=1e-4, atol=1e-4)
     assert _gemm_vjps(jf) == 0
+
+
+@pytest.mark.parametrize("op", ["addmm", "baddbmm", "addmv"])
+def test_input_plus_product_ops_are_prims_not_recorded_ops(op, monkeypatch):
+    """torch.addmm, baddbmm (BLOOM's attention scores: alibi.baddbmm(q, k, alpha=...)) and addmv
+    are a matmul and an add, with prims' backward in the joint program: no op torch autograd has
+    to record (each costs a nested autograd call per backward), gradients as eager's."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    shapes = {"addmm": ((6,), (4, 5), (5, 6)), "baddbmm": ((1, 4, 6), (3, 4, 5), (3, 5, 6)),
+              "addmv": ((4,), (4, 5), (5,))}[op]
+
+    def f(c, a, b):
+        return (getattr(c, op)(a, b, beta=0.5, alpha=0.25) * 3).tanh().sum()
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(*s, generator=g, requires_grad=True) for s in shapes]
+    jf = fjit.jit(f)
+    for _ in range(2):
+        got = torch.autograd.grad(jf(*args), args)
+    torch.testing.assert_close(got, torch.autograd.grad(f(*args), args))
+    backward = fjit.last_backward_traces(jf)[-1]
+    assert "torch_autograd" not in backward.stage, backward.stage
+    calls = [line.split("#")[0] for line in str(backward).splitlines()]
+    assert "matmul" in str(backward) and not [line for line in calls if op in line], backward
