@@ -77,10 +77,10 @@ def _batch_statistics_only(dispatch, x, weight, bias, eps):
     """A training batch norm that keeps no running statistics (a weight standardization: timm's
     ScaledStdConv2d normalizes its filter bank this way on every call; a BatchNorm of
     track_running_stats=False) as ATen's functional batch norm over running statistics of its own
-    that nothing reads (and a bias of zeros for a weight alone, or the reverse): eager's kernel and eager's backward (runtime.batch_norm_vjp), which the C
-    kernels take, where the torch call was an op torch autograd had to record inside a joint
-    program (NF-ResNet-26: 29 of them kept its step on torch autograd).  None (the torch call) for
-    another dtype or a traced eps."""
+    that nothing reads (and a bias of zeros for a weight alone, or the reverse): eager's kernel and
+    eager's backward (runtime.batch_norm_vjp), which the C kernels take, where the torch call was
+    an op torch autograd had to record inside a joint program (NF-ResNet-26: 29 of them kept its
+    step on torch autograd).  None (the torch call) for another dtype or a traced eps."""
     if not (isinstance(x, TensorProxy) and x.dtype in (torch.float32, torch.float64) and x.ndim >= 2
             and all(t is None or isinstance(t, TensorProxy) and t.dtype == x.dtype for t in (weight, bias))
             and type(eps) in (float, int)):

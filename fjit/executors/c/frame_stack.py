@@ -13,8 +13,7 @@ Chunks come from the interpreter's arena allocator (PyObject_SetArenaAllocator, 
 which also serves pymalloc's 1 MiB arenas.  This installs an allocator in front of it that keeps up
 to SLOTS freed blocks of at most MAX_BYTES (the frame-stack chunks; arenas are larger and pass
 through), the last ones freed (a full cache gives back the block it kept longest), handing one back
-for a request of the same size: a call that crosses a chunk's end then
-costs a pointer swap.  It holds at most SLOTS * MAX_BYTES of memory, and every block it does not
+for a request of the same size: a call that crosses a chunk's end then costs a pointer swap.  It holds at most SLOTS * MAX_BYTES of memory, and every block it does not
 keep goes to the allocator it replaced.  FJIT_FRAME_CACHE=0 leaves the interpreter as it is.
 
 It is C (built once per machine into the kernel cache directory, like the kernels): the allocator
@@ -118,6 +117,7 @@ def wanted() -> bool:
 def install() -> bool:
     """Build (once per machine) and install the cache; whether it is installed.  Without a C
     compiler or Python's headers the interpreter stays as it is."""
+    # the C executor is imported by the first CPU compile, not by `import fjit`: nor is this
     from fjit.executors.c.executor import compiler
     with _LOCK:
         if _LIBRARY:
