@@ -281,8 +281,8 @@ def _added_product(ranks):
                 or beta == 0 or not bias.dtype == a.dtype == b.dtype \
                 or not (a.dtype.is_floating_point or a.dtype.is_complex) and \
                 any(isinstance(k, float) for k in (alpha, beta)):
-            # beta=0 ignores NaN in the input, mixed dtypes and a float scale of integers raise in
-            # eager: one torch call each
+            # beta=0 ignores NaN in the input, mixed dtypes raise, and a float scale of integer
+            # operands is ATen's own integer arithmetic: one torch call each, eager's answer
             raise NotImplementedError
         out = apply(Prim.MATMUL, a, b)
         if alpha != 1:
