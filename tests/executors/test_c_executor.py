@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import fjit
-from fjit.executors.c import elementwise, executor as c_executor
+from fjit.executors.c import build as c_build, elementwise, executor as c_executor
 
 pytestmark = [pytest.mark.ckernels, pytest.mark.usefixtures("sync_build"),
               pytest.mark.skipif(c_executor.compiler() is None, reason="no C compiler on PATH")]
@@ -243,7 +243,7 @@ def test_executor_choice_and_off_switch(monkeypatch):
     monkeypatch.setenv("FJIT_C_KERNELS", "yes please")
     with pytest.raises(ValueError, match="FJIT_C_KERNELS='yes please' is not one of"):
         fjit.jit(lambda x: x * 2 + 1)(x)
-    monkeypatch.setattr(c_executor, "_COMPILER", [None])
+    monkeypatch.setattr(c_build, "_COMPILER", [None])
     monkeypatch.setenv("FJIT_C_KERNELS", "sync")
     assert _kernels(_check(lambda x: x * 2 + 1, x)) == []
 
@@ -265,7 +265,7 @@ def _slow_compiler(tmp_path):
 def test_background_build_runs_torch_until_the_kernel_is_loaded(monkeypatch, fresh_cache, tmp_path):
     monkeypatch.setenv("FJIT_C_KERNELS", "background")
     cc, go = _slow_compiler(tmp_path)
-    monkeypatch.setattr(c_executor, "_COMPILER", [cc])
+    monkeypatch.setattr(c_build, "_COMPILER", [cc])
     x, y = torch.randn(4), torch.randn(4)
     jf = fjit.jit(_elementwise10)
     torch.testing.assert_close(jf(x, y, 0.5), _elementwise10(x, y, 0.5))   # returned before the build
@@ -284,7 +284,7 @@ def test_every_case_is_right_while_its_kernel_is_still_building(monkeypatch, fre
     """Until a kernel is loaded its region's prims run one by one (the fallback)."""
     monkeypatch.setenv("FJIT_C_KERNELS", "background")
     cc, go = _slow_compiler(tmp_path)
-    monkeypatch.setattr(c_executor, "_COMPILER", [cc])
+    monkeypatch.setattr(c_build, "_COMPILER", [cc])
     try:
         for name, (fn, make, kernels) in CASES.items():
             args = make()
@@ -316,7 +316,7 @@ def test_kernel_binaries_are_reused_from_disk(monkeypatch, fresh_cache):
     assert (fresh_cache / f"{name}.so").exists()
     # a new process: nothing in memory, and no compiler to build with
     monkeypatch.setattr(c_executor, "_BINARIES", {})
-    monkeypatch.setattr(c_executor, "_COMPILER", ["/nonexistent/cc"])
+    monkeypatch.setattr(c_build, "_COMPILER", ["/nonexistent/cc"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         jf = _check(lambda x: x * 3 - 1, x)
@@ -355,7 +355,7 @@ def test_a_failing_compiler_warns_once_and_results_stay_right(monkeypatch, fresh
     failing = tmp_path / "broken-cc"
     failing.write_text("#!/bin/sh\necho 'cc: fatal error: no space left' >&2\nexit 1\n")
     failing.chmod(failing.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setattr(c_executor, "_COMPILER", [str(failing)])
+    monkeypatch.setattr(c_build, "_COMPILER", [str(failing)])
     monkeypatch.setattr(c_executor, "_WARNED", [])
     x = torch.randn(4)
     with pytest.warns(RuntimeWarning, match="no space left"):
@@ -525,7 +525,7 @@ def test_denormals_survive_in_torch_after_kernels_load():
     tiny = torch.tensor([1e-40, -3e-42, 2.0 ** -148])
     assert bool((tiny * 0.5 != 0).all()) and bool((tiny + 0 == tiny).all())
     assert (torch.tensor([2.0 ** -126]) / 4).item() == 2.0 ** -128
-    assert "-ffast-math" not in c_executor.CFLAGS and "-Ofast" not in c_executor.CFLAGS
+    assert "-ffast-math" not in c_build.CFLAGS and "-Ofast" not in c_build.CFLAGS
     # and the kernels themselves keep denormal inputs and results
     torch.testing.assert_close(jf(tiny), torch.exp(tiny) * 2 + tiny, rtol=0, atol=0)
 
@@ -1061,7 +1061,7 @@ def test_a_kernel_with_many_pointers_and_column_sums_is_vectorized_by_gcc():
     compiler = c_executor.compiler()
     if not compiler or "Free Software Foundation" not in subprocess.run(
             [compiler, "--version"], capture_output=True, text=True).stdout:
-        assert c_executor.GCC_PARAMS[0] not in c_executor._flags()   # clang: no such parameter
+        assert c_build.GCC_PARAMS[0] not in c_build.kernel_flags()   # clang: no such parameter
         return
     x, r = torch.randn(8, 66, 192, requires_grad=True), torch.randn(8, 66, 192)
     w, b, w2, b2 = (torch.randn(192, requires_grad=True) for _ in range(4))
@@ -1086,8 +1086,8 @@ def test_a_kernel_with_many_pointers_and_column_sums_is_vectorized_by_gcc():
             report = subprocess.run([compiler, *[f for f in flags if f != "-shared"], "-fopt-info-vec-optimized",
                                      "-c", path, "-o", os.devnull], capture_output=True, text=True).stderr
             return f"k.c:{lanes}:" in report and "loop vectorized" in report.split(f"k.c:{lanes}:")[1].split("\n")[0]
-        assert vectorized(c_executor._flags())
-        assert not vectorized([f for f in c_executor._flags() if f not in c_executor.GCC_PARAMS])
+        assert vectorized(c_build.kernel_flags())
+        assert not vectorized([f for f in c_build.kernel_flags() if f not in c_build.GCC_PARAMS])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32])
@@ -1160,3 +1160,29 @@ def test_rows_walked_with_a_stride_are_computed_in_blocks_through_buffers(dtype)
             accumulators.ROW_BLOCK = saved
         for g, r in zip(got if isinstance(got, tuple) else (got,), rowwise if isinstance(rowwise, tuple) else (rowwise,)):
             torch.testing.assert_close(g, r, rtol=0, atol=0)
+
+
+# -- building (executors/c/build.py) ---------------------------------------------------------------
+
+def test_a_compiler_without_openmp_builds_kernels_single_threaded(monkeypatch, tmp_path):
+    """A compiler that refuses -fopenmp builds the same source without it, and every later kernel
+    is built without it; a source that does not compile is an OSError with the compiler's
+    message, and leaves neither the library nor the temporary source behind."""
+    real = c_build.compiler()
+    script = tmp_path / "no-openmp-cc"
+    script.write_text("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = -fopenmp ] && "
+                      "{ echo 'unsupported option -fopenmp' >&2; exit 1; }; done\n"
+                      f"exec {real} \"$@\"\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(c_build, "_COMPILER", [str(script)])
+    monkeypatch.setattr(c_build, "_NO_OPENMP", [])
+    assert "-fopenmp" in c_build.kernel_flags()
+    path = str(tmp_path / "k.so")
+    c_build.build_library("int fj_one(void) { return 1; }\n", path, c_build.kernel_flags())
+    assert os.path.exists(path) and "-fopenmp" not in c_build.kernel_flags()
+    import ctypes
+    assert ctypes.CDLL(path).fj_one() == 1
+    bad = str(tmp_path / "bad.so")
+    with pytest.raises(OSError, match="exited with"):
+        c_build.build_library("this is not C\n", bad, c_build.kernel_flags())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.so", "no-openmp-cc"]

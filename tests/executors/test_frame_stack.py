@@ -8,7 +8,7 @@ import torch
 
 import fjit
 from fjit.executors.c import frame_stack
-from fjit.executors.c.executor import compiler
+from fjit.executors.c.build import compiler
 
 pytestmark = pytest.mark.skipif(
     sys.implementation.name != "cpython" or not (3, 11) <= sys.version_info[:2] <= (3, 12) or compiler() is None,

@@ -26,9 +26,7 @@ import ctypes
 import hashlib
 import math
 import os
-import platform
 import queue
-import shutil
 import subprocess
 import threading
 import time
@@ -46,7 +44,8 @@ from fjit.core.trace import Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
 from fjit.executors.c import batch_norm, max_pool
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
-from fjit.executors.c.launch import HEADER, PYTHON_FLAGS, entry, launcher, python_entry
+from fjit.executors.c.build import build_key, build_library, compiler, kernel_flags
+from fjit.executors.c.launch import HEADER, entry, launcher, python_entry
 from fjit.logs import kernels as log
 from fjit.passes.fusion import Partitioner, Region
 from fjit.passes.matmuls import COPY_MIN_NUMEL
@@ -57,69 +56,12 @@ from fjit.passes.matmuls import COPY_MIN_NUMEL
 # the saved dispatch (~2.5 us) is lost.  Measured with benchmarks/bench_cpu.py --c-crossover.
 MAX_NUMEL = 1 << 62
 MAX_NUMEL_LIBM = 256
-# Never -ffast-math (a library built with it can switch on flush-to-zero for the whole process, and
-# it drops NaN/inf/signed-zero semantics).  -fno-math-errno / -fno-trapping-math change no result.
-# -fopenmp: the kernels share torch's libgomp (same soname, already loaded); a compiler without
-# OpenMP builds the same source without it (the pragmas are then ignored: one thread).
-_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
-CFLAGS = ("-O3", "-march=native", *(("-mprefer-vector-width=512",) if _X86 else ()), "-shared",
-          "-fPIC", "-fwrapv", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math",
-          "-fopenmp")
-_NO_OPENMP: list = []     # [True] once the compiler refused -fopenmp
-# Inside an OpenMP region gcc no longer knows the kernel's restrict pointers apart, so it vectorizes
-# a loop only behind runtime alias checks, 10 at most by default: a layer norm backward with its
-# weight and bias gradients (a dozen pointers and three column sums) stayed scalar, 3x eager's
-# time.  The cap is raised for gcc (clang has no such parameter).
-GCC_PARAMS = ("--param", "vect-max-version-for-alias-checks=128")
-_GCC: list = []           # [whether compiler() is gcc], found once
-
-
-def _flags() -> tuple:
-    """The flags a kernel is built with (CFLAGS, Python's, and gcc's parameters for gcc); asked by
-    the build, not by the compile that only names the binary."""
-    if not _GCC:
-        try:
-            version = subprocess.run([compiler(), "--version"], capture_output=True, text=True,
-                                     timeout=30).stdout
-        except (OSError, subprocess.SubprocessError, TypeError):
-            version = ""
-        _GCC.append("Free Software Foundation" in version and "clang" not in version.lower())
-    return CFLAGS + PYTHON_FLAGS + (GCC_PARAMS if _GCC[0] else ())
-
-
-def _isa() -> str:
-    """What -march=native compiles for: the machine and its CPU feature flags (part of the key)."""
-    if not _ISA:
-        flags = ""
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith(("flags", "Features", "isa")):
-                        flags = line.split(":", 1)[1].strip()
-                        break
-        except OSError:
-            flags = platform.processor()
-        _ISA.append(f"{platform.machine()} {flags}")
-    return _ISA[0]
-
-
-_ISA: list = []
 _ARG_TYPES = {"p": ctypes.c_void_p, "d": ctypes.c_double, "q": ctypes.c_int64}
 
 
 def mode() -> str:
     """FJIT_C_KERNELS (parsed in fjit.config): "background", "sync" or "off"."""
     return config.c_kernels().name.lower()
-
-
-_COMPILER: list = []   # [path or None], found once
-
-
-def compiler() -> str | None:
-    if not _COMPILER:
-        cc = os.environ.get("CC")
-        _COMPILER.append(shutil.which(cc) if cc else shutil.which("cc") or shutil.which("gcc"))
-    return _COMPILER[0]
 
 
 def _claimable(b: BoundSymbol) -> bool:
@@ -198,13 +140,6 @@ def _region_bsym(region: Region) -> BoundSymbol:
     launch = launcher(region, kernel, binary, fallback)
     comment = f"C kernel {kernel.name}\n{kernel.source[kernel.source.index(f'void {kernel.name}('):]}"
     return kernel_bsym(region, kernel.name, launch, comment)
-
-
-def build_key() -> str:
-    """What a binary is besides its source: the flags and the CPU they target, so that a change of
-    either never loads an old one (gcc's parameters are in it whatever the compiler: finding out
-    which one it is runs a subprocess, which only a build, in the background, should pay)."""
-    return " ".join(CFLAGS + PYTHON_FLAGS + GCC_PARAMS) + "\n" + _isa() + "\n"
 
 
 class _Fallback:
@@ -334,17 +269,7 @@ def _build(binary: _Binary) -> None:
     try:
         if not _load_from_disk(binary):
             start = time.perf_counter()
-            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"
-            with open(f"{tmp}.c", "w") as f:
-                f.write(HEADER + kernel.source + entry(kernel.name, kernel.arg_types))
-            try:
-                result = _compile(tmp)
-            finally:
-                os.remove(f"{tmp}.c")
-            if result.returncode != 0:
-                raise OSError(f"{compiler()} exited with {result.returncode}: "
-                              f"{(result.stderr or result.stdout).strip()[-500:]}")
-            os.replace(tmp, path)
+            build_library(HEADER + kernel.source + entry(kernel.name, kernel.arg_types), path, kernel_flags())
             _load(binary, path)
             log.debug("C kernel %s built in %.0f ms (%s):\n%s", kernel.name,
                       1e3 * (time.perf_counter() - start), path, kernel.source)
@@ -356,20 +281,6 @@ def _build(binary: _Binary) -> None:
                           f"(set FJIT_C_KERNELS=0 to stop trying): {e}", RuntimeWarning)
     finally:
         binary.done.set()
-
-
-def _compile(tmp: str) -> subprocess.CompletedProcess:
-    flags = [f for f in _flags() if not (_NO_OPENMP and f == "-fopenmp")]
-    result = subprocess.run([compiler(), *flags, "-o", tmp, f"{tmp}.c", "-lm"],
-                            capture_output=True, text=True, timeout=300)
-    if result.returncode != 0 and "-fopenmp" in flags:
-        retry = subprocess.run([compiler(), *[f for f in flags if f != "-fopenmp"], "-o", tmp,
-                                f"{tmp}.c", "-lm"], capture_output=True, text=True, timeout=300)
-        if retry.returncode == 0:
-            _NO_OPENMP.append(True)
-            log.debug("C kernels: %s refused -fopenmp, building single-threaded", compiler())
-            return retry
-    return result
 
 
 def _load(binary: _Binary, path: str) -> None:

@@ -117,30 +117,19 @@ def wanted() -> bool:
 def install() -> bool:
     """Build (once per machine) and install the cache; whether it is installed.  Without a C
     compiler or Python's headers the interpreter stays as it is."""
-    # the C executor is imported by the first CPU compile, not by `import fjit`: nor is this
-    from fjit.executors.c.executor import compiler
+    # the C executor is imported by the first CPU compile, not by `import fjit`: nor is its build
+    from fjit.executors.c.build import build_library, compiler
     with _LOCK:
         if _LIBRARY:
             return bool(_LIBRARY[0].fjit_frame_cache_installed())
         include = sysconfig.get_paths().get("include") or ""
-        cc = compiler()
-        if not wanted() or cc is None or not os.path.exists(os.path.join(include, "Python.h")):
+        if not wanted() or compiler() is None or not os.path.exists(os.path.join(include, "Python.h")):
             return False
         digest = hashlib.sha1((SOURCE + sys.version + include).encode()).hexdigest()[:16]
         path = os.path.join(kernel_cache_dir(), f"fjit_frame_cache_{digest}.so")
         try:
             if not os.path.exists(path):
-                tmp = f"{path}.{os.getpid()}.{threading.get_ident()}"
-                with open(f"{tmp}.c", "w") as f:
-                    f.write(SOURCE)
-                try:
-                    result = subprocess.run([cc, "-O2", "-shared", "-fPIC", f"-I{include}", "-o", tmp, f"{tmp}.c"],
-                                            capture_output=True, text=True, timeout=300)
-                finally:
-                    os.remove(f"{tmp}.c")
-                if result.returncode != 0:
-                    raise OSError(f"{cc} exited with {result.returncode}: {result.stderr.strip()[-300:]}")
-                os.replace(tmp, path)
+                build_library(SOURCE, path, ("-O2", "-shared", "-fPIC", f"-I{include}"))
             library = ctypes.PyDLL(path)      # calls hold the GIL
             library.fjit_install_frame_cache()
         except (OSError, AttributeError, subprocess.SubprocessError) as e:
