@@ -16,6 +16,7 @@ import weakref
 from typing import Any, Callable, Generic, Iterable, Literal, ParamSpec, TypeVar, Union, overload
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 import fjit.config as config
 import fjit.logs as logs
@@ -73,8 +74,9 @@ class JittedFunction(Generic[P, R]):
     def __call__(self, *args, **kwargs):
         cache = self._cache
         last = cache.last[0]
+        # (the guards tell a torch.func transform's tensors from plain ones, not forward-mode AD's)
         if last is not None and not kwargs and len(args) == last[0] and last[1] is _grad() and \
-                last[2].check(*args):
+                last[2].check(*args) and _forward_ad._current_level < 0:
             cache.hits += 1
             return last[3](*args)
         if not kwargs:

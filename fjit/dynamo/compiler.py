@@ -39,7 +39,7 @@ from fjit.core.trace import Trace
 from fjit.dynamo import aten as aten_table
 from fjit.dynamo.split import (SplitReason, assign, describe_error, is_compute, is_symbolic,
                                node_of_error, op_name, static_reason, writes_across_pieces)
-from fjit.frontend.inputs import call_key
+from fjit.frontend.inputs import call_key, transformed
 
 SPLIT_EXECUTORS = ("torch", "inductor")
 _MAX_RESPLITS = 6
@@ -290,6 +290,8 @@ class _FjitPiece:
         return run
 
     def _first_call(self, *args):
+        if transformed():     # see _compiled: compiled by the first call made outside a transform
+            return self.gm.forward(*args)
         copy, to_original, consts = _traceable_copy(self.gm, self.splitter.aten)
         full = args + consts
         try:
@@ -313,13 +315,20 @@ class _FjitPiece:
                 runner = self.splitter.runner(self.gm, {bad: why}, self.info.name, at=at)
             self.slot[0] = runner
             return runner(*args)
-        if consts:
-            program = runner
-
-            def runner(*args):
-                return program(*args, *consts)
-        self.slot[0] = runner
+        self.slot[0] = self._compiled(runner, consts)
         return result
+
+    def _compiled(self, program, consts: tuple):
+        """`program` (after the lifted constants), or the piece's torch code under a torch.func
+        transform or forward-mode AD: Dynamo runs pieces inside vmap (transformers' Mamba), whose
+        wrappers a C kernel cannot read (the process aborted); a program drops tangents."""
+        torch_code = self.gm.forward
+
+        def runner(*args):
+            if transformed():
+                return torch_code(*args)
+            return program(*args, *consts)
+        return runner
 
     def _compile(self, gm: torch.fx.GraphModule, args: tuple):
         """(the callable later calls run, this call's result)."""

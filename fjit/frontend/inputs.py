@@ -15,6 +15,7 @@ import keyword
 import re
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 import torch.utils._pytree as pytree
 
 from fjit.core.ir import NumberVar, TensorVar
@@ -29,6 +30,18 @@ ACCEPTED = ("torch.Tensor, int, float, bool, str, None, torch.dtype, torch.devic
             "torch.utils._pytree nodes of these")
 
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+# A torch.func transform (vmap, grad, jvp, ...) hands its function tensors wrapped in its own
+# (BatchedTensor, GradTrackingTensor), whose type is still torch.Tensor and whose metadata is the
+# unbatched value's; forward-mode AD gives a tensor a tangent.  A compiled program computes neither
+# a batch dim, nor a transform's gradient, nor tangents (and a C kernel cannot read a wrapper's
+# data), so such an input is refused: checked only while a transform or a dual level is active.
+_interpreter_stack = torch._C._functorch.peek_interpreter_stack
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+def transformed() -> bool:
+    """Whether a torch.func transform or a forward-mode AD dual level is active in this thread."""
+    return _interpreter_stack() is not None or _forward_ad._current_level >= 0
 _CONSTANT_TYPES = (int, bool, str, type(None), torch.dtype, torch.device, torch.Size,
                    type(Ellipsis))
 
@@ -61,7 +74,27 @@ def call_key(args: tuple, kwargs: dict, specialized: frozenset) -> tuple[tuple, 
         for k, v in kwargs.items():
             parts.append(k)
             _walk(v, parts, leaves, specialized, f"argument {k!r}")
+    if transformed():
+        _refuse_transformed(leaves)
     return tuple(parts), leaves
+
+
+def _refuse_transformed(leaves: list) -> None:
+    """FJ201 for the first tensor wrapped by a torch.func transform or carrying a forward-mode
+    tangent."""
+    for x in leaves:
+        if not isinstance(x, torch.Tensor):
+            continue
+        if _functorch_wrapped(x):
+            what = "a tensor of a torch.func transform (vmap, grad, jvp, ...)"
+        elif _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(x).tangent is not None:
+            what = "a dual tensor of forward-mode AD (torch.autograd.forward_ad)"
+        else:
+            continue
+        raise UnsupportedInputError(located(
+            "FJ201", f"an argument is {what}, which a compiled program cannot take: it would "
+                     "compute no batch dim, transform gradient or tangent",
+            *user_location(), catalog_fix("FJ201_transformed_tensor")))
 
 
 # The fast path: for calls whose arguments are all positional tensors, floats and scalar constants
@@ -124,11 +157,11 @@ def fast_path(args: tuple, specialized: frozenset, last: list):
                              for i, a in enumerate(args) if type(a) not in _TENSOR_TYPES)
         source += (f"    m = mixed[0]\n"
                    f"    if m is not None and m[0] is _grad() and {types} and {const_tuple} == m[1] "
-                   f"and m[2].check({', '.join(tensors)}):\n"
+                   f"and m[2].check({', '.join(tensors)}) and _forward_ad._current_level < 0:\n"
                    f"        return m[3]({', '.join(leaves)})\n")
     remember = (f"        last[0] = ({len(args)}, k[0], hit[1], hit[0])\n" if only_tensors else
                 f"        mixed[0] = (k[0], {const_tuple}, hit[1], hit[0])\n")
-    source += (f"    if {guard}:\n"
+    source += (f"    if {guard} or _interpreter_stack() is not None or _forward_ad._current_level >= 0:\n"
               f"        return MISS\n"
               f"    k = ({', '.join(key)},)\n"
               f"    hit = cache.get(k)\n"
@@ -145,7 +178,8 @@ def fast_path(args: tuple, specialized: frozenset, last: list):
     cache: dict = {}
     namespace = {"_strided": torch.strided, "_grad": torch.is_grad_enabled,
                  "_autocast": autocast_key, "MISS": MISS, "cache": cache, "last": last,
-                 "mixed": [None], "_guards": _tensor_guards}
+                 "mixed": [None], "_guards": _tensor_guards, "_interpreter_stack": _interpreter_stack,
+                 "_forward_ad": _forward_ad}
     namespace.update({f"_c{i}": type(a) for i, a in enumerate(args)
                       if type(a) in _FAST_CONSTANTS or type(a) in _TENSOR_TYPES})
     # the call may run in a resumable frame (a big module's); the key and guards run on misses only
