@@ -125,6 +125,9 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool | int],
         return "the function registers a gradient hook, which torch autograd runs"
     if not any(differentiable(v) for v in trace.inputs):
         return "no input is differentiable"
+    if any(isinstance(v, TensorVar) and v.requires_grad and v.dtype.is_complex for b in trace.bsyms for v in b.outputs()):
+        # cotangents here are real: one through a complex value (FNet's fftn(x).real) was dropped
+        return "a complex value lies on a gradient's path (fft), which torch autograd differentiates"
     kinds = []
     for b in trace.bsyms:
         if not any(differentiable(v) for v in b.outputs()):
@@ -151,24 +154,21 @@ class _Builder:
     def __init__(self, trace: Trace, leaves: list, kinds: list, recorder: Recorder):
         self.trace, self.leaves, self.kinds, self.recorder = trace, leaves, kinds, recorder
         self.used = {v.name for v in trace.inputs}
-        top_level = set()
+        self.top_level: set = set()
         self.producer: dict[str, tuple[BoundSymbol, int]] = {}   # var -> (prim or op, unit)
         for i, (b, kind) in enumerate(zip(trace.bsyms, kinds)):
-            top_level.update(v.name for v in b.outputs())
+            self.top_level.update(v.name for v in b.outputs())
             for s in (b.subsymbols if b.subsymbols and kind != "record" else (b,)):
                 for v in s.outputs():
                     self.producer[v.name] = (s, i)
                     self.used.add(v.name)
             for v in b.outputs():
                 self.used.add(v.name)
-        self.top_level = top_level
-        outs, seen = [], set()
+        outs: dict = {}
         for v in flatten_values(trace.output):
-            if isinstance(v, Var) and v.name not in seen:
-                seen.add(v.name)
-                outs.append(v)
-        self.outputs = outs
-        self.output_names = seen
+            if isinstance(v, Var):
+                outs.setdefault(v.name, v)
+        self.outputs, self.output_names = list(outs.values()), set(outs)
         self.records: dict[int, tuple] = {}    # unit -> (graph outputs, leaves, their inputs)
 
     def fresh(self, base: str) -> str:

@@ -1282,3 +1282,31 @@ def test_input_plus_product_ops_are_prims_not_recorded_ops(op, monkeypatch):
     assert "torch_autograd" not in backward.stage, backward.stage
     calls = [line.split("#")[0] for line in str(backward).splitlines()]
     assert "matmul" in str(backward) and not [line for line in calls if op in line], backward
+
+
+@pytest.mark.parametrize("complex_path", ["fftn", "view_as_complex"])
+def test_a_gradient_through_complex_values_is_eagers(complex_path, monkeypatch):
+    """The joint program's cotangents are real: one through a complex intermediate (FNet's
+    fftn(x, dim=(1, 2)).real, rotary embeddings by view_as_complex) was dropped, so from the
+    second call x's gradient was None and w's missed that path (FNet's embeddings: 0.0076 off).
+    Such a function keeps torch autograd, which differentiates complex values."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 16, 64, generator=g, requires_grad=True)
+    w = torch.randn(64, generator=g, requires_grad=True)
+
+    def f(x, w):
+        h = F.layer_norm(x * w, (64,))
+        if complex_path == "fftn":
+            y = torch.fft.fftn(h, dim=(1, 2)).real
+        else:
+            rot = torch.polar(torch.ones(16, 32), torch.linspace(0, 3, 16 * 32).reshape(16, 32))
+            y = torch.view_as_real(torch.view_as_complex(h.reshape(2, 16, 32, 2)) * rot).flatten(2)
+        return (y * w).tanh().sum()
+    jf = fjit.jit(f)
+    for _ in range(3):
+        want = torch.autograd.grad(f(x, w), (x, w))
+        got = torch.autograd.grad(jf(x, w), (x, w))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert "a complex value lies on a gradient's path" in fjit.last_backward_traces(jf)[-1].stage
