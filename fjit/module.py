@@ -18,8 +18,10 @@ Buffers are the one kind of input the forward may write: torch's own layers upda
 to a buffer is functionalized like a write to a local; the traced function returns each written
 buffer's final value, and the wrapper copies it into the module's buffer after the call, so the
 module ends as eager leaves it and the trace shows the write-back (its return value names each
-buffer).  A write to a parameter is FJ102; `self.x = ...` in forward is FJ104 (the observer sees a
-module attribute change).
+buffer).  A registered buffer assigned anew in forward (`self.buf = t`: timm's ConViT caches its
+relative indices so) is returned likewise and put in the buffer's slot, as eager's setattr leaves
+it.  A write to a parameter is FJ102; `self.x = ...` of anything else in forward is FJ104 (the
+observer sees a module attribute change).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from fjit.frontend.leaks import holds_proxy, proxies_in, undo_proxy_writes
 from fjit.frontend.proxies import TensorProxy
 from fjit.module_layout import (GLOBAL_FORWARD_HOOKS, Layout, backward_hook_owner, changed_config,
                                 config_bindings, forward_hooks, forward_signature,
-                                keyword_positions, state_swapped, structure_key)
+                                keyword_positions, replace_tensor, state_swapped, structure_key)
 from fjit.strict.bindings import module_tensor_origins
 from fjit.strict.locate import user_location
 from fjit.strict.reach import snapshot, user_class
@@ -73,7 +75,7 @@ def traced_forward(self: torch.nn.Module, layout: Layout):
             # Called inside another function's trace (JittedFunction inlines): the state is real
             # tensors, which that trace reports as FJ101 (they are not its inputs).
             with state_swapped(self, names, state):
-                return self(*args, **kwargs), {}
+                return self(*args, **kwargs), {}, {}
         if structure_key(self) != layout.key:
             raise _LayoutChanged
         # A tensor of the module that is not passed in (a plain attribute) is FJ101 named as the
@@ -87,8 +89,9 @@ def traced_forward(self: torch.nn.Module, layout: Layout):
         _ = hooks     # a closure variable, so the observer's snapshot reaches the hooks
         snapshots = [(o, m, a, snapshot(o)) for o, m, a in _module_state(self)]
         try:
-            with state_swapped(self, names, state):
+            with state_swapped(self, names, state) as assigned:
                 out = self(*args, **kwargs)
+                replaced = assigned()
         finally:
             # A value stored on a module (a cache filled in forward) must not outlive the trace
             # holding a proxy: the module goes back to the caller as it came in.
@@ -110,7 +113,7 @@ def traced_forward(self: torch.nn.Module, layout: Layout):
                            f"the forward of '{type(self).__qualname__}' changed the module "
                            f"({what}); it happens once, while tracing, and never in compiled calls", where)
         written = {n: b for n, b, v in zip(buffer_names, buffers, before) if b.ir is not v}
-        return out, written
+        return out, written, replaced
 
     forward.__signature__ = forward_signature(self, layout.input_names())
     forward.__name__ = forward.__qualname__ = f"{type(self).__qualname__}.forward"
@@ -264,7 +267,7 @@ class FjitModule(torch.nn.Module):
                                     f"parameters and submodules cannot be read as laid out")
             state, flags = read
             try:
-                out, written = self._fj_jitted(*state, flags, *args, **kwargs)
+                out, written, replaced = self._fj_jitted(*state, flags, *args, **kwargs)
                 break
             except _LayoutChanged:
                 read = None
@@ -276,6 +279,8 @@ class FjitModule(torch.nn.Module):
             position = self._fj_layout.buffer_position
             with torch.no_grad():
                 torch._foreach_copy_([state[position[name]] for name in written], list(written.values()))
+        for name, value in replaced.items():    # the next call reads the new buffer (and keys on it)
+            replace_tensor(module, state[self._fj_layout.buffer_position[name]], value)
         return out
 
     # -- what a jitted function answers ------------------------------------------------------------

@@ -114,9 +114,11 @@ def structure_key(root: torch.nn.Module) -> tuple:
 
 
 @contextlib.contextmanager
-def state_swapped(root: torch.nn.Module, names: list[str], tensors) -> typing.Iterator[None]:
+def state_swapped(root: torch.nn.Module, names: list[str], tensors) -> typing.Iterator[typing.Callable]:
     """Run `root` with `tensors` in place of its parameters and buffers named `names`, and give
-    the module back exactly as it was, whatever its module graph.
+    the module back exactly as it was, whatever its module graph.  Yields a function returning
+    {name: tensor} for the buffers the run assigned anew (`self.name = t` on a registered buffer:
+    timm's ConViT caches its relative indices so), read before the slots are put back.
 
     Every slot (a module's `_parameters` or `_buffers` entry) holding one of the named tensors is
     swapped, found by the tensor's identity: a submodule shared between blocks, or registered under
@@ -125,18 +127,32 @@ def state_swapped(root: torch.nn.Module, names: list[str], tensors) -> typing.It
     swaps by name: a shared submodule's second name saves the first name's replacement as the
     "original" and restores it, leaving a tracing proxy in the user's model.)"""
     replacement = {id(_named_tensor(root, n)): t for n, t in zip(names, tensors)}
+    name_of = {id(t): n for n, t in zip(names, tensors)}
     swapped = []
+
+    def assigned() -> dict:
+        return {name_of[id(new)]: table[k] for table, k, _, new, buffer in swapped
+                if buffer and table[k] is not new and isinstance(table[k], torch.Tensor)}
     try:
         for m in root.modules():                  # each module once, however often it is shared
             for table in (m._parameters, m._buffers):
                 for k, old in table.items():
                     if old is not None and id(old) in replacement:
-                        swapped.append((table, k, old))
+                        swapped.append((table, k, old, replacement[id(old)], table is m._buffers))
                         table[k] = replacement[id(old)]
-        yield
+        yield assigned
     finally:
-        for table, k, old in reversed(swapped):
+        for table, k, old, _, _ in reversed(swapped):
             table[k] = old
+
+
+def replace_tensor(root: torch.nn.Module, old: torch.Tensor, new: torch.Tensor) -> None:
+    """Put `new` in every buffer slot of `root`'s modules that holds `old` (what eager's
+    `self.name = new` in forward leaves; a buffer shared by modules is one tensor in each)."""
+    for m in root.modules():
+        for k, t in m._buffers.items():
+            if t is old:
+                m._buffers[k] = new
 
 
 def _named_tensor(root: torch.nn.Module, name: str) -> torch.Tensor:

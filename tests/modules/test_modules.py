@@ -208,6 +208,43 @@ def test_buffer_objects_keep_their_identity():
     assert [id(b) for b in net.buffers()] == before
 
 
+class _CachedIndices(nn.Module):
+    """timm's ConViT: a registered buffer re-assigned in forward when the input's length changes
+    (a cache), and one assigned an input statistic on every call."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(3, 3)
+        self.register_buffer("rel", torch.zeros(1, 1, 3), persistent=False)
+        self.register_buffer("last_mean", torch.zeros(()), persistent=False)
+
+    def forward(self, x):
+        n = x.shape[1]
+        if self.rel.shape[1] != n:
+            self.rel = torch.arange(n * 3, dtype=x.dtype).reshape(1, n, 3) / n
+        self.last_mean = x.mean().detach()
+        return self.proj(x + self.rel).tanh()
+
+
+def test_a_buffer_assigned_in_forward_is_the_modules_afterwards_as_in_eager():
+    """Such an assignment was undone with the trace's state swap, silently: the module kept its
+    old buffer ((1, 1, 3) where eager's holds (1, 16, 3)); now the program returns the value and
+    the wrapper puts it in the buffer's slot, and the next call keys on the new buffer."""
+    net = _CachedIndices()
+    ref = copy.deepcopy(net)
+    jn = fjit.jit(net)
+    for step in range(4):
+        x = torch.randn(2, 5 if step < 3 else 7, 3, generator=torch.Generator().manual_seed(step))
+        got, want = jn(x), ref(x)
+        torch.testing.assert_close(got, want)
+        got.sum().backward()
+        want.sum().backward()
+        for (name, b), r in zip(net.named_buffers(), ref.buffers()):
+            torch.testing.assert_close(b, r, msg=f"step {step}: {name}")
+        torch.testing.assert_close(net.proj.weight.grad, ref.proj.weight.grad)
+    assert "rel" not in net.state_dict()
+
+
 def test_functional_batch_norm_on_input_statistics_is_fj102():
     def f(x, mean, var):
         return F.batch_norm(x, mean, var, training=True)
