@@ -311,6 +311,10 @@ class Plan:
         return out if self.rebuild is None else self.rebuild(*out)
 
 
+_interpreter_stack = torch._C._functorch.peek_interpreter_stack
+_has_storage = torch._C._has_storage
+
+
 class JointFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan: Plan, box: list, *leaves):
@@ -334,7 +338,11 @@ class JointFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        if torch.is_grad_enabled():
+        # also for batched cotangents: autograd runs a backward inside a vmap for
+        # torch.autograd.grad(is_grads_batched=True) and jacobian(vectorize=True), whose tensors
+        # hold no storage the compiled backward's kernels could read; torch's ops batch them
+        if torch.is_grad_enabled() or _interpreter_stack() is not None or \
+                not all(_has_storage(g) for g in grads if g is not None):
             return (None, None, *_differentiable_backward(ctx, grads))
         plan = ctx.plan
         inputs = list(ctx.saved_tensors)

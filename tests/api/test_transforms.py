@@ -127,3 +127,29 @@ def test_backend_pieces_dynamo_runs_inside_a_vmap_run_as_torch():
     bf = torch.compile(_linear_recurrence, backend="fjit")
     for _ in range(2):
         torch.testing.assert_close(bf(a, x), _linear_recurrence(a, x))
+
+
+@pytest.mark.parametrize("how", ["is_grads_batched", "jacobian(vectorize=True)"])
+def test_batched_cotangents_through_the_compiled_backward_are_eagers(how, monkeypatch):
+    """autograd runs a backward inside a vmap for batched cotangents: the compiled backward's
+    kernels got tensors without storage ("Cannot access data pointer"); now that backward runs
+    as the differentiable recompute (torch's ops), and the Jacobian is eager's."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")      # the joint program, whose backward has kernels
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 64, generator=g)
+    x = torch.randn(3, 64, generator=g, requires_grad=True)
+
+    def f(x, w):
+        return ((x @ w).tanh() * 2 + x).sin()
+    jf = fjit.jit(f)
+    _warm(lambda a: jf(a, w).sum().backward(), x)
+    assert fjit.last_backward_traces(jf)[-1].stage.startswith("torch_executor") and \
+        "fjit_c_" in str(fjit.last_backward_traces(jf)[-1])
+    if how == "is_grads_batched":
+        v = torch.eye(3 * 64).reshape(-1, 3, 64)
+        got, = torch.autograd.grad(jf(x, w), x, v, is_grads_batched=True)
+        want, = torch.autograd.grad(f(x, w), x, v, is_grads_batched=True)
+    else:
+        got = torch.autograd.functional.jacobian(lambda a: jf(a, w), x, vectorize=True)
+        want = torch.autograd.functional.jacobian(lambda a: f(a, w), x, vectorize=True)
+    torch.testing.assert_close(got, want)
