@@ -60,9 +60,8 @@ RUNTIME_IDENTITY = {torch.Tensor.data_ptr, torch.Tensor.storage, torch.Tensor.un
                     torch.Tensor.storage_offset, torch.Tensor._version.__get__,
                     torch.Tensor.__reduce_ex__, torch.Tensor.__setstate__}
 
-_INPLACE_DUNDERS = {getattr(torch.Tensor, f"__i{n}__") for n in (
-    "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift",
-    "rshift") if hasattr(torch.Tensor, f"__i{n}__")}
+_INPLACE_DUNDERS = {getattr(torch.Tensor, f"__i{n}__") for n in ("add", "sub", "mul", "truediv", "floordiv", "mod",
+                    "pow", "and", "or", "xor", "lshift", "rshift") if hasattr(torch.Tensor, f"__i{n}__")}
 
 
 # Gradient hooks on traced values are ops of the program (runtime.register_hook): kept by every
@@ -74,8 +73,7 @@ GRADIENT_HOOKS = set(HOOK_OPS)
 _VIEW_SCATTER = Symbol("fjit_ops.view_scatter", view_scatter)
 _SETITEM = Symbol("fjit_ops.setitem", setitem)
 _FUNCTIONAL_INPLACE = Symbol("fjit_ops.functional_inplace", functional_inplace)
-_FUNCTIONAL_INPLACE_RANDOM = Symbol("fjit_ops.functional_inplace", functional_inplace,
-                                    frozenset({Tag.RANDOM}))
+_FUNCTIONAL_INPLACE_RANDOM = Symbol("fjit_ops.functional_inplace", functional_inplace, frozenset({Tag.RANDOM}))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -326,6 +324,11 @@ def _functionalize(ctx: TraceContext, func, args, kwargs):
         value = trace_call(ctx, _SETITEM, setitem, args, kwargs)
         _write(ctx, target, value, func, "FJ102_setitem_input", "item assignment")
         return None
+    if func is torch.Tensor.requires_grad_ and target._fj_root is not None:   # x.detach().requires_grad_():
+        # a flag of the alias alone, no data written: a value of its own now (x keeps its flag)
+        flagged = trace_call(ctx, _FUNCTIONAL_INPLACE, functional_inplace, (func, *args), kwargs)
+        target._fj_root, target._fj_var = None, flagged.ir
+        return target
     oop = OUT_OF_PLACE.get(func)
     if oop is not None:
         _check_inplace_allowed(func, args, kwargs)
@@ -345,8 +348,7 @@ def _functionalize_foreach(ctx: TraceContext, func, args, kwargs):
         raise UnsupportedOpError(located(
             "FJ202", f"{op_name(func)} writes into a list of tensors and has no out-of-place twin",
             *user_location(), "write it as a list comprehension of out-of-place ops"))
-    values = dispatch(oop, args, kwargs)
-    for target, value in zip(args[0], values):
+    for target, value in zip(args[0], dispatch(oop, args, kwargs)):
         _write(ctx, target, _conform(value, target), func, "FJ102_inplace_input", name)
     return None
 
@@ -357,12 +359,10 @@ def _check_inplace_allowed(func, args, kwargs):
     Variable that requires grad is being used in an in-place operation") is about inputs, which
     `_write` reports as FJ102; on a value the function computed, eager's in-place op is legal."""
     def to_meta(x):
-        if isinstance(x, TensorProxy):
-            return meta_tensor(x.ir).detach()
-        return x._fj_value if isinstance(x, NumberProxy) else x
+        return meta_tensor(x.ir).detach() if isinstance(x, TensorProxy) else \
+            x._fj_value if isinstance(x, NumberProxy) else x
     with torch._C.DisableTorchFunction():
-        margs, mkwargs = map_values(to_meta, (args, kwargs))
-        func(*margs, **mkwargs)
+        func(*map_values(to_meta, args), **map_values(to_meta, kwargs))
 
 
 def _conform(value, target: TensorProxy):

@@ -265,3 +265,24 @@ def test_torch_device_made_inside_the_function():
         return x.to(torch.device(type="cpu")) + torch.ones(2, device=torch.device("cpu"))
     x = torch.ones(2)
     torch.testing.assert_close(fjit.jit(f)(x), f(x))
+
+
+def test_requires_grad_on_a_detached_alias_of_an_input_is_no_write():
+    """x.detach().requires_grad_() sets a flag of the detached tensor alone: eager writes no data
+    and x keeps its own flag.  It was reported as FJ102 (a write through a view of input 'x');
+    requires_grad_ on the input itself still is one."""
+    def detached_leaf(x):
+        y = x.detach().requires_grad_()
+        return (y * 2).sin() + x
+
+    def flagged_later(x):
+        y = x.detach()
+        y.requires_grad_(True)
+        return y.cos()
+    x = torch.randn(5)
+    for fn in (detached_leaf, flagged_later):
+        assert_no_alarm(fn, x)
+        out = fjit.jit(fn)(x)
+        assert out.requires_grad and not x.requires_grad
+    with pytest.raises(fjit.InputMutationError, match="requires_grad_ writes to input"):
+        fjit.jit(lambda x: x.requires_grad_() * 2)(torch.randn(3))
