@@ -125,8 +125,8 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool | int],
         return "the function registers a gradient hook, which torch autograd runs"
     if not any(differentiable(v) for v in trace.inputs):
         return "no input is differentiable"
-    if any(isinstance(v, TensorVar) and v.requires_grad and v.dtype.is_complex for b in trace.bsyms for v in b.outputs()):
-        # cotangents here are real: one through a complex value (FNet's fftn(x).real) was dropped
+    if any(isinstance(v, TensorVar) and v.requires_grad and v.dtype.is_complex
+           for b in trace.bsyms for v in b.outputs()):     # cotangents here are real: they were dropped
         return "a complex value lies on a gradient's path (fft), which torch autograd differentiates"
     kinds = []
     for b in trace.bsyms:

@@ -73,7 +73,8 @@ GRADIENT_HOOKS = set(HOOK_OPS)
 _VIEW_SCATTER = Symbol("fjit_ops.view_scatter", view_scatter)
 _SETITEM = Symbol("fjit_ops.setitem", setitem)
 _FUNCTIONAL_INPLACE = Symbol("fjit_ops.functional_inplace", functional_inplace)
-_FUNCTIONAL_INPLACE_RANDOM = Symbol("fjit_ops.functional_inplace", functional_inplace, frozenset({Tag.RANDOM}))
+_FUNCTIONAL_INPLACE_RANDOM = Symbol("fjit_ops.functional_inplace", functional_inplace,
+                                    frozenset({Tag.RANDOM}))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -324,11 +325,6 @@ def _functionalize(ctx: TraceContext, func, args, kwargs):
         value = trace_call(ctx, _SETITEM, setitem, args, kwargs)
         _write(ctx, target, value, func, "FJ102_setitem_input", "item assignment")
         return None
-    if func is torch.Tensor.requires_grad_ and target._fj_root is not None:   # x.detach().requires_grad_():
-        # a flag of the alias alone, no data written: a value of its own now (x keeps its flag)
-        flagged = trace_call(ctx, _FUNCTIONAL_INPLACE, functional_inplace, (func, *args), kwargs)
-        target._fj_root, target._fj_var = None, flagged.ir
-        return target
     oop = OUT_OF_PLACE.get(func)
     if oop is not None:
         _check_inplace_allowed(func, args, kwargs)
@@ -359,8 +355,9 @@ def _check_inplace_allowed(func, args, kwargs):
     Variable that requires grad is being used in an in-place operation") is about inputs, which
     `_write` reports as FJ102; on a value the function computed, eager's in-place op is legal."""
     def to_meta(x):
-        return meta_tensor(x.ir).detach() if isinstance(x, TensorProxy) else \
-            x._fj_value if isinstance(x, NumberProxy) else x
+        if isinstance(x, TensorProxy):
+            return meta_tensor(x.ir).detach()
+        return x._fj_value if isinstance(x, NumberProxy) else x
     with torch._C.DisableTorchFunction():
         func(*map_values(to_meta, args), **map_values(to_meta, kwargs))
 
@@ -376,6 +373,9 @@ def _conform(value, target: TensorProxy):
 
 def _write(ctx: TraceContext, target: TensorProxy, value: TensorProxy, func, entry: str, how: str):
     """Point `target` (and whatever it aliases) at `value`."""
+    if func is torch.Tensor.requires_grad_ and target._fj_root is not None:   # x.detach().requires_grad_()
+        target._fj_var = value.ir       # a flag of the alias alone: no data written, x keeps its own flag
+        return
     base = target._fj_base_input()
     if base is not None:
         if target._fj_root is not None and entry == "FJ102_inplace_input":

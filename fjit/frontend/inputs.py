@@ -30,6 +30,9 @@ ACCEPTED = ("torch.Tensor, int, float, bool, str, None, torch.dtype, torch.devic
             "torch.utils._pytree nodes of these")
 
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_CONSTANT_TYPES = (int, bool, str, type(None), torch.dtype, torch.device, torch.Size,
+                   type(Ellipsis))
+
 # A torch.func transform (vmap, grad, jvp, ...) hands its function tensors wrapped in its own
 # (BatchedTensor, GradTrackingTensor), whose type is still torch.Tensor and whose metadata is the
 # unbatched value's; forward-mode AD gives a tensor a tangent.  A compiled program computes neither
@@ -42,8 +45,6 @@ _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 def transformed() -> bool:
     """Whether a torch.func transform or a forward-mode AD dual level is active in this thread."""
     return _interpreter_stack() is not None or _forward_ad._current_level >= 0
-_CONSTANT_TYPES = (int, bool, str, type(None), torch.dtype, torch.device, torch.Size,
-                   type(Ellipsis))
 
 
 # What a compiled program depends on in a tensor, as attribute expressions: the general path's key
@@ -161,6 +162,7 @@ def fast_path(args: tuple, specialized: frozenset, last: list):
                    f"        return m[3]({', '.join(leaves)})\n")
     remember = (f"        last[0] = ({len(args)}, k[0], hit[1], hit[0])\n" if only_tensors else
                 f"        mixed[0] = (k[0], {const_tuple}, hit[1], hit[0])\n")
+    # transformed(), inlined: a call per cached call would cost more than the check
     source += (f"    if {guard} or _interpreter_stack() is not None or _forward_ad._current_level >= 0:\n"
               f"        return MISS\n"
               f"    k = ({', '.join(key)},)\n"

@@ -286,3 +286,11 @@ def test_requires_grad_on_a_detached_alias_of_an_input_is_no_write():
         assert out.requires_grad and not x.requires_grad
     with pytest.raises(fjit.InputMutationError, match="requires_grad_ writes to input"):
         fjit.jit(lambda x: x.requires_grad_() * 2)(torch.randn(3))
+
+    def write_after(x):      # the flagged alias still shares x's data: a write through it is one
+        y = x.detach().requires_grad_()
+        with torch.no_grad():
+            y.add_(1)
+        return y * 2
+    with pytest.raises(fjit.InputMutationError, match="add_ writes to input 'x'.*through a view"):
+        fjit.jit(write_after)(torch.randn(3))
