@@ -105,7 +105,9 @@ class TensorProxy(torch.Tensor):
     dtype = property(lambda self: self.ir.dtype)
     device = property(lambda self: self.ir.device)
     ndim = property(lambda self: len(self.ir.shape))
-    requires_grad = property(lambda self: self.ir.requires_grad)
+    # `t.requires_grad = flag` is `t.requires_grad_(flag)`, as in eager (transformers' Wav2Vec2 sets
+    # it on a view of its input for gradient checkpointing)
+    requires_grad = property(lambda self: self.ir.requires_grad, lambda self, flag: self.requires_grad_(flag))
     is_cuda = property(lambda self: self.ir.device.type == "cuda")
     is_cpu = property(lambda self: self.ir.device.type == "cpu")
     is_meta = property(lambda self: False)

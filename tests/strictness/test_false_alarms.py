@@ -294,3 +294,30 @@ def test_requires_grad_on_a_detached_alias_of_an_input_is_no_write():
         return y * 2
     with pytest.raises(fjit.InputMutationError, match="add_ writes to input 'x'.*through a view"):
         fjit.jit(write_after)(torch.randn(3))
+
+
+def test_requires_grad_assignment_is_requires_grad_():
+    """`t.requires_grad = True` is `t.requires_grad_(True)`, as in eager.  transformers' Wav2Vec2
+    and HuBERT feature encoders set it on a view of their input (`hidden_states = input_values[:, None];
+    hidden_states.requires_grad = True`, for gradient checkpointing); the proxy's property had no
+    setter, and fjit.jit failed with an internal AttributeError.  On the input itself it is FJ102."""
+    def view_flagged(x, w):
+        h = x[:, None]
+        h.requires_grad = True
+        return (h * w).sum()
+
+    def computed_flagged(x):
+        h = x * 2
+        h.requires_grad = True
+        return h.sin()
+    x, w = torch.randn(3, 4), torch.randn(1, 4, requires_grad=True)
+    assert_no_alarm(view_flagged, x, w)
+    jf = fjit.jit(view_flagged)
+    for _ in range(2):           # compiling call and cached call
+        out, ref = jf(x, w), view_flagged(x, w)
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(torch.autograd.grad(out, w)[0], torch.autograd.grad(ref, w)[0])
+    assert not x.requires_grad
+    assert fjit.jit(computed_flagged)(x).requires_grad
+    with pytest.raises(fjit.InputMutationError, match="requires_grad_ writes to input 'x'"):
+        fjit.jit(lambda x: setattr(x, "requires_grad", True) or x * 2)(torch.randn(3))
