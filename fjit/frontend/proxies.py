@@ -123,19 +123,19 @@ class TensorProxy(torch.Tensor):
                      "backward, a value fjit would freeze", *user_location(),
             "pass the gradient in as an argument"))
 
+    @grad.setter
+    def grad(self, value):
+        # a value the function computed has no gradient to clear; an input's is the caller's state
+        if value is None and not self._fj_is_input and self._fj_root is None:
+            return
+        raise UnsupportedOpError(located(
+            "FJ202", "assigning .grad inside a compiled function changes the state of an earlier "
+                     "backward, which a compiled call would not repeat", *user_location(),
+            "set or clear .grad outside the compiled function"))
+
     def size(self, dim=None):
         shape = torch.Size(self.ir.shape)
         return shape if dim is None else shape[dim]
-
-    def dim(self):
-        return len(self.ir.shape)
-
-    ndimension = dim
-
-    def numel(self):
-        return self.ir.numel()
-
-    nelement = numel
 
     def stride(self, dim=None):
         strides = self.ir.strides
@@ -182,6 +182,9 @@ def _metadata_via_meta(name):
 for _name in ("is_contiguous", "is_floating_point", "is_complex", "element_size", "is_signed",
               "has_names"):
     setattr(TensorProxy, _name, _metadata_via_meta(_name))
+# sizes library code asks often, answered from the value itself
+TensorProxy.dim = TensorProxy.ndimension = lambda self: len(self.ir.shape)
+TensorProxy.numel = TensorProxy.nelement = lambda self: self.ir.numel()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -321,3 +321,17 @@ def test_requires_grad_assignment_is_requires_grad_():
     assert fjit.jit(computed_flagged)(x).requires_grad
     with pytest.raises(fjit.InputMutationError, match="requires_grad_ writes to input 'x'"):
         fjit.jit(lambda x: setattr(x, "requires_grad", True) or x * 2)(torch.randn(3))
+
+
+def test_grad_assignment_is_a_located_error_or_nothing():
+    """`t.grad = None` on a value the function computed clears nothing, as in eager; on an input
+    it is the caller's state, and any other value is an earlier backward's: a located FJ202, where
+    the proxy had no setter and raised an internal AttributeError."""
+    def clears(x):
+        h = x * 2
+        h.grad = None
+        return h + 1
+    x = torch.randn(3)
+    torch.testing.assert_close(fjit.jit(clears)(x), clears(x))
+    with pytest.raises(fjit.UnsupportedOpError, match="FJ202.*assigning .grad"):
+        fjit.jit(lambda x: setattr(x, "grad", None) or x * 2)(torch.randn(3))
