@@ -311,6 +311,8 @@ def _unsupported(x, where: str, what: str | None = None) -> UnsupportedInputErro
         fix = "pass a dense tensor (x.to_dense()), and convert back after the call if you need to"
     elif what is not None:
         fix = "make the node's flatten function return a hashable context (a tuple, not a list)"
+    elif isinstance(x, torch.nn.parameter.UninitializedTensorMixin):     # nn.LazyLinear's before its first call
+        fix = "call the module once eagerly first (with torch.no_grad(): model(example)) to give it its parameters"
     elif isinstance(x, torch.Tensor):
         fix = catalog_fix("FJ201_tensor_subclass")
     else:

@@ -335,3 +335,16 @@ def test_grad_assignment_is_a_located_error_or_nothing():
     torch.testing.assert_close(fjit.jit(clears)(x), clears(x))
     with pytest.raises(fjit.UnsupportedOpError, match="FJ202.*assigning .grad"):
         fjit.jit(lambda x: setattr(x, "grad", None) or x * 2)(torch.randn(3))
+
+
+def test_a_lazy_module_before_its_first_call_is_fj201_with_its_own_fix():
+    """nn.LazyLinear's parameters are placeholders until its first call: FJ201 names the
+    placeholder's type and says to call the module once first (the generic fix for a tensor
+    subclass, as_subclass, would be wrong advice); after one eager call it compiles."""
+    model = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.ReLU())
+    x = torch.randn(3, 6)
+    with pytest.raises(fjit.UnsupportedInputError, match="UninitializedParameter.*call the module once eagerly"):
+        fjit.jit(model)(x)
+    with torch.no_grad():
+        model(x)
+    torch.testing.assert_close(fjit.jit(model)(x), model(x))
