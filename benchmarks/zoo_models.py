@@ -231,6 +231,11 @@ def batch_token_binary(g: torch.Generator) -> Batch:
     return Batch(kwargs={"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
 
 
+def batch_token_classes(g: torch.Generator) -> Batch:
+    """Token ids and a class per sequence, no attention mask (FNet takes none)."""
+    return Batch(kwargs={"input_ids": _token_ids(g), "labels": torch.randint(0, 3, (TOKENS_BATCH,), generator=g)})
+
+
 def batch_seq2seq(g: torch.Generator) -> Batch:
     ids = _token_ids(g)
     labels = _token_ids(g, seq=SEQ // 2)
@@ -367,6 +372,14 @@ def _transformers_models() -> list[ZooModel]:
                  _hf("ViTForImageClassification", "ViTConfig", "sdpa", image_size=32, patch_size=4, hidden_size=64,
                      num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, num_labels=10),
                  batch_pixels_labels, loss_model, "the same with sdpa"),
+        ZooModel("hf_mamba", "transformers",
+                 _hf("MambaForCausalLM", "MambaConfig", "eager", vocab_size=VOCAB, hidden_size=64, state_size=8,
+                     num_hidden_layers=2, expand=2, conv_kernel=4),
+                 causal, loss_model, "selective state space: causal depthwise conv1d, a scan over the tokens"),
+        ZooModel("hf_fnet", "transformers",
+                 _hf("FNetForSequenceClassification", "FNetConfig", "eager", vocab_size=VOCAB, hidden_size=64,
+                     num_hidden_layers=2, intermediate_size=128, max_position_embeddings=64, num_labels=3),
+                 batch_token_classes, loss_model, "Fourier token mixing: a complex fftn on the gradient's path"),
     ]
 
 
@@ -438,6 +451,8 @@ def _timm_models() -> list[ZooModel]:
         m("resmlp_12_224", 64, "affine (per-channel scale and shift) instead of norms", img_size=64),
         m("gmlp_ti16_224", 64, "spatial gating unit: a linear layer over tokens", img_size=64),
         m("mobilenetv4_conv_small", 64, "universal inverted bottlenecks"),
+        m("convit_tiny", 32, "gated positional self-attention; a buffer assigned in forward (a cache)", img_size=32,
+          patch_size=4, depth=2, local_up_to_layer=1),
     ]
 
 
