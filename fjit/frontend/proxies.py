@@ -126,7 +126,7 @@ class TensorProxy(torch.Tensor):
     @grad.setter
     def grad(self, value):
         # a value the function computed has no gradient to clear; an input's is the caller's state
-        if value is None and not self._fj_is_input and self._fj_root is None:
+        if value is None and self._fj_base_input() is None:
             return
         raise UnsupportedOpError(located(
             "FJ202", "assigning .grad inside a compiled function changes the state of an earlier "
