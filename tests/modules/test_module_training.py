@@ -541,6 +541,9 @@ def test_the_channels_last_margin_of_a_program_with_grouped_convolutions(monkeyp
     several dense convolutions only is not offered the form (CHANNELS_LAST_DENSE_CONVOLUTIONS)."""
     import fjit.program_choice as program_choice
     monkeypatch.setenv("FJIT_MEASURE", "all")
+    # torch autograd's form always beats the joint program (its stage line then lists every form
+    # measured): on a fast CPU the joint program won by more than MARGIN and the line was its own
+    monkeypatch.setattr(program_choice, "MARGIN", 1e9)
     monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", 0.0)
     monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN_GROUPED", 1e9)
     torch.manual_seed(0)
