@@ -10,8 +10,10 @@ A column sum (a sum over a region's outer dims: a bias's or a norm weight's grad
 the batch and sequence dims of the value the region computes anyway) cuts the rows into CHUNKS
 fixed ranges (one when the kernel is not threaded); each range adds its rows' values into a
 double accumulator per column of its own, and after the loop over the ranges the accumulators are
-added in range order and rounded once.  The ranges depend only on the shapes, so a result never
-depends on the thread count.
+added in range order and rounded once.  A region with no row reduction and at least as many
+blocks of COLUMN_BLOCK columns as it would have ranges walks the column blocks instead: each block
+adds every row, in order, into double accumulators on its stack.  Either way the order depends
+only on the shapes, so a result never depends on the thread count.
 """
 from __future__ import annotations
 
@@ -26,6 +28,11 @@ from fjit.executors.render import domain_strides, held
 
 # Row ranges of a threaded kernel with column sums (the work a thread pool shares).
 CHUNKS = 16
+# Columns a block of a column-blocked kernel sums (see the module docstring).  Few long rows are
+# that form's case: TinyViT's attention-bias gradient sums 8 rows of 192,080 scores, and as 8
+# ranges of one row each it zeroed, filled and added 12 MB of double accumulators a call (6% of
+# the model's training step).
+COLUMN_BLOCK = 1024
 # Reductions keep LANES partial accumulators per row, WIDE_LANES in a row of at least
 # 4 * WIDE_LANES elements: one vector of accumulators is a chain of dependent max or add
 # instructions, one per vector of the row, waiting on each other's latency (a 64x1024 softmax's
@@ -50,6 +57,8 @@ SCRATCH_BYTES = 1 << 16
 # strided tensor's block at most STAGED_ELEMENTS elements in a stack buffer.
 ROW_BLOCK = 32
 STAGED_ELEMENTS = 1 << 13
+# The last inner dim a pass's loop nests inside the others at (see RowLoops.pass_loop).
+NESTED_MIN = 8
 REDUCE = frozenset({Prim.SUM, Prim.PROD, Prim.AMAX, Prim.AMIN})
 
 
@@ -66,26 +75,55 @@ class ColumnSums:
         self.width = math.prod(region.inner)
         self.rows = math.prod(region.outer)
         self.chunks = min(self.rows, CHUNKS) if threaded else 1
+        # a block is whole runs of the last inner dim (see RowLoops.pass_loop)
+        self.block = max(1, COLUMN_BLOCK // region.inner[-1]) * region.inner[-1] if region.inner else 1
+        self.blocks = -(-self.width // self.block)
+        self.blocked = bool(self.sums) and not region.row_vars and self.blocks >= self.chunks
+        self.items = self.blocks if self.blocked else self.chunks    # the loop a thread pool shares
+
+    def span(self) -> tuple[str, str]:
+        """The columns a pass over a row walks: the block's, or the whole row."""
+        return ("lo", "hi") if self.blocked else ("0", str(self.width))
 
     def accumulate(self, upto: int, level: dict, values: dict) -> list[str]:
         """In a pass over a row's elements: the values summed that this pass computes, added."""
-        return [f"fj_col{j}[c] += {values[b.args[0].name][0]};" for j, b in enumerate(self.sums)
+        column = "c - lo" if self.blocked else "c"
+        return [f"fj_col{j}[{column}] += {values[b.args[0].name][0]};" for j, b in enumerate(self.sums)
                 if level[b.args[0].name] == upto]
 
-    def wrap(self, row_lines: list[str]) -> tuple[list[str], list[str]]:
-        """(the accumulators' allocation, the loop over row ranges with `row_lines` per row)."""
+    def wrap(self, row_lines: list[str], outputs: list) -> tuple[list[str], list[str], list[str]]:
+        """(the lines before the loop, the loop with `row_lines` per row, the lines after it)."""
+        rows = ["        " + x if not x.startswith("#") else x for x in row_lines]
+        if self.blocked:
+            return [], self.blocked_loop(rows, outputs), []
         w, n, per = self.width, self.chunks, -(-self.rows // self.chunks)
         before = [f"double *fj_all{j} = (double *)calloc({n * w}, sizeof(double));"
                   for j in range(len(self.sums))]
         loop = [f"for (int64_t ch = 0; ch < {n}; ch++) {{"]
         loop += [f"    double *fj_col{j} = fj_all{j} + ch * {w};" for j in range(len(self.sums))]
         loop += [f"    for (int64_t r = ch * {per}; r < (ch + 1) * {per} && r < {self.rows}; r++) {{"]
-        loop += ["        " + x if not x.startswith("#") else x for x in row_lines]
-        loop += ["    }", "}"]
-        return before, loop
+        loop += rows + ["    }", "}"]
+        return before, loop, self.stores(outputs)
+
+    def blocked_loop(self, rows: list[str], outputs: list) -> list[str]:
+        """The loop over column blocks: each block's accumulators, its rows, its stores."""
+        w, block = self.width, self.block
+        position = {v.name: k for k, v in enumerate(outputs)}
+        loop = [f"for (int64_t cb = 0; cb < {self.blocks}; cb++) {{",
+                f"    int64_t lo = cb * {block}, hi = lo + {block} < {w} ? lo + {block} : {w};"]
+        for j in range(len(self.sums)):
+            loop += [f"    double fj_col{j}[{block}];", f"    for (int64_t c = 0; c < {block}; c++) fj_col{j}[c] = 0;"]
+        loop += [f"    for (int64_t r = 0; r < {self.rows}; r++) {{"] + rows + ["    }"]
+        for j, b in enumerate(self.sums):
+            out = b.outputs()[0]
+            if out.name in position:
+                loop.append(f"    for (int64_t c = lo; c < hi; c++) "
+                            f"out{position[out.name]}[c] = ({C_TYPE[out.dtype]})fj_col{j}[c - lo];")
+        return loop + ["}"]
 
     def stores(self, outputs: list) -> list[str]:
-        """After the loop: each column's accumulators added in range order, rounded, stored."""
+        """After the loop over row ranges: each column's accumulators added in range order,
+        rounded, stored."""
         lines = []
         position = {v.name: k for k, v in enumerate(outputs)}
         for j, b in enumerate(self.sums):
@@ -218,6 +256,23 @@ class RowLoops:
                 budget -= size
                 self.scratch[o.name] = f"fj_s{len(self.scratch)}"
 
+    def pass_loop(self, p: int, names: dict) -> list[str]:
+        """A pass over the row's columns that reduces nothing.  Over several inner dims it nests a
+        loop over the last one, whose index is the loop's own: the other indices are worked out
+        once per run of it, where per element their divisions kept gcc from vectorizing the loop
+        and each broadcast operand's load was a gather (TinyViT's attention-bias gradient)."""
+        lo, hi = self.columns.span()
+        inner = self.r.inner
+        if len(inner) < 2 or inner[-1] < NESTED_MIN:
+            loop, _ = self.element_code(p, names, p)
+            return [f"for (int64_t c = {lo}; c < {hi}; c++) {{"] + [indent(x) for x in loop] + ["}"]
+        last, size = len(inner) - 1, inner[-1]
+        loop, _ = self.element_code(p, names, p, [f"int64_t c = cq * {size} + i{last};"], indexed=False)
+        return [f"for (int64_t cq = {lo} / {size}; cq < {hi} / {size}; cq++) {{"] + \
+            [indent(x) for x in self.index_lines("i", inner[:-1], "cq")] + \
+            [indent(f"for (int64_t i{last} = 0; i{last} < {size}; i{last}++) {{")] + \
+            [indent(indent(x)) for x in loop] + [indent("}"), "}"]
+
     def row_code(self, passes: int, names: dict) -> list[str]:
         r = self.r
         width = math.prod(r.inner)
@@ -236,10 +291,7 @@ class RowLoops:
             reductions = [b for b in self.row_bsyms() if prim_of(b) in REDUCE and
                           self.level[b.outputs()[0].name] == p + 1]
             if not reductions:
-                loop, _ = self.element_code(p, row_names, p)
-                row_lines.append(f"for (int64_t c = 0; c < {width}; c++) {{")
-                row_lines += ["    " + x for x in loop]
-                row_lines.append("}")
+                row_lines += self.pass_loop(p, row_names)
                 continue
             accs, lanes = [], row_lanes(width)
             for b in reductions:

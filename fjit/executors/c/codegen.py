@@ -232,8 +232,8 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
         passes = self.assign_levels()
         before, after = [], []
         if r.columns:
-            (before, body), items = self.columns.wrap(self.row_loop(passes, names)), self.columns.chunks
-            after = self.columns.stores(r.outputs)
+            before, body, after = self.columns.wrap(self.row_loop(passes, names), r.outputs)
+            items = self.columns.items
         elif r.has_cat:
             body, items = self.piece_body(names)
         else:
@@ -260,11 +260,12 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
         return ["int fj_bad = 0;"] + fast + ["if (fj_bad) {"] + [indent(x) for x in exact] + ["}"]
 
     def element_code(self, upto: int, names: dict, store_level: int | None,
-                     lines: list | None = None) -> tuple[list, dict]:
-        """One iteration over an element: loads, elementwise values of level <= upto, stores."""
+                     lines: list | None = None, indexed: bool = True) -> tuple[list, dict]:
+        """One iteration over an element: loads, elementwise values of level <= upto, stores
+        (`indexed`: the inner dims' indices worked out from `c` first)."""
         r = self.r
         lines = [] if lines is None else lines
-        if not self.flat:
+        if not self.flat and indexed:
             lines += self.index_lines("i", r.inner, "c")
         local = dict(names)
         for k, v in enumerate(r.inputs):
