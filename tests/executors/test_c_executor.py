@@ -855,6 +855,20 @@ def test_few_long_rows_are_summed_by_column_blocks_in_an_order_fixed_by_the_shap
     assert "for (int64_t i2 = 0; i2 < 49; i2++)" in backward        # the last dim's own loop
 
 
+def test_column_blocks_of_rows_whose_last_dim_is_longer_than_a_block():
+    """A last dim longer than COLUMN_BLOCK: the blocks are COLUMN_BLOCK columns (the
+    accumulators stay that size on the stack), walked flat; eager's values."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 2, 3000, generator=g)
+    w = torch.randn(3000, generator=g)
+
+    def f(x, w):
+        return (x * w).tanh().sum(0)
+    jf = _check(f, x, w)
+    text = _kernel_text(jf)
+    assert "double fj_col0[1024];" in text and "cq" not in text, text
+
+
 def test_a_value_read_after_its_column_sum_is_not_read_before_the_sum_is_complete():
     """An op that reads a column sum waits for the kernel that computes it (a region never reads
     its own column sums)."""

@@ -75,8 +75,10 @@ class ColumnSums:
         self.width = math.prod(region.inner)
         self.rows = math.prod(region.outer)
         self.chunks = min(self.rows, CHUNKS) if threaded else 1
-        # a block is whole runs of the last inner dim (see RowLoops.pass_loop)
-        self.block = max(1, COLUMN_BLOCK // region.inner[-1]) * region.inner[-1] if region.inner else 1
+        # a block is whole runs of the last inner dim where one fits (see RowLoops.pass_loop):
+        # its accumulators live on a thread's stack
+        last = region.inner[-1] if region.inner else 1
+        self.block = (COLUMN_BLOCK // last) * last if 0 < last <= COLUMN_BLOCK else COLUMN_BLOCK
         self.blocks = -(-self.width // self.block)
         self.blocked = bool(self.sums) and not region.row_vars and self.blocks >= self.chunks
         self.items = self.blocks if self.blocked else self.chunks    # the loop a thread pool shares
@@ -84,6 +86,10 @@ class ColumnSums:
     def span(self) -> tuple[str, str]:
         """The columns a pass over a row walks: the block's, or the whole row."""
         return ("lo", "hi") if self.blocked else ("0", str(self.width))
+
+    def whole_runs(self, size: int) -> bool:
+        """Whether the span is whole runs of `size` columns."""
+        return not self.blocked or self.block % size == 0
 
     def accumulate(self, upto: int, level: dict, values: dict) -> list[str]:
         """In a pass over a row's elements: the values summed that this pass computes, added."""
@@ -263,7 +269,7 @@ class RowLoops:
         and each broadcast operand's load was a gather (TinyViT's attention-bias gradient)."""
         lo, hi = self.columns.span()
         inner = self.r.inner
-        if len(inner) < 2 or inner[-1] < NESTED_MIN:
+        if len(inner) < 2 or inner[-1] < NESTED_MIN or not self.columns.whole_runs(inner[-1]):
             loop, _ = self.element_code(p, names, p)
             return [f"for (int64_t c = {lo}; c < {hi}; c++) {{"] + [indent(x) for x in loop] + ["}"]
         last, size = len(inner) - 1, inner[-1]
