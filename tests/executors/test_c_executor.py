@@ -44,6 +44,19 @@ def _check(fn, *args, kernels=None, exact=False):
     return jf
 
 
+def _per_thread_count(call, counts):
+    """call()'s result under each torch thread count of `counts`, the caller's count restored."""
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in counts:
+            torch.set_num_threads(n)
+            results.append(call())
+        return results
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _elementwise10(x, y, s):
     a = torch.sin((x + y) * s) - y
     f = torch.tanh(a) * x
@@ -540,14 +553,7 @@ def test_large_regions_are_threaded_and_bit_identical_whatever_the_thread_count(
                        torch.tanh(x) * y - torch.exp(-x.abs()))
     assert x.numel() >= codegen.PARALLEL_MIN
     jf = fjit.jit(fn)
-    threads = torch.get_num_threads()
-    try:
-        results = []
-        for n in (1, 2, 3):
-            torch.set_num_threads(n)
-            results.append(jf(x, y))
-    finally:
-        torch.set_num_threads(threads)
+    results = _per_thread_count(lambda: jf(x, y), (1, 2, 3))
     assert "omp parallel for" in str(fjit.last_traces(jf)[-1])
     for other in results[1:]:
         for a, b in zip(results[0], other):
@@ -570,16 +576,9 @@ def test_a_softmax_of_narrow_rows_is_threaded_from_fewer_elements():
     from fjit.executors.c import codegen
     x = torch.randn(512, 16)
     assert codegen.PARALLEL_MIN_COSTLY_ROWS <= x.numel() < codegen.PARALLEL_MIN
-    threads = torch.get_num_threads()
     for fn, threaded in ((lambda x: torch.softmax(x, -1), True), (lambda x: (x * 2).sum(-1), False)):
         jf = fjit.jit(fn)
-        try:
-            results = []
-            for n in (1, 2, 3):
-                torch.set_num_threads(n)
-                results.append(jf(x))
-        finally:
-            torch.set_num_threads(threads)
+        results = _per_thread_count(lambda: jf(x), (1, 2, 3))
         assert ("omp parallel for" in str(fjit.last_traces(jf)[-1])) is threaded
         assert all(torch.equal(results[0], r) for r in results[1:])
         torch.testing.assert_close(results[0], fn(x))
@@ -811,14 +810,7 @@ def test_column_sums_do_not_depend_on_the_thread_count():
     def f(x, w):
         return (x * w).exp().sum((0, 1)), (x * w).tanh().sum(0, keepdim=True)
     jf = fjit.jit(f)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = jf(x, w)
-        torch.set_num_threads(2)
-        two = jf(x, w)
-    finally:
-        torch.set_num_threads(threads)
+    one, two = _per_thread_count(lambda: jf(x, w), (1, 2))
     assert all(torch.equal(a, b) for a, b in zip(one, two))
     torch.testing.assert_close(one, f(x, w))
     text = _kernel_text(jf)
@@ -839,14 +831,7 @@ def test_few_long_rows_are_summed_by_column_blocks_in_an_order_fixed_by_the_shap
     def f(x, b):
         return torch.softmax(x + b, -1)
     jf = fjit.jit(f)
-    threads = torch.get_num_threads()
-    try:
-        grads = []
-        for n in (1, 2, 2):
-            torch.set_num_threads(n)
-            grads.append(torch.autograd.grad(jf(x, b), (x, b), cotangent))
-    finally:
-        torch.set_num_threads(threads)
+    grads = _per_thread_count(lambda: torch.autograd.grad(jf(x, b), (x, b), cotangent), (1, 2, 2))
     assert all(torch.equal(a, b) for a, b in zip(grads[0], grads[2]))
     torch.testing.assert_close(grads[2], torch.autograd.grad(f(x, b), (x, b), cotangent))
     backward = str(fjit.last_backward_traces(jf)[-1])

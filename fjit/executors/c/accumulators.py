@@ -30,8 +30,8 @@ from fjit.executors.render import domain_strides, held
 CHUNKS = 16
 # Columns a block of a column-blocked kernel sums (see the module docstring).  Few long rows are
 # that form's case: TinyViT's attention-bias gradient sums 8 rows of 192,080 scores, and as 8
-# ranges of one row each it zeroed, filled and added 12 MB of double accumulators a call (6% of
-# the model's training step).
+# ranges of one row each it zeroed, filled and added 12 MB of double accumulators a call (the
+# kernel was ~10% of perf's samples of the model's training step).
 COLUMN_BLOCK = 1024
 # Reductions keep LANES partial accumulators per row, WIDE_LANES in a row of at least
 # 4 * WIDE_LANES elements: one vector of accumulators is a chain of dependent max or add
@@ -114,32 +114,32 @@ class ColumnSums:
     def blocked_loop(self, rows: list[str], outputs: list) -> list[str]:
         """The loop over column blocks: each block's accumulators, its rows, its stores."""
         w, block = self.width, self.block
-        position = {v.name: k for k, v in enumerate(outputs)}
         loop = [f"for (int64_t cb = 0; cb < {self.blocks}; cb++) {{",
                 f"    int64_t lo = cb * {block}, hi = lo + {block} < {w} ? lo + {block} : {w};"]
         for j in range(len(self.sums)):
             loop += [f"    double fj_col{j}[{block}];", f"    for (int64_t c = 0; c < {block}; c++) fj_col{j}[c] = 0;"]
         loop += [f"    for (int64_t r = 0; r < {self.rows}; r++) {{"] + rows + ["    }"]
-        for j, b in enumerate(self.sums):
-            out = b.outputs()[0]
-            if out.name in position:
-                loop.append(f"    for (int64_t c = lo; c < hi; c++) "
-                            f"out{position[out.name]}[c] = ({C_TYPE[out.dtype]})fj_col{j}[c - lo];")
+        loop += [f"    for (int64_t c = lo; c < hi; c++) {store}fj_col{j}[c - lo];"
+                 for j, store in self.stored(outputs) if store]
         return loop + ["}"]
+
+    def stored(self, outputs: list) -> list[tuple[int, str | None]]:
+        """Each column sum's accumulator index and the start of its store, `outK[c] = (type)`
+        (None for a sum the kernel does not output)."""
+        position = {v.name: k for k, v in enumerate(outputs)}
+        return [(j, f"out{position[o.name]}[c] = ({C_TYPE[o.dtype]})" if o.name in position else None)
+                for j, o in enumerate(b.outputs()[0] for b in self.sums)]
 
     def stores(self, outputs: list) -> list[str]:
         """After the loop over row ranges: each column's accumulators added in range order,
         rounded, stored."""
         lines = []
-        position = {v.name: k for k, v in enumerate(outputs)}
-        for j, b in enumerate(self.sums):
-            out = b.outputs()[0]
-            ctype = C_TYPE[out.dtype]
+        for j, store in self.stored(outputs):
             lines += [f"for (int64_t c = 0; c < {self.width}; c++) {{",
                       "    double s = 0;",
                       f"    for (int64_t ch = 0; ch < {self.chunks}; ch++) s += fj_all{j}[ch * {self.width} + c];"]
-            if out.name in position:
-                lines.append(f"    out{position[out.name]}[c] = ({ctype})s;")
+            if store:
+                lines.append(f"    {store}s;")
             lines += ["}", f"free(fj_all{j});"]
         return lines
 
