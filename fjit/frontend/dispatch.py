@@ -4,7 +4,8 @@ Every torch function, Tensor method and operator reached during tracing lands in
 a grad-mode or autocast change made since the last op (frontend/modes.py), rejects data-dependent
 conversions (FJ106), runtime-identity questions and autograd hooks (FJ202), functionalizes in-place
 ops, `out=` and setitem (FJ102 when they reach an input), and hands every other call to
-frontend/record.py, which records it.  Custom autograd.Functions and vmap are one opaque op each.
+frontend/record.py, which records it.  frontend/library_calls.py says what becomes of torch's
+autograd.Function.apply, vmap and associative_scan while fjit traces.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from fjit.core.trace import Trace
 from fjit.core.prims import OUT_OF_PLACE
 from fjit.errors import UnsupportedOpError, located
 from fjit.core.meta import channels_last_strides, meta_tensor, relaid_channels_last, suggests_channels_last
-from fjit.frontend.context import ProcessPatch, TraceContext, current
+from fjit.frontend.context import TraceContext, current
 from fjit.frontend.proxies import NumberProxy, TensorProxy, set_data
 from fjit.frontend.rng import bind_generators, rng_preserved
 from fjit.runtime import functional_inplace, register_hook, retain_grad, setitem, view_scatter
@@ -75,63 +76,6 @@ _SETITEM = Symbol("fjit_ops.setitem", setitem)
 _FUNCTIONAL_INPLACE = Symbol("fjit_ops.functional_inplace", functional_inplace)
 _FUNCTIONAL_INPLACE_RANDOM = Symbol("fjit_ops.functional_inplace", functional_inplace,
                                     frozenset({Tag.RANDOM}))
-
-
-# ----------------------------------------------------------------------------------------------
-# Custom autograd.Function (its own backward must run) and vmap: each one opaque op
-# ----------------------------------------------------------------------------------------------
-
-_APPLY = torch.autograd.Function.__dict__["apply"]     # the classmethod itself
-_APPLY_OPS: dict = {}
-
-
-def _on_proxies(args, kwargs) -> bool:
-    """Whether a call is part of a trace: made while tracing, on at least one tensor proxy."""
-    return current() is not None and any(isinstance(x, TensorProxy) for x in flatten_values((args, kwargs)))
-
-
-def _traced_apply(cls, *args, **kwargs):
-    """Function.apply while tracing: a call on proxies is recorded as one op that calls the real
-    apply at run time (tracing its forward into prims would lose the custom backward)."""
-    if not _on_proxies(args, kwargs):
-        return _APPLY.__func__(cls, *args, **kwargs)
-    op = _APPLY_OPS.get(cls)
-    if op is None:
-        def op(*a, **k):
-            return _APPLY.__func__(cls, *a, **k)
-        op.__name__ = op.__qualname__ = f"{cls.__qualname__}.apply"
-        op = _APPLY_OPS.setdefault(cls, op)
-    return dispatch(op, args, kwargs)
-
-
-_VMAP = torch.vmap
-
-
-def _traced_vmap(func, *vmap_args, **vmap_kwargs):
-    """torch.vmap while tracing: the batched function, called on proxies, is one opaque op (its
-    metadata from a run on meta tensors; the real vmap runs it at run time).  functorch's C++
-    transforms would otherwise unwrap fjit's proxies below __torch_function__."""
-    batched = _VMAP(func, *vmap_args, **vmap_kwargs)
-
-    def call(*args, **kwargs):
-        if not _on_proxies(args, kwargs):
-            return batched(*args, **kwargs)
-        return dispatch(batched, args, kwargs)
-    return call
-
-
-def _install_opaque_calls():
-    torch.autograd.Function.apply = classmethod(_traced_apply)
-    torch.vmap = torch.func.vmap = _traced_vmap
-
-
-def _restore_opaque_calls():
-    torch.autograd.Function.apply = _APPLY
-    torch.vmap = torch.func.vmap = _VMAP
-
-
-# torch.autograd.Function.apply and torch.vmap are traced as single ops while any thread traces.
-opaque_calls_traced = ProcessPatch(_install_opaque_calls, _restore_opaque_calls)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ from fjit.core.meta import same_layout
 from fjit.core.trace import Trace
 from fjit.errors import error_for
 from fjit.frontend.context import Mode, TraceContext
-from fjit.frontend.dispatch import dispatch, opaque_calls_traced
+from fjit.frontend.dispatch import dispatch
+from fjit.frontend.library_calls import library_calls_traced
 from fjit.frontend.inputs import make_proxies
 from fjit.frontend.leaks import undo_reach_leaks
 from fjit.frontend.modes import record_mode_changes
@@ -79,7 +80,7 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
                                concrete_floats=scan.asks_type)
         pargs, pkwargs = proxied[:len(args)], dict(zip(kwargs, proxied[len(args):]))
         with observe(ctx, fn, input_containers=(InputList, InputDict), undo_leaks=undo_reach_leaks), \
-                _Intercept(), generators_traced, opaque_calls_traced, compiling_answered_true():
+                _Intercept(), generators_traced, library_calls_traced, compiling_answered_true():
             try:
                 result = call_as_user_code(fn, pargs, pkwargs)
             except Exception as e:

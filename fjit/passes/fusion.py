@@ -15,7 +15,6 @@ import dataclasses
 import math
 from typing import Callable
 
-
 import torch
 from torch._prims_common import make_contiguous_strides_for as contiguous_strides
 
@@ -23,7 +22,7 @@ from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.trace import Trace
 from fjit.passes.matmuls import split_ops
-from fjit.passes.regroup import absorb_into_cats, delay_column_sums, sink_relabels
+from fjit.passes.regroup import absorb_into_cats, delay_column_sums, read_through_views, sink_relabels
 
 # The widest row a reduction region takes by default (a generator without looped kernels).
 MAX_ROW = 1 << 16
@@ -31,6 +30,10 @@ MAX_ROW = 1 << 16
 MAX_REMATERIALIZED = 12
 # The most regions the partitioner keeps open at once (see partition).
 MAX_OPEN = 4
+# The most tensors a region reads from outside and makes (any may be an output), checked from
+# REGION_COUNTED prims on: ctypes passes a kernel at most 1024 arguments (a 256-step scan recorded
+# step by step made one region of 1276).
+MAX_OPERANDS, REGION_COUNTED = 256, 32
 
 
 @dataclasses.dataclass
@@ -57,6 +60,12 @@ class Region:
     @property
     def has_cat(self) -> bool:
         return any(prim_of(b) is Prim.CAT for b in self.bsyms)
+
+    def too_many_operands(self, new: list) -> bool:
+        """Whether the region with the prims `new` would read and make over MAX_OPERANDS tensors."""
+        ps = (*self.bsyms, *new)
+        return len(self.bsyms) >= REGION_COUNTED and len({v.name for p in ps for v in p.outputs()} | {
+            v.name for p in ps for v in p.inputs() if isinstance(v, TensorVar)}) > MAX_OPERANDS
 
 
 @dataclasses.dataclass(eq=False)
@@ -96,7 +105,7 @@ class Partitioner:
     def _try_add(self, region: Region | None, b: BoundSymbol, supported, privates=()) -> Region | None:
         """`region` extended by `b` (a CAT: with the prims only its pieces read), a new region for
         `b` when region is None, or None."""
-        if not supported(b):
+        if not supported(b) or region is not None and region.too_many_operands([*privates, b]):
             return None
         out = b.outputs()[0]
         tensors = [v for v in b.inputs() if isinstance(v, TensorVar)]
@@ -257,7 +266,7 @@ class Partitioner:
         if _rematerialize(items, trace, kernels):
             _connect(items, trace)
         if self.read_views:
-            _read_through_views(items, kernels)
+            read_through_views(items, kernels)
         bsyms = []
         for item in items:
             if not isinstance(item, Region):
@@ -267,43 +276,6 @@ class Partitioner:
             elif item.outputs:
                 bsyms.extend(item.bsyms)
         return trace.with_stage(stage, bsyms)
-
-
-def _read_through_views(items: list, kernels: set) -> None:
-    """A kernel input that a chain of views makes from another value is read from that value at
-    the view's strides and offset (`Region.bases`): the views then cost no call where nothing else
-    reads them (a program runs ~100 of them a training step of a small transformer)."""
-    chains: dict = {}         # name -> (the value its chain of views starts from, the views)
-    for item in items:
-        if isinstance(item, Region) or not (item.sym.has(Tag.SHAPE) or item.sym.has(Tag.VIEW)) or \
-                item.sym.has(Tag.RANDOM) or item.sym.has(Tag.IMPURE) or len(item.outputs()) != 1:
-            continue
-        x, out = item.args[0] if item.args else None, item.outputs()[0]
-        if isinstance(x, TensorVar) and isinstance(out, TensorVar) and out.dtype == x.dtype and \
-                [v.name for v in item.inputs() if isinstance(v, TensorVar)] == [x.name]:
-            base, views = chains.get(x.name, (x, []))
-            chains[out.name] = (base, views + [item])
-    for region in (i for i in items if isinstance(i, Region) and id(i) in kernels):
-        for k, v in enumerate(region.inputs):
-            if isinstance(v, TensorVar) and v.name in chains:
-                offset = _view_offset(v, *chains[v.name])
-                if offset is not None:
-                    region.bases[k] = (chains[v.name][0], offset)
-
-
-def _view_offset(v: TensorVar, base: TensorVar, views: list) -> int | None:
-    """The element offset of `v` in `base`'s storage, where its views give v's shape and strides."""
-    try:
-        m = root = torch.empty_strided(base.shape, base.strides, dtype=base.dtype, device="meta")
-        for b in views:
-            m = b.sym.fn(m, *b.args[1:], **b.kwargs)
-    except Exception:       # noqa: BLE001 -- a view meta tensors cannot replay: read as it is
-        return None
-    # (a reshape that copies is no view: its elements are not where its strides say in base)
-    if not isinstance(m, torch.Tensor) or m._base is not root or tuple(m.shape) != tuple(v.shape) \
-            or tuple(m.stride()) != tuple(v.strides):
-        return None
-    return m.storage_offset()
 
 
 def _rematerialize(items: list, trace: Trace, kernels: set) -> bool:

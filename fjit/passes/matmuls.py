@@ -38,10 +38,11 @@ def split_ops(bsyms: list, supported: Callable[[BoundSymbol], bool], whole_ops: 
     swapped (unroll_thin_matmuls) and copies made kernels' (copies_in_kernels) where
     `cpu_rewrites`."""
     flat = []
+    dense: dict = {}       # copies_in_kernels' copies so far: a value two ops read is copied once
     for b in bsyms:
         if cpu_rewrites and b.sym.qualname not in whole_ops:
             prims = b.subsymbols or [b]
-            rewritten = copies_in_kernels(unroll_thin_matmuls(prims, supported), supported)
+            rewritten = copies_in_kernels(unroll_thin_matmuls(prims, supported), supported, dense)
             if rewritten is not prims:
                 flat.extend(rewritten)
                 continue
@@ -140,18 +141,22 @@ def _unrolled(m: BoundSymbol) -> tuple | None:
     return reads, sums
 
 
-def copies_in_kernels(flat: list, supported: Callable[[BoundSymbol], bool]) -> list:
+def copies_in_kernels(flat: list, supported: Callable[[BoundSymbol], bool], dense: dict | None = None) -> list:
     """A reshape that copies (a permuted value read in another shape: attention's heads merged
     back, a window partition, the qkv cotangent's concatenation regrouped) is a contiguous() a
     kernel writes, then a view of it; and a batched matmul operand torch.matmul would copy in its
     own reshape (batch dims that do not merge) is copied so first.  ATen's strided copy of a
     permuted 5-D value took 20-30 us where the kernel takes 10, and the copy joins the kernel
-    that computes its input.  Returns `flat` itself where nothing copies."""
+    that computes its input.  `dense` (name -> its copy) holds the copies made by earlier calls
+    over the same program: a value two matmuls read (attention's output cotangent, by the
+    gradients of its probabilities and of V) is copied once.  Returns `flat` itself where
+    nothing copies."""
     out, changed = [], False
+    dense = {} if dense is None else dense
     for b in flat:
         p = prim_of(b)
-        new = _reshape_copy(b, supported) if p is Prim.RESHAPE else \
-            _matmul_copies(b, supported) if p is Prim.MATMUL else None
+        new = _reshape_copy(b, supported, dense) if p is Prim.RESHAPE else \
+            _matmul_copies(b, supported, dense) if p is Prim.MATMUL else None
         if new is None:
             out.append(b)
             # an op's own copy (torch.matmul's recorded with the operand it copies) goes apart
@@ -163,34 +168,40 @@ def copies_in_kernels(flat: list, supported: Callable[[BoundSymbol], bool]) -> l
     return out if changed else flat
 
 
-def _dense(x: TensorVar, name: str, supported) -> BoundSymbol | None:
-    """x copied row-major into `name` by a contiguous() a kernel takes, or None."""
+def _dense(x: TensorVar, name: str, supported, dense: dict) -> tuple:
+    """(x copied row-major: the contiguous() a kernel takes, or None; the copies to record) where
+    `dense` holds no copy of x yet, else (that copy, [])."""
+    if x.name in dense:
+        return dense[x.name], []
     c = BoundSymbol(Prim.CONTIGUOUS.block.symbol, (x,), {}, TensorVar(
         name, tuple(x.shape), x.dtype, x.device, tuple(contiguous_strides(tuple(x.shape))), x.requires_grad))
-    return c if supported(c) else None
+    if not supported(c):
+        return None, []
+    dense[x.name] = c.output
+    return c.output, [c]
 
 
-def _reshape_copy(r: BoundSymbol, supported) -> list | None:
+def _reshape_copy(r: BoundSymbol, supported, dense: dict) -> list | None:
     x, z = r.args[0], r.outputs()[0]
     if not isinstance(x, TensorVar) or math.prod(x.shape) < COPY_MIN_NUMEL or len(r.outputs()) != 1 \
             or tuple(z.strides) != tuple(contiguous_strides(tuple(z.shape))) or not reshape_copies(x, tuple(z.shape)):
         return None
-    c = _dense(x, f"{z.name}_dense", supported)
-    return None if c is None else [c, r.replace(args=(c.output, *r.args[1:]))]
+    c, copies = _dense(x, f"{z.name}_dense", supported, dense)
+    return None if c is None else [*copies, r.replace(args=(c, *r.args[1:]))]
 
 
-def _matmul_copies(m: BoundSymbol, supported) -> list | None:
+def _matmul_copies(m: BoundSymbol, supported, dense: dict) -> list | None:
     a, b = m.args[:2] if len(m.args) >= 2 and not m.kwargs else (None, None)
     if not (isinstance(a, TensorVar) and isinstance(b, TensorVar) and a.ndim >= 3
             and (b.ndim == 2 or b.ndim == a.ndim and tuple(a.shape[:-2]) == tuple(b.shape[:-2]))):
         return None
     copies, args = [], []
     for k, x in enumerate((a, b)):
-        c = _dense(x, f"{m.outputs()[0].name}_in{k}", supported) if x.ndim >= 3 and \
-            math.prod(x.shape) >= COPY_MIN_NUMEL and reshape_copies(x, (-1, *x.shape[-2:])) else None
-        copies += [c] if c is not None else []
-        args.append(c.output if c is not None else x)
-    return copies + [m.replace(args=(*args, *m.args[2:]))] if copies else None
+        c, made = _dense(x, f"{m.outputs()[0].name}_in{k}", supported, dense) if x.ndim >= 3 and \
+            math.prod(x.shape) >= COPY_MIN_NUMEL and reshape_copies(x, (-1, *x.shape[-2:])) else (None, [])
+        copies += made
+        args.append(c if c is not None else x)
+    return copies + [m.replace(args=(*args, *m.args[2:]))] if args[0] is not a or args[1] is not b else None
 
 
 # -- choose_gemms ----------------------------------------------------------------------------------

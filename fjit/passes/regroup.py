@@ -5,7 +5,9 @@ elementwise prim in the shape a reshape views it in, `absorb_into_cats` hands a 
 the elementwise prims only it reads, which a kernel then computes along each piece of the
 concatenated dim (a rotary embedding's `cat([-x2, x1])`), instead of running them and the
 concatenation as separate ops, and `delay_column_sums` moves a bias gradient's sum to the kernel
-reading its value.  (The C executor's matmul and copy rewrites are passes/matmuls.py.)
+reading its value.  Once regions are made, `read_through_views` has a kernel read an input that
+views another value from that value.  (The C executor's matmul and copy rewrites are
+passes/matmuls.py.)
 """
 from __future__ import annotations
 
@@ -234,3 +236,41 @@ def _substituted(args, renamed: dict):
     if isinstance(args, TensorVar) and args.name in renamed:
         return renamed[args.name]
     return args
+
+
+def read_through_views(items: list, kernels: set) -> None:
+    """`items`: a partition's BoundSymbols and regions, `kernels` the ids of those made kernels.
+    A kernel input that a chain of views makes from another value is read from that value at
+    the view's strides and offset (`Region.bases`): the views then cost no call where nothing else
+    reads them (a program runs ~100 of them a training step of a small transformer)."""
+    chains: dict = {}         # name -> (the value its chain of views starts from, the views)
+    for item in items:
+        if not isinstance(item, BoundSymbol) or not (item.sym.has(Tag.SHAPE) or item.sym.has(Tag.VIEW)) or \
+                item.sym.has(Tag.RANDOM) or item.sym.has(Tag.IMPURE) or len(item.outputs()) != 1:
+            continue
+        x, out = item.args[0] if item.args else None, item.outputs()[0]
+        if isinstance(x, TensorVar) and isinstance(out, TensorVar) and out.dtype == x.dtype and \
+                [v.name for v in item.inputs() if isinstance(v, TensorVar)] == [x.name]:
+            base, views = chains.get(x.name, (x, []))
+            chains[out.name] = (base, views + [item])
+    for region in (i for i in items if id(i) in kernels):      # the regions made kernels
+        for k, v in enumerate(region.inputs):
+            if isinstance(v, TensorVar) and v.name in chains:
+                offset = _view_offset(v, *chains[v.name])
+                if offset is not None:
+                    region.bases[k] = (chains[v.name][0], offset)
+
+
+def _view_offset(v: TensorVar, base: TensorVar, views: list) -> int | None:
+    """The element offset of `v` in `base`'s storage, where its views give v's shape and strides."""
+    try:
+        m = root = torch.empty_strided(base.shape, base.strides, dtype=base.dtype, device="meta")
+        for b in views:
+            m = b.sym.fn(m, *b.args[1:], **b.kwargs)
+    except Exception:       # noqa: BLE001 -- a view meta tensors cannot replay: read as it is
+        return None
+    # (a reshape that copies is no view: its elements are not where its strides say in base)
+    if not isinstance(m, torch.Tensor) or m._base is not root or tuple(m.shape) != tuple(v.shape) \
+            or tuple(m.stride()) != tuple(v.strides):
+        return None
+    return m.storage_offset()

@@ -1215,3 +1215,50 @@ def test_a_compiler_without_openmp_builds_kernels_single_threaded(monkeypatch, t
     with pytest.raises(OSError, match="exited with"):
         c_build.build_library("this is not C\n", bad, c_build.kernel_flags())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.so", "no-openmp-cc"]
+
+
+def test_a_region_reading_more_tensors_than_a_kernel_can_take_is_split():
+    """A chain reading 1100 inputs (a long scan recorded step by step is one) is cut into kernels of
+    at most MAX_OPERANDS tensors: ctypes calls at most 1024 arguments, and one kernel of the whole
+    chain failed to load (its region then ran as torch calls, with a warning)."""
+    from fjit.passes.fusion import MAX_OPERANDS
+
+    def chain(*xs):
+        acc = xs[0]
+        for x in xs[1:]:
+            acc = acc * 0.5 + x
+        return acc
+
+    xs = [torch.randn(16, generator=torch.Generator().manual_seed(k)) for k in range(1100)]
+    jf = fjit.jit(chain)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = jf(*xs)
+    torch.testing.assert_close(got, chain(*xs))
+    calls = re.findall(r"= fjit_c_\w+\(([^)]*)\)", str(fjit.last_traces(jf)[-1]))
+    assert len(calls) > 1 and all(len(a.split(",")) <= MAX_OPERANDS for a in calls), calls
+
+
+def test_a_value_two_batched_matmuls_read_is_copied_once():
+    """Attention's output cotangent (a matmul's output, heads split from [B, N, H*D]) is read by
+    the gradients of its probabilities (g @ V^T) and of V (P^T @ g): one kernel copies it
+    row-major for both matmuls (each matmul made its own copy, the same kernel twice on the same
+    value: BERT's backward had two such pairs)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 16, 64, generator=g, requires_grad=True)
+    w = (torch.randn(64, 192, generator=g) / 8).requires_grad_()
+    w_out = (torch.randn(64, 64, generator=g) / 8).requires_grad_()
+
+    def attention(x, w, w_out):
+        q, k, v = (t.unflatten(-1, (4, 16)).transpose(1, 2) for t in (x @ w).chunk(3, -1))
+        o = (q @ k.transpose(-2, -1) / 4).softmax(-1) @ v
+        return (o.transpose(1, 2).flatten(2) @ w_out).sum()
+
+    jf = fjit.jit(attention)
+    for _ in range(2):
+        got = torch.autograd.grad(jf(x, w, w_out), (x, w, w_out))
+    want = torch.autograd.grad(attention(x, w, w_out), (x, w, w_out))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    backward = str(fjit.last_backward_traces(jf)[-1])
+    calls = re.findall(r"= (fjit_c_\w+\([^)]*\))", backward)
+    assert calls and len(calls) == len(set(calls)), calls

@@ -273,7 +273,7 @@ def _build(binary: _Binary) -> None:
             _load(binary, path)
             log.debug("C kernel %s built in %.0f ms (%s):\n%s", kernel.name,
                       1e3 * (time.perf_counter() - start), path, kernel.source)
-    except (OSError, AttributeError, subprocess.SubprocessError) as e:
+    except (OSError, AttributeError, TypeError, ctypes.ArgumentError, subprocess.SubprocessError) as e:
         binary.error = str(e)
         if not _WARNED:
             _WARNED.append(True)

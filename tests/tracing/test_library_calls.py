@@ -1,0 +1,125 @@
+"""torch entry points fjit traces in its own terms (frontend/library_calls.py): associative_scan is
+recorded as the sequential scan it defines, each step's combine fused with its neighbours, where
+torch's CPU form is a vmap per level that fjit could only run opaque; it agrees with torch's own
+scan in values and gradients, on pytrees, any dim, reversed, and with a combine that is not
+elementwise; torch's argument errors stay torch's; a scan longer than SEQUENTIAL_SCAN_MAX keeps
+torch's form; and nothing of this is left installed once the trace ends."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch._higher_order_ops.associative_scan import associative_scan as torch_scan
+
+import fjit
+from fjit.frontend import library_calls
+
+_MODULE = sys.modules["torch._higher_order_ops.associative_scan"]
+
+
+def _scan(*args, **kwargs):
+    # Looked up at call time, as transformers' Mamba does: the name fjit replaces while tracing.
+    return _MODULE.associative_scan(*args, **kwargs)
+
+
+def linear_recurrence(left, right):
+    """(a, b) pairs of h -> a * h + b, composed: Mamba's combine."""
+    a_left, b_left = left
+    a_right, b_right = right
+    return a_left * a_right, a_right * b_left + b_right
+
+
+def _leaves(n=7, dim=2, requires_grad=False):
+    g = torch.Generator().manual_seed(0)
+    shape = [2, 3, 4, 5]
+    shape[dim] = n
+    a = torch.rand(shape, generator=g) * 0.9
+    b = torch.randn(shape, generator=g)
+    return a.requires_grad_(requires_grad), b.requires_grad_(requires_grad)
+
+
+@pytest.mark.parametrize("dim", [2, 0, -1])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_linear_recurrence_scan_matches_torch_in_values_and_gradients(dim, reverse):
+    def f(a, b):
+        _, h = _scan(linear_recurrence, (a, b), dim=dim, reverse=reverse, combine_mode="generic")
+        return (h * h).sum()
+
+    a, b = _leaves(dim=dim, requires_grad=True)
+    a2, b2 = (t.detach().clone().requires_grad_() for t in (a, b))
+    expected = f(a, b)
+    expected.backward()
+    jf = fjit.jit(f)
+    got = jf(a2, b2)
+    got.backward()
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(a2.grad, a.grad)
+    torch.testing.assert_close(b2.grad, b.grad)
+    trace = str(fjit.last_traces(jf)[0])
+    # torch's own form moves the scanned dim first and calls a vmap, opaque to fjit, at each level
+    assert "movedim" not in trace and "torch fallback" not in trace, trace
+
+
+def test_the_scan_steps_fuse_into_kernels_instead_of_opaque_calls():
+    def f(a, b):
+        return _scan(linear_recurrence, (a, b), dim=2, combine_mode="generic")[1]
+
+    a, b = _leaves()
+    jf = fjit.jit(f)
+    torch.testing.assert_close(jf(a, b), f(a, b))
+    final = str(fjit.last_traces(jf)[-1])
+    assert "fjit_c_" in final and "torch fallback" not in final, final
+
+
+def test_a_pytree_of_leaves_and_a_cumulative_sum():
+    def f(x):
+        return _scan(lambda l, r: {"s": l["s"] + r["s"], "m": torch.maximum(l["m"], r["m"])},
+                     {"s": x, "m": x.flip(0)}, dim=1, combine_mode="generic")
+
+    x = torch.randn(3, 9, 2)
+    got = fjit.jit(f)(x)
+    torch.testing.assert_close(got["s"], x.cumsum(1))
+    torch.testing.assert_close(got["m"], x.flip(0).cummax(1).values)
+
+
+def test_a_combine_that_is_not_elementwise_gets_one_step_slices():
+    """A product of 2x2 matrices: the combine sees [batch, 2, 2] slices, as under torch's vmap."""
+    def f(m):
+        return _scan(lambda l, r: r @ l, m, dim=1, combine_mode="generic")
+
+    m = torch.randn(3, 6, 2, 2, dtype=torch.float64)
+    torch.testing.assert_close(fjit.jit(f)(m), torch_scan(lambda l, r: r @ l, m, dim=1, combine_mode="generic"))
+
+
+def test_torchs_argument_errors_stay_torchs():
+    def pointwise_on_cpu(x):
+        return _scan(torch.add, x, dim=0)       # combine_mode="pointwise" wants CUDA tensors
+
+    with pytest.raises(ValueError, match="CUDA or XPU"):
+        fjit.jit(pointwise_on_cpu)(torch.ones(4))
+    with pytest.raises(ValueError, match="CUDA or XPU"):
+        pointwise_on_cpu(torch.ones(4))
+
+
+def test_a_scan_longer_than_the_sequential_limit_keeps_torchs_form(monkeypatch):
+    monkeypatch.setattr(library_calls, "SEQUENTIAL_SCAN_MAX", 4)
+
+    def f(a, b):
+        return _scan(linear_recurrence, (a, b), dim=2, combine_mode="generic")[1]
+
+    a, b = _leaves(n=6)
+    jf = fjit.jit(f)
+    torch.testing.assert_close(jf(a, b), f(a, b))
+    assert "movedim" in str(fjit.last_traces(jf)[0])
+
+
+def test_nothing_stays_replaced_after_the_trace():
+    def f(a, b):
+        return _scan(linear_recurrence, (a, b), dim=2, combine_mode="generic")[1]
+
+    fjit.jit(f)(*_leaves())
+    assert _MODULE.associative_scan is torch_scan
+    assert torch._higher_order_ops.associative_scan is torch_scan
+    assert torch.autograd.Function.__dict__["apply"] is library_calls._APPLY
+    assert torch.vmap is library_calls._VMAP
