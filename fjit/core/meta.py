@@ -17,9 +17,10 @@ from fjit.core.ir import TensorVar, flatten_values, map_values
 
 
 def meta_tensor(v: TensorVar) -> torch.Tensor:
-    """A meta tensor with `v`'s metadata."""
+    """A meta tensor with `v`'s metadata.  (A complex value requires grad as a float one does: the
+    real part of an FFT's requires grad in eager, and dropping it dropped the gradient there.)"""
     return torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta",
-                               requires_grad=v.requires_grad and v.dtype.is_floating_point)
+                               requires_grad=v.requires_grad and (v.dtype.is_floating_point or v.dtype.is_complex))
 
 
 _META_RESULTS: dict = {}

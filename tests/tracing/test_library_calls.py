@@ -74,7 +74,7 @@ def test_the_scan_steps_fuse_into_kernels_instead_of_opaque_calls():
 
 def test_a_pytree_of_leaves_and_a_cumulative_sum():
     def f(x):
-        return _scan(lambda l, r: {"s": l["s"] + r["s"], "m": torch.maximum(l["m"], r["m"])},
+        return _scan(lambda left, right: {"s": left["s"] + right["s"], "m": torch.maximum(left["m"], right["m"])},
                      {"s": x, "m": x.flip(0)}, dim=1, combine_mode="generic")
 
     x = torch.randn(3, 9, 2)
@@ -86,10 +86,10 @@ def test_a_pytree_of_leaves_and_a_cumulative_sum():
 def test_a_combine_that_is_not_elementwise_gets_one_step_slices():
     """A product of 2x2 matrices: the combine sees [batch, 2, 2] slices, as under torch's vmap."""
     def f(m):
-        return _scan(lambda l, r: r @ l, m, dim=1, combine_mode="generic")
+        return _scan(lambda left, right: right @ left, m, dim=1, combine_mode="generic")
 
     m = torch.randn(3, 6, 2, 2, dtype=torch.float64)
-    torch.testing.assert_close(fjit.jit(f)(m), torch_scan(lambda l, r: r @ l, m, dim=1, combine_mode="generic"))
+    torch.testing.assert_close(fjit.jit(f)(m), torch_scan(lambda left, right: right @ left, m, dim=1, combine_mode="generic"))
 
 
 def test_torchs_argument_errors_stay_torchs():
