@@ -17,17 +17,13 @@ import torch.utils._pytree as pytree
 
 from fjit.core.ir import flatten_values
 from fjit.frontend.context import ProcessPatch, current
+from fjit.frontend.dispatch import dispatch
 from fjit.frontend.proxies import TensorProxy
 
 
 def _on_proxies(args, kwargs) -> bool:
     """Whether a call is part of a trace: made while tracing, on at least one tensor proxy."""
     return current() is not None and any(isinstance(x, TensorProxy) for x in flatten_values((args, kwargs)))
-
-
-def _dispatch(func, args, kwargs):
-    from fjit.frontend.dispatch import dispatch     # dispatch.py imports this module's patch
-    return dispatch(func, args, kwargs)
 
 
 # -- autograd.Function.apply and vmap: one opaque op each --------------------------------------------
@@ -45,7 +41,7 @@ def _traced_apply(cls, *args, **kwargs):
             return _APPLY.__func__(cls, *a, **k)
         op.__name__ = op.__qualname__ = f"{cls.__qualname__}.apply"
         op = _APPLY_OPS.setdefault(cls, op)
-    return _dispatch(op, args, kwargs)
+    return dispatch(op, args, kwargs)
 
 
 _VMAP = torch.vmap
@@ -57,7 +53,7 @@ def _traced_vmap(func, *vmap_args, **vmap_kwargs):
     def call(*args, **kwargs):
         if not _on_proxies(args, kwargs):
             return batched(*args, **kwargs)
-        return _dispatch(batched, args, kwargs)
+        return dispatch(batched, args, kwargs)
     return call
 
 
