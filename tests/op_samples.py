@@ -973,6 +973,16 @@ op(f"{NNF}.gelu", lambda x, a: F.gelu(x, approximate=a), FLOATS,
               (m(), "none")], variant="approximate")
 op(f"{NNF}.silu", lambda x: F.silu(x), FLOATS, unary_samples())
 op(f"{NNF}.sigmoid", lambda x: F.sigmoid(x), FLOATS, unary_samples())
+op(f"{NNF}.softplus", lambda x: F.softplus(x), FLOATS, unary_samples(-30.0, 30.0))
+op(f"{NNF}.softplus", lambda x: F.softplus(x, beta=2, threshold=3), FLOATS,
+   lambda m: [(m((4, 5), -4.0, 4.0),), (torch.tensor([1.5, 1.49, -1.5, 0.0], dtype=m.dtype),), (m.specials(),)],
+   variant="beta_threshold")
+op(f"{NNF}.normalize", lambda x: F.normalize(x, dim=-1), FLOATS,
+   lambda m: [(m((4, 5)),), (m((2, 3, 4), nc=True),), (torch.zeros(2, 3, dtype=m.dtype),), (m.specials(),)])
+op(f"{NNF}.normalize", lambda x: F.normalize(x, p=1.0, dim=0), FLOATS, lambda m: [(m((4, 5)),)], variant="p1")
+op(f"{NNF}.adaptive_avg_pool2d", lambda x, s: F.adaptive_avg_pool2d(x, s), FLOATS,
+   lambda m: [(m((2, 3, 5, 7)), 1), (m((2, 3, 4, 6), nc=True), (1, 1)), (m((3, 4, 4)), [1, 1]),
+              (m((2, 3, 4, 6)), (2, 3)), (m((1, 2, 3, 3)).contiguous(memory_format=torch.channels_last), 1)])
 # the hard activations, around and exactly at their bounds (where the gradients' conventions differ)
 _BOUNDS = lambda m: [(m((4, 5), -8.0, 8.0),), (m((2, 3, 4), -8.0, 8.0, nc=True),), (m(()),),  # noqa: E731
                      (torch.tensor([-3.0, 3.0, 0.0, 6.0, -6.0, -1.0, 1.0, 2.5], dtype=m.dtype),),
@@ -1180,6 +1190,15 @@ op("torch.baddbmm", lambda c, a, b: torch.baddbmm(c, a, b, alpha=2), (I64,),
    lambda m: [(m((2, 3, 5)), m((2, 3, 4)), m((2, 4, 5)))], variant="integer_alpha")
 op("torch.Tensor.baddbmm", lambda c, a, b: c.baddbmm(a, b, beta=1.0, alpha=0.5), (F32,),
    lambda m: [(m((2, 3, 5)), m((2, 3, 4)), m((2, 4, 5)))])
+op("torch.Tensor.baddbmm", lambda c, a, b: c.baddbmm(batch1=a, batch2=b, beta=1.0, alpha=0.5), (F32,),
+   lambda m: [(m((2, 1, 5)), m((2, 3, 4)), m((2, 4, 5)))], variant="keywords")
+op("torch.addmm", lambda c, a, b: torch.addmm(input=c, mat1=a, mat2=b, alpha=2.0), (F32,),
+   lambda m: [(m((5,)), m((3, 4)), m((4, 5)))], variant="keywords")
+op("torch.addcmul", lambda x, a, b: torch.addcmul(x, a, b, value=0.5), (F32, BF16, I64),
+   lambda m: [(m((3, 4)), m((3, 4)), m((4,))), (m((2, 3, 4), nc=True), m((3, 4)), m(())), (m(()), m((2, 3)), m((2, 3)))])
+op("torch.Tensor.addcmul", lambda x, a, b: x.addcmul(a, b), (F32,), lambda m: [(m((3, 4)), m((3, 4)), m((3, 4)))])
+op("torch.addcdiv", lambda x, a, b: torch.addcdiv(x, a, b, value=-2), (F32, BF16),
+   lambda m: [(m((3, 4)), m((3, 4)), m.nonzero((4,))), (m((2, 3, 4), nc=True), m((3, 4)), m.nonzero((3, 4)))])
 op("torch.addmv", lambda c, a, b: torch.addmv(c, a, b), (F32, BF16, I64),
    lambda m: [(m((3,)), m((3, 4)), m((4,))), (m(()), m((3, 4), nc=True), m((4,))), (m((3,)), m((3, 0)), m((0,)))])
 op("torch.addmv", lambda c, a, b: torch.addmv(c, a, b, beta=2.0, alpha=-1.5), (F32,),

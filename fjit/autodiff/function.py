@@ -79,12 +79,29 @@ def _batch_norm_args(b: BoundSymbol) -> tuple | None:
     return x, weight, bias, eps
 
 
+_MAX_POOL_PARAMS = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+
+
 def _max_pool_args(b: BoundSymbol) -> tuple | None:
     """(x, (kernel_size, stride, padding, dilation, ceil_mode)) of a max pool the frontend routed
-    through runtime.max_pool2d (ops/nn_ops.py: a contiguous NCHW CPU input)."""
-    if b.sym.fn is not max_pool2d or len(b.args) != 6 or b.kwargs or not isinstance(b.args[0], TensorVar):
+    through runtime.max_pool2d (ops/nn_ops.py: a contiguous NCHW CPU input), or of a torch call of
+    one with literal sizes on such an input (a small one: ops/nn_ops.py leaves it to ATen)."""
+    if b.sym.fn is max_pool2d and len(b.args) == 6 and not b.kwargs and isinstance(b.args[0], TensorVar):
+        return b.args[0], tuple(b.args[1:])
+    if b.sym.fn not in (F.max_pool2d, torch.max_pool2d):
         return None
-    return b.args[0], tuple(b.args[1:])
+    given = dict(zip(_MAX_POOL_PARAMS, b.args), **b.kwargs)
+    x = given.get("input")
+    if set(given) - set(_MAX_POOL_PARAMS) or given.get("return_indices") or not isinstance(x, TensorVar) \
+            or x.ndim != 4 or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) \
+            or x.strides != tuple(make_contiguous_strides_for(x.shape)) \
+            or type(given.get("ceil_mode", False)) is not bool:
+        return None
+    sizes = [given.get(k, d) for k, d in (("kernel_size", None), ("stride", None), ("padding", 0), ("dilation", 1))]
+    sizes[1] = sizes[0] if sizes[1] in (None, (), []) else sizes[1]
+    sizes = [(v, v) if type(v) is int else tuple(v) if isinstance(v, (tuple, list)) and len(v) == 2
+             and all(type(i) is int for i in v) else None for v in sizes]
+    return None if None in sizes else (x, (*sizes, given.get("ceil_mode", False)))
 
 
 _AVG_POOL_PARAMS = ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
@@ -188,7 +205,7 @@ def aten_backward(b: BoundSymbol) -> AtenBackward | None:
         out = b.outputs()[0]
         indices = TensorVar(f"{out.name}_indices", out.shape, torch.int64, out.device,
                             tuple(make_contiguous_strides_for(out.shape)), False)
-        forward = BoundSymbol(_MAX_POOL_SYMBOL, tuple(b.args), {}, (out, indices),
+        forward = BoundSymbol(_MAX_POOL_SYMBOL, (x, *static), {}, (out, indices),
                               comment="the max pool, also returning the indices its backward reads")
         return AtenBackward((x,), (x, indices), static, max_pool2d_vjp, "max_pool2d_with_indices_backward",
                             forward)

@@ -7,6 +7,9 @@ Each top-level op of the (cleaned) forward trace is one of
 - aten: a convolution, a training batch norm, a 2-D pool or a flash attention; it runs as traced
   (or as a kernel also returning what its backward reads), and its backward is the ATen function
   eager's autograd node calls (convolution_backward on its saved operands, ...: `aten_backward`);
+- custom: an autograd.Function whose forward the frontend traced into its prims (Tag.CUSTOM_VJP):
+  its forward is those prims, and its backward is the Function's own backward, recorded on the
+  backward's proxies (CUSTOM_VJPS), whose ops fuse like the rules';
 - recorded: torch autograd keeps it (an opaque op, a prim without a rule, or an op whose prims no
   executor would fuse, where torch's own backward kernel is the fast one): the forward runs it under
   enable_grad on detached leaves (`record`) and saves that small graph; the backward calls
@@ -16,7 +19,7 @@ The backward is recorded by running the rules on proxies in a trace context of i
 value's metadata comes from torch's meta kernels, as in a traced forward; the context and the
 proxies are the frontend's, handed in as a Recorder.  A rule asks for the forward values it reads;
 `_Backward.value` decides for each: views, and cheap pointwise values of RECOMPUTE_FROM elements
-or more, are recomputed from their operands in the backward (fused there for free, and never
+(rules.py) or more, are recomputed from their operands in the backward (fused there for free, and never
 written by the forward) unless that would save an operand as large that a matmul or another op
 not recomputed makes; everything else (smaller pointwise values, inputs, the caller's outputs,
 reductions, matmuls, random draws, opaque results) is saved: an extra output of the forward
@@ -31,12 +34,12 @@ from typing import Any, Callable
 import torch
 from torch._prims_common import make_contiguous_strides_for
 
-from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Var, flatten_values, map_values
+from fjit.core.ir import CUSTOM_VJPS, BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.trace import Trace
 from fjit.autodiff.function import aten_backward, dense, record, torch_vjp
-from fjit.autodiff.rules import NONDIFF, VJP, Pieces, fit, full, has_rule
+from fjit.autodiff.rules import NONDIFF, VJP, Pieces, fit, full, has_rule, recomputable
 from fjit.core.prims import Prim, apply, prim_of
-from fjit.core.prims.layout import reshape_copies, undo_index
+from fjit.core.prims.layout import undo_index
 
 RECORD = Symbol("fjit_autodiff.record", record, frozenset({Tag.FALLBACK, Tag.RANDOM}))
 TORCH_VJP = Symbol("fjit_autodiff.torch_vjp", torch_vjp, frozenset({Tag.FALLBACK}))
@@ -68,36 +71,6 @@ def _connected_inputs(trace: Trace) -> set:
                 walk(b.subsymbols)      # nothing where the op is a prim
     walk(trace.bsyms)
     return linked
-
-
-# A computed value of fewer elements than this is saved by the forward rather than recomputed in
-# the backward, a view excepted.  Recomputing saves memory traffic, which on small values is
-# nothing next to the op a recomputation adds wherever it does not fuse into a backward kernel
-# (a transformer's step with batch 2 and width 64: backward 1.30x eager's recomputing, 0.98x
-# saving).
-RECOMPUTE_FROM = 1 << 16
-# Transcendental prims are saved at any size: recomputed, each is a libm or vector-math call per
-# element again.  Not erf: GELU's backward kernel computes it again from h, which it reads
-# anyway, as eager's gelu_backward does; saving it too held a third tensor per MLP block where
-# eager holds two (h and GELU's output, which fc2's weight gradient reads), for no measured
-# gain (ViT-Tiny, MLP-Mixer and Swin steps within 3% either way).
-_COSTLY = frozenset({Prim.EXP, Prim.EXP2, Prim.EXPM1, Prim.LOG, Prim.LOG2, Prim.LOG10, Prim.LOG1P,
-                     Prim.SIN, Prim.COS, Prim.TAN, Prim.ASIN, Prim.ACOS, Prim.ATAN, Prim.ASINH,
-                     Prim.SINH, Prim.COSH, Prim.TANH, Prim.SIGMOID, Prim.ERFC, Prim.POW,
-                     Prim.ATAN2})
-
-
-def _recomputable(b: BoundSymbol | None) -> bool:
-    """Cheap to run again in the backward: view prims, and arithmetic pointwise ones (or a reshape
-    that copies) of RECOMPUTE_FROM elements or more (random ones are draws)."""
-    p = prim_of(b) if b is not None else None
-    if p is None or p in _COSTLY or b.sym.has(Tag.RANDOM):
-        return False
-    copy = p is Prim.RESHAPE and reshape_copies(b.args[0], b.args[1])
-    if b.sym.has(Tag.SHAPE) and not copy:
-        return True
-    return (b.sym.has(Tag.ELEMENTWISE) or copy or p in (Prim.FULL, Prim.IOTA, Prim.CONTIGUOUS)) and \
-        all(v.numel() >= RECOMPUTE_FROM for v in b.outputs() if isinstance(v, TensorVar))
 
 
 @dataclasses.dataclass
@@ -134,13 +107,16 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool | int],
             kinds.append("plain")
             continue
         prims = b.subsymbols or ((b,) if prim_of(b) is not None else ())
-        ok = prims and all(has_rule(prim_of(s)) for s in prims) and decompose(b)
-        kinds.append("prims" if ok else "aten" if aten_backward(b) else "record")
+        # a piece no cotangent reaches needs no rule (the detached rows of an embedding's padding)
+        ok = prims and all(has_rule(prim_of(s)) or not any(differentiable(v) for v in s.outputs())
+                           for s in prims) and decompose(b)
+        custom = b.sym in CUSTOM_VJPS and b.subsymbols     # an autograd.Function's own backward
+        kinds.append("custom" if custom else "prims" if ok else "aten" if aten_backward(b) else "record")
     # Worth it when kernels take enough work: a recorded op costs a graph in the forward and a
     # nested autograd call in the backward (tens of us on the CPU), which a few fused prims do
     # not pay back; otherwise torch autograd over the forward's torch calls is as fast.
     # (an op kept whole with eager's backward counts where a kernel takes it whole: a batch norm)
-    fused = sum(decompose(b, fused=True) for b, kind in zip(trace.bsyms, kinds) if kind in ("prims", "aten"))
+    fused = sum(decompose(b, fused=True) for b, kind in zip(trace.bsyms, kinds) if kind in ("prims", "aten", "custom"))
     if fused < max(2, 4 * kinds.count("record")):
         return (f"kernels would take {fused} prims of the backward against "
                 f"{kinds.count('record')} ops kept by torch autograd: not worth a joint program")
@@ -264,7 +240,7 @@ class _Backward:
             return p
         made = self.b.producer.get(var.name)
         if p is None and made is not None and var.name not in self.b.output_names \
-                and _recomputable(made[0]) and not self._saves_as_much(made[0], var) \
+                and recomputable(made[0]) and not self._saves_as_much(made[0], var) \
                 and (fuses or made[0].sym.has(Tag.SHAPE)):
             s = made[0]
             args, kwargs = map_values(lambda x: self.value(x, fuses) if isinstance(x, Var) else x,
@@ -287,7 +263,7 @@ class _Backward:
         return not s.sym.has(Tag.SHAPE) and any(
             isinstance(o, TensorVar) and o.name not in self.env and o.numel() >= var.numel()
             and o.name not in self.b.output_names and (made := self.b.producer.get(o.name))
-            and not _recomputable(made[0]) for o in s.inputs())
+            and not recomputable(made[0]) for o in s.inputs())
 
     def _accumulate(self, var, g, shape, undo=None) -> None:
         """Add g, a contribution standing for a value of `shape`, to var's cotangent; with `undo`
@@ -326,6 +302,8 @@ class _Backward:
                     self._record_pullback(i, op)
                 elif kind == "aten":
                     self._aten_pullback(op)
+                elif kind == "custom":
+                    self._custom_pullback(op)
             grads = []
             connected = _connected_inputs(b.trace)
             for v in b.trace.inputs:
@@ -379,6 +357,22 @@ class _Backward:
                                     comment=f"torch autograd's backward of {op.sym.qualname}"))
         for var, r in zip(inputs, results):
             self._accumulate(var, self.recorder.tensor(r), var.shape)
+
+    def _custom_pullback(self, op: BoundSymbol) -> None:
+        """An autograd.Function's backward, recorded on the backward's proxies (CUSTOM_VJPS); a
+        cotangent no output got is zeros (autograd's materialized gradients)."""
+        outs = [v for v in flatten_values(op.output) if isinstance(v, Var)]
+        gs = [self._take(v.name) for v in outs]
+        if all(g is None for g in gs):
+            return
+        gs = [full(g, v) if g is not None else apply(Prim.FULL, v.shape, 0, dtype=v.dtype, device=v.device)
+              for g, v in zip(gs, outs)]
+        try:
+            grads = CUSTOM_VJPS[op.sym](self.value, gs)
+        except Exception as e:      # noqa: BLE001 -- the Function's backward does not trace
+            raise Unsupported(f"{op.sym.qualname}'s backward: {type(e).__name__}: {e}") from None
+        for var, g in grads:
+            self._accumulate(var, g, tuple(g.shape))
 
     def _aten_pullback(self, op: BoundSymbol) -> None:
         out = op.outputs()[0]

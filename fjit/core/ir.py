@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -28,6 +29,15 @@ class Tag(enum.Enum):
                                  # backward is torch autograd's, which runs it
     KERNEL = "kernel"            # a generated kernel, printed by name and importable by that name
                                  # from fjit.runtime while a program runs it
+    CUSTOM_VJP = "custom_vjp"    # an autograd.Function whose forward was traced into its prims:
+                                 # its backward is the Function's own (CUSTOM_VJPS)
+
+
+# Tag.CUSTOM_VJP symbols' backwards, by symbol (frontend/library_calls.py records them, the joint
+# program calls them): backward(value, cotangents) -> [(forward input Var, cotangent proxy)], where
+# value(var) is a forward value's proxy in the backward being recorded and cotangents are one proxy
+# (or None) per output of the op.
+CUSTOM_VJPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """torch entry points fjit traces in its own terms: while any thread traces, a call on proxies of
-- `torch.autograd.Function.apply` is one opaque op that calls the real apply at run time (tracing
-  its forward into prims would lose the custom backward);
+- `torch.autograd.Function.apply` is one op that calls the real apply at run time, with the
+  Function's forward traced into its prims (which kernels fuse) and its own backward recorded by
+  the joint program on the backward's proxies (Tag.CUSTOM_VJP); a forward that does not trace
+  strictly (a sharp edge, an error), returns an input or marks one dirty leaves the op opaque,
+  which torch autograd records;
 - `torch.vmap` is one opaque op (functorch's C++ transforms would unwrap fjit's proxies below
   __torch_function__); its metadata comes from a run on meta tensors;
 - `associative_scan` (torch._higher_order_ops) is recorded as the sequential scan it defines, the
@@ -11,14 +14,17 @@ Calls on real tensors, from any thread, go to torch's own functions.
 from __future__ import annotations
 
 import sys
+import types
 
 import torch
 import torch.utils._pytree as pytree
 
-from fjit.core.ir import flatten_values
-from fjit.frontend.context import ProcessPatch, current
+from fjit.core.ir import CUSTOM_VJPS, Symbol, Tag, flatten_values, map_values
+from fjit.core.prims import prim_of
+from fjit.frontend.context import Mode, ProcessPatch, current
 from fjit.frontend.dispatch import dispatch
 from fjit.frontend.proxies import TensorProxy
+from fjit.frontend.record import trace_call, torch_symbol
 
 
 def _on_proxies(args, kwargs) -> bool:
@@ -41,7 +47,128 @@ def _traced_apply(cls, *args, **kwargs):
             return _APPLY.__func__(cls, *a, **k)
         op.__name__ = op.__qualname__ = f"{cls.__qualname__}.apply"
         op = _APPLY_OPS.setdefault(cls, op)
+    if not kwargs and _traceable(cls):
+        ctx = _FunctionCtx(args)
+        plain = torch_symbol(op)
+        sym = Symbol(plain.qualname, op, plain.tags - {Tag.FALLBACK} | {Tag.CUSTOM_VJP})
+        # recorded as dispatch records (meta tensors untraced, the observer's hook off: the real
+        # forward runs on meta tensors), but for the traced forward, which is user code
+        hook = sys.getprofile()
+        observer = hook if type(hook) is types.FunctionType else None
+        sys.setprofile(None if observer else hook)
+        try:
+            with torch._C.DisableTorchFunction():
+                out = trace_call(current(), sym, op, args, {}, lambda *a: _traced_forward(cls, ctx, a, observer))
+        finally:
+            sys.setprofile(hook)
+        if current().scopes[-1] and current().scopes[-1][-1].sym is sym:
+            CUSTOM_VJPS[sym] = lambda value, cotangents: _backward(cls, ctx, args, value, cotangents)
+        return out
     return dispatch(op, args, kwargs)
+
+
+class _Declined(Exception):
+    """The forward does not trace as the op's prims: the op stays opaque."""
+
+
+def _traceable(cls) -> bool:
+    """A Function with an old-style forward(ctx, ...) and its own backward (not vmap or jvp-only)."""
+    base = torch.autograd.Function
+    return cls.setup_context is base.setup_context and cls.backward is not base.backward \
+        and cls.forward is not base.forward
+
+
+class _FunctionCtx:
+    """The ctx a traced forward gets: what it saves, marks and sets is kept for the backward."""
+
+    def __init__(self, args):
+        self.needs_input_grad = tuple(isinstance(a, TensorProxy) and a.requires_grad for a in args)
+        self.to_save, self.materialize_grads = (), True
+
+    def save_for_backward(self, *tensors):
+        self.to_save = tensors
+
+    def save_for_forward(self, *tensors):
+        pass
+
+    def mark_dirty(self, *tensors):
+        raise _Declined("mark_dirty: the forward writes into an input")
+
+    def mark_non_differentiable(self, *tensors):
+        raise _Declined("mark_non_differentiable")
+
+    def set_materialize_grads(self, value):
+        self.materialize_grads = bool(value)
+
+    @property
+    def saved_tensors(self):
+        return self.to_save
+
+
+def _traced_forward(cls, ctx: _FunctionCtx, args, observer):
+    """cls.forward(ctx, *args) on the proxies, its ops flattened to the prims they recorded and
+    re-recorded in the op's scope; NotImplementedError (the op stays opaque) where it declines,
+    raises, meets a sharp edge (strict mode while it runs: a permissive rewrite would change what
+    the real forward does), records an opaque op or returns an input."""
+    trace = current()
+    mode, raised = trace.mode, trace.raised
+    trace.mode = Mode.ERROR
+    trace.push_scope()
+    sys.setprofile(observer)
+    try:
+        with torch._C._EnableTorchFunction():      # the user's forward is traced as user code
+            out = cls.forward(ctx, *args)
+    except Exception:      # noqa: BLE001 -- the real forward runs at run time and raises there
+        out = None
+    finally:
+        sys.setprofile(None)
+        trace.mode, trace.raised = mode, raised
+        scope = trace.pop_scope()
+    flat = _prims_of(scope)
+    inputs = {id(a) for a in args}
+    if out is None or flat is None or any(not isinstance(o, TensorProxy) or id(o) in inputs
+                                          for o in flatten_values(out)):
+        raise NotImplementedError
+    for b in flat:
+        trace.record(b)
+    return out
+
+
+def _prims_of(bsyms) -> list | None:
+    """The prims the ops made of, in order; None where one is opaque."""
+    flat = []
+    for b in bsyms:
+        if b.subsymbols:
+            inner = _prims_of(b.subsymbols)
+            if inner is None:
+                return None
+            flat.extend(inner)
+        elif prim_of(b) is not None:
+            flat.append(b)
+        else:
+            return None
+    return flat
+
+
+class _BackwardCtx:
+    """The forward's ctx as the backward reads it: its attributes, tensors among them as the
+    backward's values."""
+
+    def __init__(self, ctx: _FunctionCtx, value):
+        def mapped(x):
+            return map_values(lambda t: value(t.ir) if isinstance(t, TensorProxy) else t, x)
+        for k, v in vars(ctx).items():
+            setattr(self, k, mapped(v) if k != "needs_input_grad" else v)
+        self.saved_tensors = tuple(mapped(list(ctx.to_save)))
+
+
+def _backward(cls, ctx: _FunctionCtx, args, value, cotangents) -> list:
+    """cls.backward on the backward's proxies: [(input Var, its cotangent)]."""
+    grads = cls.backward(_BackwardCtx(ctx, value), *cotangents)
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    if len(grads) < len(args) or any(g is not None for g in grads[len(args):]):
+        raise RuntimeError(f"function {cls.__name__}Backward returned an incorrect number of gradients")
+    return [(a.ir, g) for a, g in zip(args, grads) if isinstance(a, TensorProxy) and isinstance(g, TensorProxy)]
 
 
 _VMAP = torch.vmap

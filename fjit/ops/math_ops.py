@@ -194,6 +194,65 @@ def _silu(x, inplace=False):
     return downcast(apply(Prim.MUL, y, apply(Prim.SIGMOID, y)), x.dtype)
 
 
+# The ops below were torch calls that torch autograd recorded inside a joint program, each a nested
+# autograd graph in the forward and a torch.autograd.grad call in the backward (~0.3 ms a step for
+# BLOOM's): ResMLP's affine layers are addcmul (75 a step), Mamba's dt is softplus, EdgeNeXt's
+# attention normalizes q and k.  As prims they fuse, with the same formulas as ATen's kernels.
+def _same_float(*ts) -> bool:
+    return all(isinstance(t, TensorProxy) for t in ts) and ts[0].dtype.is_floating_point \
+        and all(t.dtype == ts[0].dtype for t in ts)
+
+
+@register(*torch_callables("addcmul"))
+def _addcmul(x, tensor1, tensor2, *, value=1):
+    """x + value * tensor1 * tensor2, multiplied left to right as ATen's kernel does."""
+    if not _same_float(x, tensor1, tensor2) or type(value) not in (int, float):
+        raise NotImplementedError
+    x1, t1, t2 = upcast(x), upcast(tensor1), upcast(tensor2)     # a half type rounds once
+    scaled = t1 if value == 1 else apply(Prim.MUL, t1, value)
+    return downcast(apply(Prim.ADD, x1, apply(Prim.MUL, scaled, t2)), x.dtype)
+
+
+@register(*torch_callables("addcdiv"))
+def _addcdiv(x, tensor1, tensor2, *, value=1):
+    """x + value * (tensor1 / tensor2), as ATen's vectorized kernel."""
+    if not _same_float(x, tensor1, tensor2) or type(value) not in (int, float):
+        raise NotImplementedError
+    ratio = apply(Prim.DIV, upcast(tensor1), upcast(tensor2))
+    return downcast(apply(Prim.ADD, upcast(x), ratio if value == 1 else apply(Prim.MUL, ratio, value)),
+                    x.dtype)
+
+
+@register(F.softplus)
+def _softplus(x, beta=1.0, threshold=20.0):
+    """(x * beta > threshold) ? x : log1p(exp(x * beta)) / beta, as ATen computes it; the prims'
+    gradient is softplus_backward's, exp(x * beta) / (exp(x * beta) + 1) below the threshold.  Above
+    it the exponential reads 0: at x = inf its gradient would be 0 * inf."""
+    if not _same_float(x) or type(beta) not in (int, float) or type(threshold) not in (int, float):
+        raise NotImplementedError
+    y = upcast(x)
+    scaled = apply(Prim.MUL, y, beta) if beta != 1 else y
+    over = apply(Prim.GT, scaled, threshold)
+    soft = apply(Prim.LOG1P, apply(Prim.EXP, apply(Prim.WHERE, over, 0.0, scaled)))
+    soft = apply(Prim.DIV, soft, beta) if beta != 1 else soft
+    return downcast(apply(Prim.WHERE, over, y, soft), x.dtype)
+
+
+@register(F.normalize)
+def _normalize(x, p=2.0, dim=1, eps=1e-12, out=None):
+    """x / max(||x||_2 over dim, eps).  The norm is 0 where the sum of squares s is 0 and sqrt(s)
+    elsewhere, with sqrt reading 1 there: the same values (NaN and inf included), and where s == 0
+    the gradient is 0, as linalg.vector_norm's backward masks it, where sqrt's rule gives 0 * inf."""
+    if out is not None or p != 2 or not _same_float(x) or type(eps) not in (int, float) \
+            or not isinstance(dim, int) or x.ndim == 0:
+        raise NotImplementedError
+    y = upcast(x)
+    s = apply(Prim.SUM, apply(Prim.MUL, y, y), reduced_dims(x, dim), True)
+    zero = apply(Prim.EQ, s, 0.0)
+    norm = apply(Prim.WHERE, zero, 0.0, apply(Prim.SQRT, apply(Prim.WHERE, zero, 1.0, s)))
+    return downcast(apply(Prim.DIV, y, apply(Prim.CLAMP_MIN, norm, eps)), x.dtype)
+
+
 # ----------------------------------------------------------------------------------------------
 # Casts
 # ----------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ Half-precision inputs are computed in float32 and rounded once at the end, as to
 """
 from __future__ import annotations
 
+import inspect
+
 import math
 
 import torch
@@ -198,6 +200,20 @@ def _conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return apply(Prim.CONTIGUOUS, out)
 
 
+@register(F.adaptive_avg_pool2d)
+def _adaptive_avg_pool2d(x, output_size):
+    """A global average pool (output 1x1: a CNN's head, a squeeze-excite gate) is the mean over
+    the last two dims, as ATen computes it; a torch call instead, torch autograd recorded it inside
+    the joint program (EfficientNet-B0's 17 squeeze-excite gates: a nested autograd call each)."""
+    size = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+    if size != (1, 1) or x.ndim not in (3, 4) or not x.dtype.is_floating_point or \
+            any(d == 0 for d in x.shape[-2:]):
+        raise NotImplementedError
+    y = upcast(x)
+    total = apply(Prim.SUM, y, (x.ndim - 2, x.ndim - 1), True)
+    return downcast(apply(Prim.DIV, total, x.shape[-2] * x.shape[-1]), x.dtype)
+
+
 @register(F.linear)
 def _linear(x, weight, bias=None):
     wt = apply(Prim.PERMUTE, weight, tuple(reversed(range(weight.ndim))))
@@ -268,14 +284,24 @@ def _grouped_matmul(a, b):
     return dispatch(torch.Tensor.reshape, (out, (n, h, m, out.shape[-1])), {})
 
 
-# operand ranks of each "input + product" op: a matmul and an add the kernels fuse, whose backward
-# is prims' (a recorded op costs a nested autograd call per backward).  transformers' Conv1D
-# (GPT-2) is addmm(bias, x, w); BLOOM's attention scores are alibi.baddbmm(q, k) scaled by alpha.
-_ADDED_PRODUCTS = {"addmm": (2, 2), "baddbmm": (3, 3), "addmv": (2, 1)}
+# operand names and ranks of each "input + product" op: a matmul and an add the kernels fuse,
+# whose backward is prims' (a recorded op costs a nested autograd call per backward).
+# transformers' Conv1D (GPT-2) is addmm(bias, x, w); BLOOM's attention scores are
+# alibi.baddbmm(batch1=q, batch2=k, beta=1, alpha=...), by keyword: the rule takes torch's names.
+_ADDED_PRODUCTS = {"addmm": (("mat1", "mat2"), (2, 2)), "baddbmm": (("batch1", "batch2"), (3, 3)),
+                   "addmv": (("mat", "vec"), (2, 1))}
 
 
-def _added_product(ranks):
-    def rule(bias, a, b, *, beta=1, alpha=1):
+def _added_product(names, ranks):
+    P = inspect.Parameter
+    signature = inspect.Signature([P("input", P.POSITIONAL_OR_KEYWORD)] +
+                                  [P(n, P.POSITIONAL_OR_KEYWORD) for n in names] +
+                                  [P("beta", P.KEYWORD_ONLY, default=1), P("alpha", P.KEYWORD_ONLY, default=1)])
+
+    def rule(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        bias, a, b, beta, alpha = bound.arguments.values()
         if not all(isinstance(t, TensorProxy) for t in (bias, a, b)) or (a.ndim, b.ndim) != ranks \
                 or isinstance(beta, (NumberProxy, TensorProxy)) or isinstance(alpha, (NumberProxy, TensorProxy)) \
                 or beta == 0 or not bias.dtype == a.dtype == b.dtype \
@@ -288,11 +314,12 @@ def _added_product(ranks):
         if alpha != 1:
             out = apply(Prim.MUL, out, alpha)
         return apply(Prim.ADD, out, bias if beta == 1 else apply(Prim.MUL, bias, beta))
+    rule.__signature__ = signature      # what `accepts` binds a call against
     return rule
 
 
-for _name, _ranks in _ADDED_PRODUCTS.items():
-    register(*torch_callables(_name))(_added_product(_ranks))
+for _name, (_names, _ranks) in _ADDED_PRODUCTS.items():
+    register(*torch_callables(_name))(_added_product(_names, _ranks))
 
 
 @register(torch.Tensor.__rmatmul__)

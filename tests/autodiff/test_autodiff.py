@@ -1261,17 +1261,22 @@ def test_the_convolution_gemm_choice_is_timed_once_per_shape(monkeypatch):
     assert _gemm_vjps(jf) == 0
 
 
+@pytest.mark.parametrize("by_keyword", [False, True], ids=["positional", "keywords"])
 @pytest.mark.parametrize("op", ["addmm", "baddbmm", "addmv"])
-def test_input_plus_product_ops_are_prims_not_recorded_ops(op, monkeypatch):
-    """torch.addmm, baddbmm (BLOOM's attention scores: alibi.baddbmm(q, k, alpha=...)) and addmv
-    are a matmul and an add, with prims' backward in the joint program: no op torch autograd has
-    to record (each costs a nested autograd call per backward), gradients as eager's."""
+def test_input_plus_product_ops_are_prims_not_recorded_ops(op, by_keyword, monkeypatch):
+    """torch.addmm, baddbmm (BLOOM's attention scores: alibi.baddbmm(batch1=q, batch2=k,
+    alpha=...), by keyword) and addmv are a matmul and an add, with prims' backward in the joint
+    program: no op torch autograd has to record (each costs a nested autograd call per backward:
+    BLOOM's two took a fifth of its joint program's time), gradients as eager's."""
     monkeypatch.setenv("FJIT_MEASURE", "0")
     shapes = {"addmm": ((6,), (4, 5), (5, 6)), "baddbmm": ((1, 4, 6), (3, 4, 5), (3, 5, 6)),
               "addmv": ((4,), (4, 5), (5,))}[op]
+    names = {"addmm": ("mat1", "mat2"), "baddbmm": ("batch1", "batch2"), "addmv": ("mat", "vec")}[op]
 
     def f(c, a, b):
-        return (getattr(c, op)(a, b, beta=0.5, alpha=0.25) * 3).tanh().sum()
+        product = getattr(c, op)(**dict(zip(names, (a, b))), beta=0.5, alpha=0.25) if by_keyword \
+            else getattr(c, op)(a, b, beta=0.5, alpha=0.25)
+        return (product * 3).tanh().sum()
     g = torch.Generator().manual_seed(0)
     args = [torch.randn(*s, generator=g, requires_grad=True) for s in shapes]
     jf = fjit.jit(f)
@@ -1317,3 +1322,83 @@ def test_a_gradient_through_complex_values_is_eagers(complex_path, monkeypatch):
         assert "torch_autograd" not in stage and "fft_fftn_then" in str(fjit.last_traces(jf)[-1])
     else:
         assert "a complex value lies on a gradient's path" in stage
+
+
+def test_an_embedding_with_a_padding_row_is_differentiated_through_its_prims(monkeypatch):
+    """F.embedding(padding_idx=p) takes the padding rows from a detached copy (no gradient reaches
+    row p from this lookup): that detach is a piece no cotangent reaches, so the lookup is still
+    differentiated through its prims in the joint program, not recorded for torch autograd (a
+    nested autograd call per backward: BERT's word embeddings).  Row p still gets the gradient of
+    another use of a tied weight, as in eager."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(32, 8, generator=g, requires_grad=True)
+    idx = torch.randint(0, 32, (3, 5), generator=g)
+    idx[0, :2] = 2
+
+    def f(idx, w):
+        e = torch.nn.functional.embedding(idx, w, padding_idx=2)
+        logits = torch.nn.functional.layer_norm(e * 2, (8,)) @ w.t()     # tied weight
+        return logits.tanh().sum()
+    jf = fjit.jit(f)
+    for _ in range(2):
+        got = torch.autograd.grad(jf(idx, w), w)
+    want = torch.autograd.grad(f(idx, w), w)
+    torch.testing.assert_close(got, want)
+    assert "runs under torch autograd" not in str(fjit.last_traces(jf)[0])
+    assert "torch_autograd" not in fjit.last_backward_traces(jf)[-1].stage
+
+
+_PRIM_DIFFERENTIATED = {
+    # ResMLP's affine layers, Mamba's dt, EdgeNeXt's attention, a CNN's head and squeeze-excite gates
+    "addcmul": (lambda x, a, b: torch.addcmul(b, a, x, value=0.5), ((4, 8), (8,), (8,))),
+    "addcdiv": (lambda x, a, b: torch.addcdiv(b, x, a.exp()), ((4, 8), (8,), (8,))),
+    "softplus": (lambda x, a, b: F.softplus(x * 10 + a) * b, ((16, 8), (8,), (8,))),
+    "normalize": (lambda x, a, b: F.normalize(x * a, dim=-1) + b, ((4, 8), (8,), (8,))),
+    "adaptive_avg_pool2d": (lambda x, a, b: x * F.adaptive_avg_pool2d(x * a, 1).sigmoid() + b,
+                            ((2, 3, 4, 8), (8,), (8,))),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_PRIM_DIFFERENTIATED))
+def test_ops_torch_autograd_used_to_record_are_differentiated_through_prims(op, monkeypatch):
+    """Each of these was a torch call that torch autograd recorded inside the joint program (a
+    nested autograd graph in the forward, a torch.autograd.grad call in the backward); decomposed,
+    its prims fuse and are differentiated by the rules, with eager's gradients."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    fn, shapes = _PRIM_DIFFERENTIATED[op]
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(*s, generator=g, requires_grad=True) for s in shapes]
+
+    def f(x, a, b):
+        return (fn(x, a, b) * 2).tanh().sum()
+    jf = fjit.jit(f)
+    for _ in range(2):
+        got = torch.autograd.grad(jf(*args), args)
+    torch.testing.assert_close(got, torch.autograd.grad(f(*args), args))
+    assert "runs under torch autograd" not in str(fjit.last_traces(jf)[0])
+    assert "torch_autograd" not in fjit.last_backward_traces(jf)[-1].stage
+
+
+@pytest.mark.parametrize("call", ["functional", "torch", "ceil_padded"])
+def test_a_small_max_pool_has_eagers_backward_in_the_joint_program(call, monkeypatch):
+    """A max pool too small for the channels-last route (ops/nn_ops.py leaves it a torch call:
+    GoogLeNet's and DLA's) runs as ATen's max pool returning its indices, and its backward is
+    max_pool2d_with_indices_backward on them, as eager's node: no op torch autograd records.
+    Ties (a ReLU's zeros) go where eager's go."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    pool = {"functional": lambda y: F.max_pool2d(y, 2),
+            "torch": lambda y: torch.max_pool2d(y, [3, 3], [2, 2], [1, 1]),
+            "ceil_padded": lambda y: F.max_pool2d(y, 3, stride=2, padding=1, ceil_mode=True)}[call]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 9, 9, generator=g, requires_grad=True)
+    w = torch.randn(9, generator=g, requires_grad=True)
+
+    def f(x, w):
+        return (pool((x * w).relu()) * 3).tanh().sum()
+    jf = fjit.jit(f)
+    for _ in range(2):
+        got = torch.autograd.grad(jf(x, w), (x, w))
+    torch.testing.assert_close(got, torch.autograd.grad(f(x, w), (x, w)))
+    assert "runs under torch autograd" not in str(fjit.last_traces(jf)[0])
+    assert "max_pool2d_with_indices_backward" in str(fjit.last_backward_traces(jf)[-1])

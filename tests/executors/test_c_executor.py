@@ -515,7 +515,7 @@ def _max_ulp_against_torch(step: int) -> dict:
 
 
 def test_vector_math_ulp_error_against_torch():
-    """float32 exp, log, tanh, sigmoid, erf, sin, cos in C kernels: within vecmath.ULP_BOUND ulps of
+    """float32 exp, log, log1p, tanh, sigmoid, erf, sin, cos in C kernels: within vecmath.ULP_BOUND ulps of
     torch over a dense sample of float32 (NaN where torch gives NaN); sin/cos of huge arguments
     (past vecmath's range) are recomputed with the C library."""
     from fjit.executors.c import vecmath

@@ -3,7 +3,10 @@ recorded as the sequential scan it defines, each step's combine fused with its n
 torch's CPU form is a vmap per level that fjit could only run opaque; it agrees with torch's own
 scan in values and gradients, on pytrees, any dim, reversed, and with a combine that is not
 elementwise; torch's argument errors stay torch's; a scan longer than SEQUENTIAL_SCAN_MAX keeps
-torch's form; and nothing of this is left installed once the trace ends."""
+torch's form; and nothing of this is left installed once the trace ends.  An autograd.Function's
+forward is traced into prims and its own backward recorded in the joint program, unless its
+forward does not trace strictly (then it stays opaque) or its backward does not (then the function
+keeps torch autograd)."""
 from __future__ import annotations
 
 import sys
@@ -123,3 +126,124 @@ def test_nothing_stays_replaced_after_the_trace():
     assert torch._higher_order_ops.associative_scan is torch_scan
     assert torch.autograd.Function.__dict__["apply"] is library_calls._APPLY
     assert torch.vmap is library_calls._VMAP
+
+
+# -- autograd.Function: its forward traced into prims, its own backward in the joint program ------
+
+class _RoundThrough(torch.autograd.Function):
+    """A straight-through round: the backward is not the forward's derivative (which is 0)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return torch.round(x * scale) / scale
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 1.0, None
+
+
+class _TanhGelu(torch.autograd.Function):
+    """BLOOM's GeLUFunction: saves its input, and its backward unpacks ctx.saved_tensors whole."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+    @staticmethod
+    def backward(ctx, g):
+        x = ctx.saved_tensors[0]
+        t = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))
+        return g * (0.5 * x * ((1 - t * t) * (0.79788456 + 0.1070322243 * x * x)) + 0.5 * (1 + t))
+
+
+class _ScaledPair(torch.autograd.Function):
+    """Two outputs, a tensor kept as a ctx attribute, needs_input_grad, a None gradient."""
+
+    @staticmethod
+    def forward(ctx, x, y, k):
+        ctx.y, ctx.k = y, k
+        return x * y * k, x.exp()
+
+    @staticmethod
+    def backward(ctx, g, h):
+        gy = (g * 2).sum(0) if ctx.needs_input_grad[1] else None
+        return g * ctx.y * ctx.k + h * 3, gy, None
+
+
+class _Printing(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        print("forward ran")
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class _BackwardInNumpy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * torch.from_numpy(x.detach().numpy() * 2)
+
+
+def _grads(fn, *args):
+    jf = fjit.jit(fn)
+    for _ in range(2):
+        got = jf(*args)
+        got_grads = torch.autograd.grad(got, args)
+    want = fn(*args)      # (kernels' tanh and exp round otherwise than ATen's: relative 1e-4)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got_grads, torch.autograd.grad(want, args), rtol=1e-4, atol=1e-5)
+    return jf
+
+
+def test_a_functions_own_backward_is_the_joint_programs(monkeypatch):
+    """A straight-through round (gradient 1, where differentiating round gives 0), BLOOM's GeLU
+    and a Function of two outputs with ctx attributes: eager's values and gradients, the forward's
+    prims fused into kernels and the backward's own ops in the compiled backward, where the
+    Function was an opaque op torch autograd recorded (a nested autograd call per step)."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 16, generator=g, requires_grad=True)
+    y = torch.randn(16, generator=g, requires_grad=True)
+
+    def f(x, y):
+        a = _TanhGelu.apply(x * 3)       # (round's input an input: no rounding of a kernel flips it)
+        b, c = _ScaledPair.apply(_RoundThrough.apply(x, 4.0) + a, y, 0.5)
+        return (b.sin() + c.cos()).sum()
+    jf = _grads(f, x, y)
+    forward, backward = str(fjit.last_traces(jf)[-1]), fjit.last_backward_traces(jf)[-1]
+    assert "runs under torch autograd" not in str(fjit.last_traces(jf)[0])
+    assert "torch_autograd" not in backward.stage and "torch autograd's backward" not in str(backward)
+    assert "C kernel" in forward and "C kernel" in str(backward)
+
+
+def test_a_function_whose_forward_does_not_trace_strictly_stays_opaque(monkeypatch, capsys):
+    """A forward with a side effect (print) runs for real on every call, as eager's: the op stays
+    the opaque call torch autograd records, with no sharp edge raised for it."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    x = torch.randn(4, 5, requires_grad=True)
+    jf = _grads(lambda x: (_Printing.apply(x) * x).sum(), x)
+    traced = str(fjit.last_traces(jf)[0])
+    assert "torch fallback" in traced and "prims.mul(x, 2)" not in traced    # no prims under it
+    capsys.readouterr()
+    jf(x)
+    assert capsys.readouterr().out == "forward ran\n"
+
+
+def test_a_function_whose_backward_does_not_trace_keeps_torch_autograd(monkeypatch):
+    """A backward that leaves torch (numpy) cannot be recorded on proxies: the function runs
+    under torch autograd, which calls the real backward, with eager's gradients."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    x = torch.randn(4, 5, requires_grad=True)
+    jf = _grads(lambda x: (_BackwardInNumpy.apply(x * 2) + x).tanh().sum(), x)
+    assert "torch_autograd" in fjit.last_backward_traces(jf)[-1].stage

@@ -40,7 +40,7 @@ _float("LOG2", lambda x, o, v: apply(Prim.RECIPROCAL, apply(Prim.MUL, v(x), math
 _float("LOG10", lambda x, o, v: apply(Prim.RECIPROCAL, apply(Prim.MUL, v(x), math.log(10.0))),
        triton="(tl.log2({0}) * 0.30102999566398120)", triton_compiled=_libdevice("log10"))
 _float("LOG1P", lambda x, o, v: apply(Prim.RECIPROCAL, apply(Prim.ADD, v(x), 1)),
-       triton_interpreted="_log1p({0})", triton_compiled=_libdevice("log1p"))
+       c_vector="fj_log1pf({0})", triton_interpreted="_log1p({0})", triton_compiled=_libdevice("log1p"))
 _float("SQRT", lambda x, o, v: apply(Prim.DIV, 0.5, v(o)),
        triton="tl.sqrt({0})", triton_f32="tl.sqrt_rn({0})")   # IEEE-rounded, as torch's CUDA
 _float("RSQRT", lambda x, o, v: apply(Prim.MUL, apply(Prim.MUL, square(v(o)), v(o)), -0.5),

@@ -1,4 +1,4 @@
-"""The C every kernel includes: vectorizable float32 math (exp, log, tanh, sigmoid, erf, sin, cos),
+"""The C every kernel includes: vectorizable float32 math (exp, log, log1p, tanh, sigmoid, erf, sin, cos),
 NaN-propagating max/min, Python's remainder and 16-bit float conversions (PRELUDE).
 
 The C library's `expf`, `tanhf`, ... are scalar calls (~10 ns an element, about 0.3 GB/s for
@@ -28,7 +28,7 @@ GUARDED = frozenset({Prim.SIN, Prim.COS})
 TRIG_LIMIT = "0x1p20f"
 
 # Max error in ulps against torch (float32), measured; the test asserts these.
-ULP_BOUND = {Prim.EXP: 1, Prim.LOG: 1, Prim.TANH: 2, Prim.SIGMOID: 3, Prim.ERF: 2,
+ULP_BOUND = {Prim.EXP: 1, Prim.LOG: 1, Prim.LOG1P: 2, Prim.TANH: 2, Prim.SIGMOID: 3, Prim.ERF: 2,
              Prim.SIN: 2, Prim.COS: 2}
 
 SOURCE = r"""
@@ -82,6 +82,13 @@ static inline float fj_logf(float x) {
     res = x < 0.0f ? NAN : res;
     res = x == 0.0f ? -INFINITY : res;
     return x != x ? x : res;
+}
+/* log1p: log(u) * x / (u - 1) with u = 1 + x rounded (Goldberg's form: the quotient undoes the
+   rounding of u), x itself where u rounds to 1; +inf stays +inf (x / (u - 1) is inf / inf). */
+static inline float fj_log1pf(float x) {
+    float u = 1.0f + x, d = u - 1.0f;
+    float res = d == 0.0f ? x : fj_logf(u) * (x / d);
+    return x == INFINITY ? x : res;
 }
 /* tanh: an odd polynomial below 0.625, 1 - 2 / (exp(2|x|) + 1) above */
 static inline float fj_tanhf(float x) {
