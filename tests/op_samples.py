@@ -1197,6 +1197,7 @@ op("torch.addmm", lambda c, a, b: torch.addmm(input=c, mat1=a, mat2=b, alpha=2.0
 op("torch.addcmul", lambda x, a, b: torch.addcmul(x, a, b, value=0.5), (F32, BF16, I64),
    lambda m: [(m((3, 4)), m((3, 4)), m((4,))), (m((2, 3, 4), nc=True), m((3, 4)), m(())), (m(()), m((2, 3)), m((2, 3)))])
 op("torch.Tensor.addcmul", lambda x, a, b: x.addcmul(a, b), (F32,), lambda m: [(m((3, 4)), m((3, 4)), m((3, 4)))])
+op("torch.Tensor.addcdiv", lambda x, a, b: x.addcdiv(a, b), (F32,), lambda m: [(m((3, 4)), m((3, 4)), m.nonzero((3, 4)))])
 op("torch.addcdiv", lambda x, a, b: torch.addcdiv(x, a, b, value=-2), (F32, BF16),
    lambda m: [(m((3, 4)), m((3, 4)), m.nonzero((4,))), (m((2, 3, 4), nc=True), m((3, 4)), m.nonzero((3, 4)))])
 op("torch.addmv", lambda c, a, b: torch.addmv(c, a, b), (F32, BF16, I64),
