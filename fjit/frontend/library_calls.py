@@ -23,6 +23,7 @@ from fjit.core.ir import CUSTOM_VJPS, Symbol, Tag, flatten_values, map_values
 from fjit.core.prims import prim_of
 from fjit.frontend.context import Mode, ProcessPatch, current
 from fjit.frontend.dispatch import dispatch
+from fjit.frontend.modes import record_mode_changes
 from fjit.frontend.proxies import TensorProxy
 from fjit.frontend.record import trace_call, torch_symbol
 
@@ -53,6 +54,8 @@ def _traced_apply(cls, *args, **kwargs):
         sym = Symbol(plain.qualname, op, plain.tags - {Tag.FALLBACK} | {Tag.CUSTOM_VJP})
         # recorded as dispatch records (meta tensors untraced, the observer's hook off: the real
         # forward runs on meta tensors), but for the traced forward, which is user code
+        if len(current().scopes) == 1:
+            record_mode_changes(current())      # a grad-mode or autocast change made before it
         hook = sys.getprofile()
         observer = hook if type(hook) is types.FunctionType else None
         sys.setprofile(None if observer else hook)
@@ -168,6 +171,9 @@ def _backward(cls, ctx: _FunctionCtx, args, value, cotangents) -> list:
     grads = grads if isinstance(grads, tuple) else (grads,)
     if len(grads) < len(args) or any(g is not None for g in grads[len(args):]):
         raise RuntimeError(f"function {cls.__name__}Backward returned an incorrect number of gradients")
+    if any(isinstance(g, torch.Tensor) and not isinstance(g, TensorProxy) for g in grads):
+        # made without a proxy (torch.zeros(...) outside the tracer's mode): not a traced value
+        raise RuntimeError(f"{cls.__name__}.backward returned a tensor it did not compute from its inputs")
     return [(a.ir, g) for a, g in zip(args, grads) if isinstance(a, TensorProxy) and isinstance(g, TensorProxy)]
 
 

@@ -247,3 +247,41 @@ def test_a_function_whose_backward_does_not_trace_keeps_torch_autograd(monkeypat
     x = torch.randn(4, 5, requires_grad=True)
     jf = _grads(lambda x: (_BackwardInNumpy.apply(x * 2) + x).tanh().sum(), x)
     assert "torch_autograd" in fjit.last_backward_traces(jf)[-1].stage
+
+
+class _ZerosForY(torch.autograd.Function):
+    """A backward that makes a gradient with a factory (no traced operand)."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        return x * y
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2, torch.zeros(4, 5)
+
+
+def test_a_backward_returning_an_untraced_tensor_keeps_torch_autograd(monkeypatch):
+    """torch.zeros(...) in a backward is made outside the trace (no proxy operand): it cannot be a
+    value of the compiled backward, so the function keeps torch autograd rather than dropping it."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(4, 5, generator=g, requires_grad=True) for _ in range(2))
+    jf = _grads(lambda x, y: (_ZerosForY.apply(x * 2, y) + y).tanh().sum(), x, y)
+    assert "torch_autograd" in fjit.last_backward_traces(jf)[-1].stage
+
+
+def test_a_function_called_under_no_grad_runs_in_that_mode(monkeypatch):
+    """A grad-mode change made just before the Function is recorded before its op (as dispatch
+    records it before any op): under no_grad the result needs no gradient, as in eager."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    x = torch.randn(4, 5, requires_grad=True)
+
+    def f(x):
+        with torch.no_grad():
+            frozen = _TanhGelu.apply(x)
+        return frozen.requires_grad, (_TanhGelu.apply(x) * frozen).sum()
+    flag, total = fjit.jit(f)(x)
+    assert flag is False
+    torch.testing.assert_close(torch.autograd.grad(total, x), torch.autograd.grad(f(x)[1], x),
+                               rtol=1e-4, atol=1e-5)
