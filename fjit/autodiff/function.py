@@ -97,11 +97,20 @@ def _max_pool_args(b: BoundSymbol) -> tuple | None:
             or x.strides != tuple(make_contiguous_strides_for(x.shape)) \
             or type(given.get("ceil_mode", False)) is not bool:
         return None
-    sizes = [given.get(k, d) for k, d in (("kernel_size", None), ("stride", None), ("padding", 0), ("dilation", 1))]
-    sizes[1] = sizes[0] if sizes[1] in (None, (), []) else sizes[1]
-    sizes = [(v, v) if type(v) is int else tuple(v) if isinstance(v, (tuple, list)) and len(v) == 2
-             and all(type(i) is int for i in v) else None for v in sizes]
-    return None if None in sizes else (x, (*sizes, given.get("ceil_mode", False)))
+    if (sizes := _literal_sizes(given, (("kernel_size", None), ("stride", None), ("padding", 0), ("dilation", 1)))) is None:
+        return None
+    kernel, stride, padding, dilation = (tuple(v) for v in sizes)
+    return x, (kernel, stride or kernel, padding, dilation, given.get("ceil_mode", False))
+
+
+def _literal_sizes(given: dict, keys: tuple) -> list | None:
+    """A pool's size arguments ((name, default) each) as lists of ints ([] for a default stride),
+    or None where one is not literal (a traced number)."""
+    sizes = [given.get(key, default) for key, default in keys]
+    sizes = [[] if v is None and key == "stride" else [v, v] if type(v) is int else list(v)
+             if isinstance(v, (tuple, list)) and all(type(i) is int for i in v) else None
+             for (key, _), v in zip(keys, sizes)]
+    return None if None in sizes else sizes
 
 
 _AVG_POOL_PARAMS = ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
@@ -113,19 +122,12 @@ def _avg_pool_args(b: BoundSymbol) -> tuple | None:
     2-D average pool with literal sizes, as ATen's avg_pool2d_backward takes them."""
     if b.sym.fn is not F.avg_pool2d:
         return None
-    given = dict(zip(_AVG_POOL_PARAMS, b.args))
-    given.update(b.kwargs)
+    given = dict(zip(_AVG_POOL_PARAMS, b.args), **b.kwargs)
     x = given.get("input")
     if set(given) - set(_AVG_POOL_PARAMS) or not isinstance(x, TensorVar) or x.ndim not in (3, 4):
         return None
-    sizes = []
-    for key, default in (("kernel_size", None), ("stride", None), ("padding", 0)):
-        v = given.get(key, default)
-        v = [] if v is None and key == "stride" else [v, v] if type(v) is int else \
-            list(v) if isinstance(v, (tuple, list)) and all(type(i) is int for i in v) else None
-        if v is None:
-            return None         # a traced number
-        sizes.append(v)
+    if (sizes := _literal_sizes(given, (("kernel_size", None), ("stride", None), ("padding", 0)))) is None:
+        return None
     flags = (given.get("ceil_mode", False), given.get("count_include_pad", True))
     divisor = given.get("divisor_override")
     if not all(type(f) is bool for f in flags) or not (divisor is None or type(divisor) is int):

@@ -86,7 +86,7 @@ class _FunctionCtx:
 
     def __init__(self, args):
         self.needs_input_grad = tuple(isinstance(a, TensorProxy) and a.requires_grad for a in args)
-        self.to_save, self.materialize_grads = (), True
+        self.to_save = ()
 
     def save_for_backward(self, *tensors):
         self.to_save = tensors
@@ -101,7 +101,7 @@ class _FunctionCtx:
         raise _Declined("mark_non_differentiable")
 
     def set_materialize_grads(self, value):
-        self.materialize_grads = bool(value)
+        pass        # the joint program always hands the backward zeros for an unused output
 
     @property
     def saved_tensors(self):
@@ -161,7 +161,8 @@ class _BackwardCtx:
         def mapped(x):
             return map_values(lambda t: value(t.ir) if isinstance(t, TensorProxy) else t, x)
         for k, v in vars(ctx).items():
-            setattr(self, k, mapped(v) if k != "needs_input_grad" else v)
+            if k != "to_save":
+                setattr(self, k, mapped(v) if k != "needs_input_grad" else v)
         self.saved_tensors = tuple(mapped(list(ctx.to_save)))
 
 

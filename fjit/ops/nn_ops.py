@@ -5,7 +5,6 @@ Half-precision inputs are computed in float32 and rounded once at the end, as to
 from __future__ import annotations
 
 import inspect
-
 import math
 
 import torch
