@@ -93,8 +93,10 @@ class Partitioner:
 
     def __init__(self, supported: Callable[[BoundSymbol], bool], split_partial_ops: bool = True,
                  whole_ops: frozenset = frozenset(), max_row: int | None = MAX_ROW,
-                 columns: bool = False, read_views: bool = False, cpu_rewrites: bool = False):
+                 columns: bool = False, read_views: bool = False, cpu_rewrites: bool = False,
+                 external_rows: bool = False):
         self.supported = supported
+        self.external_rows = external_rows   # whether per-row values may read per-row inputs
         self.columns = columns    # whether a region takes sums over its outer dims
         self.read_views = read_views   # whether a kernel reads an input view from what it views
         self.cpu_rewrites = cpu_rewrites   # thin matmuls and copies for C kernels (passes/matmuls.py)
@@ -158,7 +160,7 @@ class Partitioner:
                 return None
             return Region([b], (), tuple(out.shape))
         rows = [v for v in tensors if v.name in region.row_vars]
-        if rows and len(rows) == len(tensors) and out.shape != region.domain:
+        if rows and len(rows) == len(tensors) and out.shape != region.domain or self._row_of_inputs(region, b):
             region.bsyms.append(b)
             region.row_vars.add(out.name)
             if all(v.name in region.keepdim_rows for v in rows):
@@ -172,6 +174,20 @@ class Partitioner:
             return None
         region.bsyms.append(b)
         return region
+
+    def _row_of_inputs(self, region: Region, b: BoundSymbol) -> bool:
+        """Whether the elementwise `b` is a per-row value of a reduction region that reads inputs
+        of the region's own per-row shape (`outer + [1] * len(inner)`, or broadcast to it): a
+        softmax backward's -sum(g * e) / s**2 reads the forward's row sums s, and as a region of
+        its own it cut the row kernel in two, each pass reading the rows from memory."""
+        out = b.outputs()[0]
+        row = tuple(region.outer) + (1,) * len(region.inner)
+        if not (self.external_rows and region.has_reduction and tuple(out.shape) == row
+                and math.prod(region.inner) > 1):
+            return False
+        made = {v.name for p in region.bsyms for v in p.outputs()}
+        return all(v.name in region.keepdim_rows if v.name in made else _broadcasts_to(v.shape, row)
+                   for v in b.inputs() if isinstance(v, TensorVar))
 
     def _column(self, region: Region, b: BoundSymbol, x: TensorVar, dims: tuple, out) -> bool:
         """Whether `b`, a reduction of x over `dims`, is a column sum the region takes: a float sum

@@ -286,6 +286,14 @@ class RowLoops:
                                 for v in (b.outputs()[0] for b in r.bsyms)
                                 for buffer in [self.scratch.get(v.name)] if buffer]
         row_names = dict(names)
+        # inputs of the row's own shape that row values read: loaded once a row
+        read = {v.name for b in r.bsyms if b.outputs()[0].name in self.rows and prim_of(b) not in REDUCE
+                for v in b.inputs()}
+        for k, v in enumerate(r.inputs):
+            if isinstance(v, TensorVar) and v.name in read and v.name not in self.rows:
+                var = f"xr{k}"
+                row_lines.append(f"{C_TYPE[held(v.dtype)]} {var} = {self.load(v, k, self.offset(v))};")
+                row_names[v.name] = (var, held(v.dtype))
         for p in range(passes + 1):
             # row values of level p: reductions finished by pass p - 1, then elementwise on rows
             for b in r.bsyms:

@@ -76,7 +76,7 @@ def _claimable(b: BoundSymbol) -> bool:
 # its erf/tanh prims computed in C give +-inf, and the contract is eager's answer.
 _PARTITIONER = Partitioner(_claimable, split_partial_ops=False,
                            whole_ops=frozenset({"torch.nn.functional.gelu"}), columns=True, read_views=True,
-                           cpu_rewrites=True)
+                           cpu_rewrites=True, external_rows=True)
 
 
 name = "c"
