@@ -269,7 +269,7 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
             lines += self.index_lines("i", r.inner, "c")
         local = dict(names)
         for k, v in enumerate(r.inputs):
-            if isinstance(v, TensorVar) and v.name not in self.side:
+            if isinstance(v, TensorVar) and v.name not in self.side and v.name not in names:
                 var = f"x{k}"
                 lines.append(f"{C_TYPE[held(v.dtype)]} {var} = {self.load(v, k)};")
                 local[v.name] = (var, held(v.dtype))
