@@ -360,13 +360,15 @@ class _Backward:
 
     def _custom_pullback(self, op: BoundSymbol) -> None:
         """An autograd.Function's backward, recorded on the backward's proxies (CUSTOM_VJPS); a
-        cotangent no output got is zeros (autograd's materialized gradients)."""
+        cotangent no output got is zeros (autograd's materialized gradients), or None where the
+        forward called ctx.set_materialize_grads(False)."""
         outs = [v for v in flatten_values(op.output) if isinstance(v, Var)]
         gs = [self._take(v.name) for v in outs]
         if all(g is None for g in gs):
             return
+        zeros = getattr(CUSTOM_VJPS[op.sym], "materialize_grads", True)
         gs = [full(g, v) if g is not None else apply(Prim.FULL, v.shape, 0, dtype=v.dtype, device=v.device)
-              for g, v in zip(gs, outs)]
+              if zeros else None for g, v in zip(gs, outs)]
         try:
             grads = CUSTOM_VJPS[op.sym](self.value, gs)
         except Exception as e:      # noqa: BLE001 -- the Function's backward does not trace

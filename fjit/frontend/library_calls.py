@@ -65,7 +65,9 @@ def _traced_apply(cls, *args, **kwargs):
         finally:
             sys.setprofile(hook)
         if current().scopes[-1] and current().scopes[-1][-1].sym is sym:
-            CUSTOM_VJPS[sym] = lambda value, cotangents: _backward(cls, ctx, args, value, cotangents)
+            vjp = lambda value, cotangents: _backward(cls, ctx, args, value, cotangents)  # noqa: E731
+            vjp.materialize_grads = ctx.materialize_grads
+            CUSTOM_VJPS[sym] = vjp
         return out
     return dispatch(op, args, kwargs)
 
@@ -75,10 +77,15 @@ class _Declined(Exception):
 
 
 def _traceable(cls) -> bool:
-    """A Function with an old-style forward(ctx, ...) and its own backward (not vmap or jvp-only)."""
+    """A Function with its own forward and backward: old-style forward(ctx, ...), or forward(...)
+    with setup_context(ctx, inputs, output) (not vmap- or jvp-only)."""
     base = torch.autograd.Function
-    return cls.setup_context is base.setup_context and cls.backward is not base.backward \
-        and cls.forward is not base.forward
+    return cls.backward is not base.backward and cls.forward is not base.forward
+
+
+def _separate_context(cls) -> bool:
+    """Whether cls.forward takes no ctx: its setup_context fills it from the inputs and output."""
+    return cls.setup_context is not torch.autograd.Function.setup_context
 
 
 class _FunctionCtx:
@@ -87,6 +94,7 @@ class _FunctionCtx:
     def __init__(self, args):
         self.needs_input_grad = tuple(isinstance(a, TensorProxy) and a.requires_grad for a in args)
         self.to_save = ()
+        self.materialize_grads = True
 
     def save_for_backward(self, *tensors):
         self.to_save = tensors
@@ -101,7 +109,7 @@ class _FunctionCtx:
         raise _Declined("mark_non_differentiable")
 
     def set_materialize_grads(self, value):
-        pass        # the joint program always hands the backward zeros for an unused output
+        self.materialize_grads = bool(value)   # False: an output with no cotangent gets None
 
     @property
     def saved_tensors(self):
@@ -120,7 +128,11 @@ def _traced_forward(cls, ctx: _FunctionCtx, args, observer):
     sys.setprofile(observer)
     try:
         with torch._C._EnableTorchFunction():      # the user's forward is traced as user code
-            out = cls.forward(ctx, *args)
+            if _separate_context(cls):
+                out = cls.forward(*args)
+                cls.setup_context(ctx, args, out)
+            else:
+                out = cls.forward(ctx, *args)
     except Exception:      # noqa: BLE001 -- the real forward runs at run time and raises there
         out = None
     finally:
@@ -161,7 +173,7 @@ class _BackwardCtx:
         def mapped(x):
             return map_values(lambda t: value(t.ir) if isinstance(t, TensorProxy) else t, x)
         for k, v in vars(ctx).items():
-            if k != "to_save":
+            if k not in ("to_save", "materialize_grads"):
                 setattr(self, k, mapped(v) if k != "needs_input_grad" else v)
         self.saved_tensors = tuple(mapped(list(ctx.to_save)))
 

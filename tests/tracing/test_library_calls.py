@@ -285,3 +285,57 @@ def test_a_function_called_under_no_grad_runs_in_that_mode(monkeypatch):
     assert flag is False
     torch.testing.assert_close(torch.autograd.grad(total, x), torch.autograd.grad(f(x)[1], x),
                                rtol=1e-4, atol=1e-5)
+
+
+class _SoftclipSeparate(torch.autograd.Function):
+    """The setup_context style: forward takes no ctx; setup_context saves an input and the output."""
+
+    @staticmethod
+    def forward(x, limit):
+        return limit * torch.tanh(x / limit)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, limit = inputs
+        ctx.save_for_backward(output)
+        ctx.limit = limit
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * (1 - (y / ctx.limit) ** 2), None
+
+
+def test_a_setup_context_function_is_traced_with_its_own_backward(monkeypatch):
+    """forward(x, limit) without ctx and setup_context(ctx, inputs, output) filling it: the
+    forward's prims and the backward's ops are compiled, as for an old-style Function, where the
+    op stayed the opaque call torch autograd records."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    jf = _grads(lambda x: (_SoftclipSeparate.apply(x * 3, 2.0) * x).sum(), x)
+    assert "torch fallback" not in str(fjit.last_traces(jf)[0])
+    backward = fjit.last_backward_traces(jf)[-1]
+    assert "torch_autograd" not in backward.stage and "C kernel" in str(backward)
+
+
+class _NoneWhenUnused(torch.autograd.Function):
+    """ctx.set_materialize_grads(False): the backward gets None for an output nothing used."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        return x * 2, x * 3
+
+    @staticmethod
+    def backward(ctx, g, h):
+        assert h is None, "h was materialized"
+        return g * 2 + (0 if h is None else h * 3)
+
+
+def test_a_function_that_does_not_materialize_grads_gets_none_for_an_unused_output(monkeypatch):
+    """set_materialize_grads(False): an output no gradient reaches is None in the backward, as in
+    eager (zeros were handed before: a backward testing `h is None` took the other branch)."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    x = torch.randn(4, 5, requires_grad=True)
+    jf = _grads(lambda x: (_NoneWhenUnused.apply(x * 2)[0] * x).sum(), x)
+    assert "torch_autograd" not in fjit.last_backward_traces(jf)[-1].stage
