@@ -12,7 +12,8 @@ machines oneDNN's depthwise and grouped convolutions run much faster on channels
 eager MobileNetV3 step in that layout takes 0.82x the time), where a ResNet's dense ones run slower
 (1.04-1.13x).  So, as an autotuner does, a program big enough for the difference to matter
 (training: MIN_OPS top-level ops; a forward: MIN_NUMEL input elements; FJIT_MEASURE in
-fjit/config.py) runs every form on its second call, on that call's own inputs, ROUNDS times
+fjit/config.py) runs every form on its second call (or the first after its background kernel
+builds are done), on that call's own inputs, ROUNDS times
 interleaved after a warm-up (once where a form's first timed run takes over LONG_RUN; CLOSE_ROUNDS
 more where the two fastest are within CLOSE), and keeps the fastest
 by the minimum time, with margins in favour of eager's kernels (torch autograd's and the
@@ -38,7 +39,7 @@ import torch.utils._pytree as pytree
 
 import fjit.config as config
 from fjit.config import Measure
-from fjit.executors import wait_for_kernels
+from fjit.executors import kernels_pending, wait_for_kernels
 from fjit.frontend.rng import rng_preserved
 
 MIN_OPS = 32          # top-level ops of the forward trace that make a training program worth it
@@ -126,7 +127,11 @@ class MeasuredChoice:
     def __call__(self, *leaves):
         if not self.decided:
             self.count_call()
-            if self.calls >= 2 and (torch.is_grad_enabled() or not self.training):
+            # (not while kernels still build in the background: the second call of a cold cache
+            # waited for every one of them, ReXNet's and EfficientNetV2's over a minute on two
+            # cores, and a zoo check of three steps ran out of its 300 s; the first form runs
+            # meanwhile, its regions as torch calls until their kernels load)
+            if self.calls >= 2 and (torch.is_grad_enabled() or not self.training) and not kernels_pending():
                 self.decide(leaves)
         return self.run(*leaves)
 

@@ -26,7 +26,7 @@ from fjit.core.trace import Trace
 from fjit.runtime import register_kernel
 
 __all__ = ["Executor", "KernelExecutor", "kernel_executor", "fusing_executor", "kernel_inputs_usable",
-           "kernel_bsym", "kernel_cache_dir", "wait_for_kernels"]   # Executor (the `executors=` option) lives in fjit.config
+           "kernel_bsym", "kernel_cache_dir", "kernels_pending", "wait_for_kernels"]   # Executor (the `executors=` option) lives in fjit.config
 
 
 class KernelExecutor(Protocol):
@@ -67,6 +67,11 @@ def kernel_executor(option: Executor) -> KernelExecutor | None:
         except ImportError:
             _LOADED[option] = None
     return _LOADED[option]
+
+
+def kernels_pending() -> bool:
+    """Whether a loaded executor is still building kernels in the background (no waiting)."""
+    return any(getattr(executor, "builds_pending", lambda: False)() for executor in list(_LOADED.values()))
 
 
 def wait_for_kernels() -> None:

@@ -391,6 +391,30 @@ def test_measured_choice_gives_ties_to_torch_autograd(monkeypatch, autograd_time
         (kept == "joint" or "measured on the second call, torch autograd took" in backward[0])
 
 
+def test_measured_choice_waits_for_no_kernel_build(monkeypatch):
+    """While kernels still build in the background the second call runs the first form without
+    measuring (it waited for every build: a cold cache's ReXNet and EfficientNetV2 checks ran out
+    of the zoo's 300 s on two cores); the first call after the builds measures."""
+    import fjit.program_choice as program_choice
+    pending = [True]
+    monkeypatch.setattr(program_choice, "kernels_pending", lambda: pending[0])
+    waited = []
+    monkeypatch.setattr(program_choice, "wait_for_kernels", lambda: waited.append(True))
+
+    def form(what):
+        def timed(x):
+            return x * 2.0
+        return program_choice.Form(what, timed, timed, lambda reason: ([reason], [reason]))
+    choice = program_choice.MeasuredChoice([form("joint"), form("torch autograd")], [], [], [])
+    x = torch.randn(3, requires_grad=True)
+    for _ in range(3):
+        choice(x)
+    assert not choice.decided and choice.times is None and not waited
+    pending[0] = False
+    choice(x)
+    assert choice.decided and choice.times is not None
+
+
 @pytest.mark.parametrize("autograd_time, runs", [(1.5, 1 + 3), (1.04, 1 + 3 + 4)])
 def test_measured_choice_times_close_forms_longer(monkeypatch, autograd_time, runs):
     """Forms within CLOSE of each other after ROUNDS rounds are timed CLOSE_ROUNDS more: one noisy

@@ -240,6 +240,12 @@ def _work() -> None:
         _build(binary)
 
 
+def builds_pending() -> bool:
+    """Whether a queued kernel is not built yet."""
+    with _LOCK:
+        return any(b.queued and not b.done.is_set() for b in list(_BINARIES.values()))
+
+
 def wait_for_builds(timeout: float = 60.0) -> bool:
     """Block until every queued kernel is built or failed (tests and benchmarks); False on timeout."""
     with _LOCK:
