@@ -22,8 +22,8 @@ from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.trace import Trace
 from fjit.passes.matmuls import split_ops
-from fjit.passes.regroup import (absorb_into_cats, delay_column_sums, distribute_row_sums, read_through_views,
-                                 sink_relabels)
+from fjit.passes.regroup import (absorb_into_cats, broadcasts_to, delay_column_sums, distribute_row_sums,
+                                 read_through_views, sink_relabels)
 
 # The widest row a reduction region takes by default (a generator without looped kernels).
 MAX_ROW = 1 << 16
@@ -77,12 +77,6 @@ class _Open:
     made: set
     views: list = dataclasses.field(default_factory=list)
     view_names: set = dataclasses.field(default_factory=set)
-
-
-def _broadcasts_to(shape: tuple, domain: tuple) -> bool:
-    if len(shape) > len(domain):
-        return False
-    return all(s == d or s == 1 for s, d in zip(reversed(shape), reversed(domain)))
 
 
 class Partitioner:
@@ -161,7 +155,7 @@ class Partitioner:
                 return None
             return Region([b], (), tuple(out.shape))
         rows = [v for v in tensors if v.name in region.row_vars]
-        if rows and len(rows) == len(tensors) and out.shape != region.domain or self._row_of_inputs(region, b):
+        if (rows and len(rows) == len(tensors) and out.shape != region.domain) or self._row_of_inputs(region, b):
             region.bsyms.append(b)
             region.row_vars.add(out.name)
             if all(v.name in region.keepdim_rows for v in rows):
@@ -171,7 +165,7 @@ class Partitioner:
             return None
         if any(v.name in region.row_vars and v.name not in region.keepdim_rows for v in tensors):
             return None   # torch would broadcast an [M] value along the last dim, not per row
-        if not all(v.name in region.row_vars or _broadcasts_to(v.shape, region.domain) for v in tensors):
+        if not all(v.name in region.row_vars or broadcasts_to(v.shape, region.domain) for v in tensors):
             return None
         region.bsyms.append(b)
         return region
@@ -186,8 +180,9 @@ class Partitioner:
         if not (self.external_rows and region.has_reduction and tuple(out.shape) == row
                 and math.prod(region.inner) > 1):
             return False
-        made = {v.name for p in region.bsyms for v in p.outputs()}
-        return all(v.name in region.keepdim_rows if v.name in made else _broadcasts_to(v.shape, row)
+        # (a value the region made broadcasts to the row only as a keepdim row value: its full
+        # domain values and column sums span an inner dim over 1)
+        return all(v.name in region.keepdim_rows or v.name not in region.row_vars and broadcasts_to(v.shape, row)
                    for v in b.inputs() if isinstance(v, TensorVar))
 
     def _column(self, region: Region, b: BoundSymbol, x: TensorVar, dims: tuple, out) -> bool:

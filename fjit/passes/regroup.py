@@ -20,6 +20,7 @@ from torch._prims_common import make_contiguous_strides_for as contiguous_stride
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.trace import Trace
+from fjit.passes.basic import dce
 
 # The most prims a concatenation takes into its kernel (each in the code of the piece reading it).
 MAX_ABSORBED = 12
@@ -96,6 +97,13 @@ def delay_column_sums(flat: list, supported: Callable[[BoundSymbol], bool]) -> l
     return flat
 
 
+def broadcasts_to(shape: tuple, domain: tuple) -> bool:
+    """Whether a value of `shape` broadcasts to `domain` (torch's rule, from the last dim)."""
+    if len(shape) > len(domain):
+        return False
+    return all(s == d or s == 1 for s, d in zip(reversed(shape), reversed(domain)))
+
+
 # The most terms a row sum is distributed over (see distribute_row_sums).
 MAX_TERMS = 8
 _LINEAR = frozenset({Prim.ADD, Prim.SUB, Prim.NEG, Prim.MUL, Prim.DIV})
@@ -127,7 +135,8 @@ def distribute_row_sums(flat: list, trace: Trace, supported: Callable[[BoundSymb
         else:
             out += rewritten
             changed = True
-    return _without_dead(out, trace) if changed else flat
+    # (what the distributed sums read and nothing else does is dropped)
+    return dce(trace.with_stage("regroup", out)).bsyms if changed else flat
 
 
 def _distributed(b: BoundSymbol, made: dict, waits, supported) -> list | None:
@@ -143,9 +152,7 @@ def _distributed(b: BoundSymbol, made: dict, waits, supported) -> list | None:
 
     def constant(a) -> bool:      # along the row: a number, or a value of the row's shape
         return isinstance(a, (int, float)) and not isinstance(a, bool) or isinstance(a, TensorVar) and \
-            a.dtype == x.dtype and len(a.shape) <= len(row) and \
-            all(s == 1 or s == r for s, r in zip(reversed(a.shape), reversed(row))) and \
-            all(s == 1 for s in a.shape[len(a.shape) - len(dims):])
+            a.dtype == x.dtype and broadcasts_to(a.shape, row)
 
     def terms(v, sign: int, factors: tuple) -> list | None:
         """[(sign, factors, leaf)] whose sum is v's row sum (a leaf past MAX_TERMS factors)."""
@@ -204,19 +211,6 @@ def _distributed(b: BoundSymbol, made: dict, waits, supported) -> list | None:
     last = prims[-1]
     prims[-1] = last.replace(output=out)
     return prims if all(supported(p) for p in prims) else None
-
-
-def _without_dead(flat: list, trace: Trace) -> list:
-    """`flat` less the elementwise prims nothing reads (what a distributed sum read)."""
-    live = {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}
-    kept = []
-    for b in reversed(flat):
-        if b.sym.has(Tag.ELEMENTWISE) and not (b.sym.has(Tag.RANDOM) or b.sym.has(Tag.IMPURE)) and \
-                not any(v.name in live for v in b.outputs()):
-            continue
-        kept.append(b)
-        live.update(v.name for v in b.inputs())
-    return kept[::-1]
 
 
 def _view_as(a: TensorVar, z: TensorVar) -> TensorVar | None:

@@ -1133,11 +1133,24 @@ def test_a_layer_norm_backward_with_its_weight_gradients_is_one_kernel():
 
 
 def _gcc() -> str | None:
+    """The kernels' compiler where it is gcc (whose vectorization report the tests read), else None."""
     compiler = c_executor.compiler()
     if compiler and "Free Software Foundation" in subprocess.run(
             [compiler, "--version"], capture_output=True, text=True).stdout:
         return compiler
     return None
+
+
+def _vectorization_report(compiler: str, source: str, flags, report: str = "-fopt-info-vec-all") -> str:
+    """gcc's report on `source` (after the entry point's header, its lines named k.c:N) built
+    with `flags`."""
+    from fjit.executors.c.launch import HEADER
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.c")
+        with open(path, "w") as f:
+            f.write(HEADER + source)
+        return subprocess.run([compiler, *[f for f in flags if f != "-shared"], report, "-c", path, "-o", os.devnull],
+                              capture_output=True, text=True).stderr
 
 
 _TRAINING_PATTERNS = {
@@ -1172,19 +1185,13 @@ def test_every_loop_over_a_row_or_its_elements_of_a_training_kernel_is_vectorize
     names = sorted(set(re.findall(r"# C kernel (fjit_c_\w+)", text)))
     assert len(names) >= 2, text           # a forward kernel and a backward one at least
     from fjit.executors.c.launch import HEADER
-    flags = [f for f in c_build.kernel_flags() if f != "-shared"]
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in names:
-            source = HEADER + c_executor._BINARIES[name].kernel.source
-            path = os.path.join(tmp, "k.c")
-            with open(path, "w") as f:
-                f.write(source)
-            report = subprocess.run([compiler, *flags, "-fopt-info-vec-all", "-c", path, "-o", os.devnull],
-                                    capture_output=True, text=True).stderr
-            lines = source.splitlines()
-            scalar = [lines[int(n) - 1].strip() for n in re.findall(r"k\.c:(\d+):\d+: missed: couldn't vectorize loop", report)
-                      if lines[int(n) - 1].strip().startswith(("for (int64_t c ", "for (int64_t l ", "for (int64_t i"))]
-            assert not scalar, (name, scalar, source)
+    for name in names:
+        source = c_executor._BINARIES[name].kernel.source
+        report = _vectorization_report(compiler, source, c_build.kernel_flags())
+        lines = (HEADER + source).splitlines()
+        scalar = [lines[int(n) - 1].strip() for n in re.findall(r"k\.c:(\d+):\d+: missed: couldn't vectorize loop", report)
+                  if lines[int(n) - 1].strip().startswith(("for (int64_t c ", "for (int64_t l ", "for (int64_t i"))]
+        assert not scalar, (name, scalar, source)
 
 
 def test_a_kernel_with_many_pointers_and_column_sums_is_vectorized_by_gcc(monkeypatch):
@@ -1195,9 +1202,8 @@ def test_a_kernel_with_many_pointers_and_column_sums_is_vectorized_by_gcc(monkey
     before per-row values read the forward's row statistics: the one kernel made now has fewer
     pointers in that loop, which gcc vectorizes either way.)"""
     monkeypatch.setattr(c_executor._PARTITIONER, "external_rows", False)
-    compiler = c_executor.compiler()
-    if not compiler or "Free Software Foundation" not in subprocess.run(
-            [compiler, "--version"], capture_output=True, text=True).stdout:
+    compiler = _gcc()
+    if compiler is None:
         assert c_build.GCC_PARAMS[0] not in c_build.kernel_flags()   # clang: no such parameter
         return
     x, r = torch.randn(8, 66, 192, requires_grad=True), torch.randn(8, 66, 192)
@@ -1211,20 +1217,15 @@ def test_a_kernel_with_many_pointers_and_column_sums_is_vectorized_by_gcc(monkey
     source = max((c_executor._BINARIES[n].kernel.source for n in names), key=lambda s: s.count("fj_col"))
     assert source.count("double *fj_col") >= 3    # the weight, bias and scale gradients, with rows
     from fjit.executors.c.launch import HEADER
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.c")
-        with open(path, "w") as f:
-            f.write(HEADER + source)
-        # the loop over a row's lanes, where the columns are summed and the row reduced
-        text = HEADER + source
-        lanes = text[:text.index("#pragma GCC unroll 1")].count("\n") + 2
+    # the loop over a row's lanes, where the columns are summed and the row reduced
+    text = HEADER + source
+    lanes = text[:text.index("#pragma GCC unroll 1")].count("\n") + 2
 
-        def vectorized(flags) -> bool:
-            report = subprocess.run([compiler, *[f for f in flags if f != "-shared"], "-fopt-info-vec-optimized",
-                                     "-c", path, "-o", os.devnull], capture_output=True, text=True).stderr
-            return f"k.c:{lanes}:" in report and "loop vectorized" in report.split(f"k.c:{lanes}:")[1].split("\n")[0]
-        assert vectorized(c_build.kernel_flags())
-        assert not vectorized([f for f in c_build.kernel_flags() if f not in c_build.GCC_PARAMS])
+    def vectorized(flags) -> bool:
+        report = _vectorization_report(compiler, source, flags, "-fopt-info-vec-optimized")
+        return f"k.c:{lanes}:" in report and "loop vectorized" in report.split(f"k.c:{lanes}:")[1].split("\n")[0]
+    assert vectorized(c_build.kernel_flags())
+    assert not vectorized([f for f in c_build.kernel_flags() if f not in c_build.GCC_PARAMS])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32])
