@@ -22,8 +22,8 @@ from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.trace import Trace
 from fjit.passes.matmuls import split_ops
-from fjit.passes.regroup import (absorb_into_cats, broadcasts_to, delay_column_sums, distribute_row_sums,
-                                 read_through_views, sink_relabels)
+from fjit.passes.regroup import (absorb_into_cats, broadcasts_to, delay_column_sums, read_through_views,
+                                 sink_relabels)
 
 # The widest row a reduction region takes by default (a generator without looped kernels).
 MAX_ROW = 1 << 16
@@ -211,7 +211,6 @@ class Partitioner:
         flat = split_ops(trace.bsyms, supported, self.whole_ops, self.split_partial_ops, self.cpu_rewrites)
         flat = sink_relabels(flat, trace, supported)
         flat = delay_column_sums(flat, supported) if self.columns else flat
-        flat = distribute_row_sums(flat, trace, supported) if self.external_rows else flat
         flat, absorbed = absorb_into_cats(flat, trace, supported)
         privates = {id(p) for ps in absorbed.values() for p in ps}
         items: list = []

@@ -4,9 +4,8 @@ Each moves work to where a kernel can read it at the index it computes: `sink_re
 elementwise prim in the shape a reshape views it in, `absorb_into_cats` hands a concatenation
 the elementwise prims only it reads, which a kernel then computes along each piece of the
 concatenated dim (a rotary embedding's `cat([-x2, x1])`), instead of running them and the
-concatenation as separate ops, `delay_column_sums` moves a bias gradient's sum to the kernel
-reading its value, and `distribute_row_sums` splits a row sum over its terms so that it no longer
-waits for another row sum (a norm backward's sums in one pass over the row).  Once regions are made, `read_through_views` has a kernel read an input that
+concatenation as separate ops, and `delay_column_sums` moves a bias gradient's sum to the kernel
+reading its value.  Once regions are made, `read_through_views` has a kernel read an input that
 views another value from that value.  (The C executor's matmul and copy rewrites are
 passes/matmuls.py.)
 """
@@ -20,7 +19,6 @@ from torch._prims_common import make_contiguous_strides_for as contiguous_stride
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.trace import Trace
-from fjit.passes.basic import dce
 
 # The most prims a concatenation takes into its kernel (each in the code of the piece reading it).
 MAX_ABSORBED = 12
@@ -102,115 +100,6 @@ def broadcasts_to(shape: tuple, domain: tuple) -> bool:
     if len(shape) > len(domain):
         return False
     return all(s == d or s == 1 for s, d in zip(reversed(shape), reversed(domain)))
-
-
-# The most terms a row sum is distributed over (see distribute_row_sums).
-MAX_TERMS = 8
-_LINEAR = frozenset({Prim.ADD, Prim.SUB, Prim.NEG, Prim.MUL, Prim.DIV})
-
-
-def distribute_row_sums(flat: list, trace: Trace, supported: Callable[[BoundSymbol], bool]) -> list:
-    """A row sum (over the trailing dims, kept) of a sum of terms, some of them products with a
-    value constant along the row that itself waits for another row sum, becomes the sum of each
-    term's own row sum times its row factors: sum(a + r * d) = sum(a) + r * sum(d).  A layer
-    norm's backward (and a group norm's) sums its input gradient's terms after a first row sum
-    reached them through the variance, a third pass over every row in its kernel, where ATen's
-    kernel makes two: distributed, every sum is of the first pass.  Only where each term is of a
-    value that waits for fewer row sums than the sum did, and the terms are few."""
-    made = {b.outputs()[0].name: b for b in flat if len(b.outputs()) == 1}
-    depth: dict = {}      # name -> how many sums in a row its value waits for
-    for b in flat:
-        inner = max((depth.get(a.name, 0) for a in b.inputs()), default=0)
-        for v in b.outputs():
-            depth[v.name] = inner + 1 if prim_of(b) is Prim.SUM else inner if b.sym.has(Tag.ELEMENTWISE) else 0
-
-    def waits(v) -> int:
-        return depth.get(v.name, 0) if isinstance(v, TensorVar) else 0
-
-    out, changed = [], False
-    for b in flat:
-        rewritten = _distributed(b, made, waits, supported) if prim_of(b) is Prim.SUM else None
-        if rewritten is None:
-            out.append(b)
-        else:
-            out += rewritten
-            changed = True
-    # (what the distributed sums read and nothing else does is dropped)
-    return dce(trace.with_stage("regroup", out)).bsyms if changed else flat
-
-
-def _distributed(b: BoundSymbol, made: dict, waits, supported) -> list | None:
-    """`b`'s row sum distributed over its terms (prims ending in b's own output), or None."""
-    x, out = b.args[0], b.outputs()[0]
-    if not (isinstance(x, TensorVar) and len(b.args) > 2 and b.args[2] is True and supported(b)
-            and x.dtype in (torch.float32, torch.float64) and waits(x) > 0):
-        return None
-    dims = tuple(b.args[1])
-    if dims != tuple(range(x.ndim - len(dims), x.ndim)):
-        return None
-    row = tuple(out.shape)
-
-    def constant(a) -> bool:      # along the row: a number, or a value of the row's shape
-        return isinstance(a, (int, float)) and not isinstance(a, bool) or isinstance(a, TensorVar) and \
-            a.dtype == x.dtype and broadcasts_to(a.shape, row)
-
-    def terms(v, sign: int, factors: tuple) -> list | None:
-        """[(sign, factors, leaf)] whose sum is v's row sum (a leaf past MAX_TERMS factors)."""
-        visited[0] += 1
-        if visited[0] > 4 * MAX_TERMS:
-            return None
-        p = made.get(v.name)
-        op = prim_of(p) if p is not None else None
-        if op not in _LINEAR or p.kwargs or tuple(v.shape) != tuple(x.shape) or v.dtype != x.dtype or \
-                len(factors) >= MAX_TERMS:
-            return [(sign, factors, v)]
-        a = p.args
-        if op is Prim.NEG:
-            return terms(a[0], -sign, factors)
-        if op in (Prim.ADD, Prim.SUB):
-            if not all(isinstance(t, TensorVar) and tuple(t.shape) == tuple(x.shape) for t in a):
-                return [(sign, factors, v)]
-            left, right = terms(a[0], sign, factors), terms(a[1], -sign if op is Prim.SUB else sign, factors)
-            return None if left is None or right is None else left + right
-        if op is Prim.MUL and constant(a[1]) and isinstance(a[0], TensorVar):
-            return terms(a[0], sign, factors + ((Prim.MUL, a[1]),))
-        if op is Prim.MUL and constant(a[0]) and isinstance(a[1], TensorVar):
-            return terms(a[1], sign, factors + ((Prim.MUL, a[0]),))
-        if op is Prim.DIV and constant(a[1]) and isinstance(a[0], TensorVar):
-            return terms(a[0], sign, factors + ((Prim.DIV, a[1]),))
-        return [(sign, factors, v)]
-    visited = [0]
-    found = terms(x, 1, ())
-    if not found or len(found) < 2 or len(found) > MAX_TERMS or \
-            any(waits(leaf) >= waits(x) for _, _, leaf in found):
-        return None
-    prims, sums, total = [], {}, None
-    strides = tuple(contiguous_strides(row))
-
-    def var(tag: str) -> TensorVar:
-        return TensorVar(f"{out.name}_{tag}{len(prims)}", row, out.dtype, out.device, strides)
-    for sign, factors, leaf in found:
-        if leaf.name not in sums:
-            sums[leaf.name] = var("s")
-            prims.append(b.replace(args=(leaf, *b.args[1:]), output=sums[leaf.name]))
-        value = sums[leaf.name]
-        for op, factor in factors:
-            product = var("f")
-            prims.append(BoundSymbol(op.block.symbol, (value, factor), {}, product))
-            value = product
-        if total is None:
-            if sign < 0:
-                negated = var("n")
-                prims.append(BoundSymbol(Prim.NEG.block.symbol, (value,), {}, negated))
-                value = negated
-            total = value
-        else:
-            added = var("a")
-            prims.append(BoundSymbol((Prim.ADD if sign > 0 else Prim.SUB).block.symbol, (total, value), {}, added))
-            total = added
-    last = prims[-1]
-    prims[-1] = last.replace(output=out)
-    return prims if all(supported(p) for p in prims) else None
 
 
 def _view_as(a: TensorVar, z: TensorVar) -> TensorVar | None:
