@@ -27,6 +27,12 @@ from fjit.runtime import (convolution_vjp, convolution_vjp_by_gemm, linear_as_co
 # its result (below it a BLAS call costs a few microseconds either way: the trace stays readable).
 THIN_MATMUL_K = 8
 THIN_MATMUL_MIN_NUMEL = 4096
+# The most bytes of w's K rows (K x N) an unrolled kernel reads again for every output row: past
+# an L1's share, its K loads an output element run from L2 and MKL's register-blocked kernel is
+# faster (float32, 2-core Xeon: K=8 N=512 0.80-0.92x MKL's time, K=8 N=2048 1.47x, K=4 N=4096
+# 1.17-1.38x; AlexNet's classifier weight gradients, [4096, 8] @ [8, 9216], made its step 1.05x
+# eager's).
+THIN_MATMUL_PANEL_BYTES = 16384
 # The fewest elements a copy has to be made a kernel's (copies_in_kernels).
 COPY_MIN_NUMEL = 1024
 
@@ -59,7 +65,8 @@ def unroll_thin_matmuls(flat: list, supported: Callable[[BoundSymbol], bool]) ->
     `a[..., k:k+1] * w[..., k:k+1, :]` added in order of k: elementwise prims a kernel
     computes per output element, reading a and w where they lie, and fuses with the bias add and
     activation around it.  A BLAS call on such a product runs at a fraction of memory speed (MKL:
-    0.18 ms for [4096, 4] @ [4, 256], 0.07 ms as one kernel).  Rounding: each product is rounded
+    0.18 ms for [4096, 4] @ [4, 256], 0.07 ms as one kernel), while w's K rows stay in L1
+    (THIN_MATMUL_PANEL_BYTES).  Rounding: each product is rounded
     and the sum runs in k order, where BLAS may fuse multiply-adds; results agree to rounding.
     Returns `flat` itself where it unrolls nothing."""
     out, changed = [], False
@@ -110,6 +117,7 @@ def _unrolled(m: BoundSymbol) -> tuple | None:
             and (w.ndim == 2 or w.ndim == a.ndim and tuple(w.shape[:-2]) == tuple(a.shape[:-2]))
             and 0 < w.shape[-2] <= THIN_MATMUL_K and a.shape[-1] == w.shape[-2] and z.ndim == a.ndim
             and math.prod(z.shape) >= THIN_MATMUL_MIN_NUMEL
+            and w.shape[-2] * w.shape[-1] * w.dtype.itemsize <= THIN_MATMUL_PANEL_BYTES
             and a.dtype == w.dtype == z.dtype and a.dtype in (torch.float32, torch.float64)
             and a.device == w.device == z.device and len(m.outputs()) == 1
             and tuple(z.strides) == tuple(contiguous_strides(tuple(z.shape)))):

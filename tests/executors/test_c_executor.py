@@ -1076,6 +1076,20 @@ def test_a_batched_matmul_over_a_few_products_is_one_kernel(k):
                                                    torch.randn(2, k, 32)))[-1])
 
 
+@pytest.mark.parametrize("k", [4, 8])
+def test_a_thin_matmul_unrolls_only_while_its_weight_rows_fit_the_panel(k):
+    """A weight gradient over a batch of k rows (`g.t() @ x`, AlexNet's classifier: [4096, 8] @
+    [8, 9216]) is thin, but its k rows of x are read again for every output row: past
+    THIN_MATMUL_PANEL_BYTES they stream from L2 and BLAS is the faster, so the matmul stays."""
+    from fjit.passes.matmuls import THIN_MATMUL_PANEL_BYTES
+    wide = THIN_MATMUL_PANEL_BYTES // (4 * k) * 2          # twice the panel
+    narrow = THIN_MATMUL_PANEL_BYTES // (4 * k) // 2       # half of it
+    g = torch.Generator().manual_seed(0)
+    for n, unrolled in ((narrow, True), (wide, False)):
+        jf = _check(lambda a, x: a.t() @ x, torch.randn(k, 64, generator=g), torch.randn(k, n, generator=g))
+        assert ("matmul" not in str(fjit.last_traces(jf)[-1])) == unrolled, (k, n)
+
+
 def test_copies_of_permuted_values_are_kernels():
     """A reshape that copies (heads merged back after attention, a window partition) and a batched
     matmul operand whose batch dims do not merge (torch.matmul would copy it in its own reshape)
