@@ -429,11 +429,12 @@ def time_model(zm: ZooModel, rounds: int, seed: int = 0, timed: tuple = TIMED) -
     torch._dynamo.reset()
     base = zm.make(seed).to(DEVICE)
     batch = zm.example(seed).to(device=DEVICE)
-    candidates, errors = {}, {}
+    candidates, errors, compiled = {}, {}, {}
     for entry in ("eager", *timed):
         module = copy.deepcopy(base)
         try:
-            thunk = _train_thunk(module, compile_entry(entry, module), zm, batch)
+            compiled[entry] = compile_entry(entry, module)
+            thunk = _train_thunk(module, compiled[entry], zm, batch)
             thunk()           # compile (forward and backward)
             thunk()
         except ZooTimeout:
@@ -454,7 +455,17 @@ def time_model(zm: ZooModel, rounds: int, seed: int = 0, timed: tuple = TIMED) -
     stats = H.measure(candidates, timer, rounds=rounds, iters=iters, warmup=3)
     return {"iters": iters, "eager_ms": stats["eager"].median_ns / 1e6,
             "ratios": {e: H.paired_ratio(stats, e, "eager") for e in candidates if e != "eager"},
-            "stats": {e: s.to_json() for e, s in stats.items()}, "errors": errors}
+            "stats": {e: s.to_json() for e, s in stats.items()}, "errors": errors,
+            "kept": kept_form(compiled["jit"]) if "jit" in candidates else None}
+
+
+def kept_form(compiled) -> str | None:
+    """The stage line of the form a `fjit.jit` model's training program runs (its measured
+    choice's: the joint program, torch autograd's or the channels-last form, with every form's
+    time on its second call): a model whose ratio moves between runs may have kept another form."""
+    import fjit
+    traces = fjit.last_backward_traces(compiled)
+    return traces[-1].stage if traces else None
 
 
 # -------------------------------------------------------------------------------------------------
@@ -690,6 +701,8 @@ def main(argv=None) -> int:
             if "timing" in row and "ratios" in row["timing"]:
                 print("    time/eager: " + ", ".join(f"{ENTRY_LABELS[e]} {v:.2f}"
                                                      for e, v in row["timing"]["ratios"].items()), flush=True)
+                if row["timing"].get("kept"):
+                    print(f"    kept: {row['timing']['kept']}", flush=True)
     total_s = time.perf_counter() - t_start
     summary = summarize(rows, args.entry)
     summary["total_seconds"] = total_s

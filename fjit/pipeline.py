@@ -172,10 +172,19 @@ def _measured_forward(program, trace: Trace, traces: list[Trace], leaves: list):
 
     def plain_traces(reason: str) -> tuple[list, list]:
         return plain[:-1] + [plain[-1].with_stage(f"torch_executor: {reason}")], []
-    forms = [program_choice.Form("the program with kernels", program, program),
+    forms = [program_choice.Form("the program with kernels", program, program, _kept_as_compiled(traces, [])),
              program_choice.Form("its torch calls", torch_calls, torch_calls, plain_traces,
                                  "FORWARD_MARGIN")]
     return program_choice.MeasuredChoice(forms, plain[-1].bsyms, traces, [], training=False)
+
+
+def _kept_as_compiled(forward: list[Trace], backward: list[Trace]):
+    """Form.stages of a form that runs the compilation's own stages: the same stages, the last
+    of each with the measurement in its stage line (what the zoo runner reads a kept form from)."""
+    def stages(reason: str) -> tuple[list, list]:
+        return tuple([*ts[:-1], ts[-1].with_stage(f"{ts[-1].stage}: {reason}")] if ts else []
+                     for ts in (list(forward), list(backward)))
+    return stages
 
 
 def _measured_choice(joint, traces: list[Trace], backward: list[Trace],
@@ -187,9 +196,9 @@ def _measured_choice(joint, traces: list[Trace], backward: list[Trace],
     the channels-last stages where there are some.  With one form, that form's program."""
     forms = []
     if isinstance(joint, autodiff.Compiled):
-        forms.append(program_choice.Form("the compiled joint program", joint.program,
-                                         joint.program.flat()))
         shown = (joint.forward_traces, joint.backward_traces)
+        forms.append(program_choice.Form("the compiled joint program", joint.program,
+                                         joint.program.flat(), _kept_as_compiled(*shown)))
     else:
         shown = (traces, backward)
     grouped = any(_grouped_convolution(b) for b in traces[-1].bsyms)

@@ -95,7 +95,8 @@ class Form:
     what: str                  # how a stage line names it ("torch autograd's forward and backward")
     run: Callable              # what a call runs
     timed: Callable            # the same program returning its flat outputs: what measuring runs
-    # reason -> (forward stages, backward stages) shown once it is kept; None: the compilation's own
+    # reason -> (forward stages, backward stages) shown once it is kept, the last of each saying
+    # why; None: the compilation's own, as they are
     stages: Callable[[str], tuple[list, list]] | None = None
     margin: str = "MARGIN"     # the module constant it must beat the form kept so far by
 
@@ -179,9 +180,9 @@ class MeasuredChoice:
         for k in range(1, len(self.forms)):
             if best[k] < globals()[self.forms[k].margin] * best[kept]:
                 kept = k
-        if kept:
-            form = self.forms[kept]
-            self.run = form.run
+        form = self.forms[kept]
+        self.run = form.run
+        if form.stages is not None:
             others = ", ".join(f"{f.what} {t * 1e3:.3g} ms" for f, t in zip(self.forms, best)
                                if f is not form)
             forward, backward = form.stages(

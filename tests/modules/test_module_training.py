@@ -387,8 +387,10 @@ def test_measured_choice_gives_ties_to_torch_autograd(monkeypatch, autograd_time
     choice(x)
     assert choice.times == pytest.approx([1.0, autograd_time])
     assert (choice.run is choice.forms[1].run) == (kept == "torch autograd")
-    assert backward == (["compiled"] if kept == "joint" else [backward[0]]) and \
-        (kept == "joint" or "measured on the second call, torch autograd took" in backward[0])
+    # the kept form's stages replace the compilation's, whichever it is, naming every form's time
+    other = "torch autograd" if kept == "joint" else "joint"
+    assert backward == forward and len(backward) == 1
+    assert backward[0].startswith(f"measured on the second call, {kept} took") and f"and {other} " in backward[0]
 
 
 def test_measured_choice_waits_for_no_kernel_build(monkeypatch):
@@ -797,3 +799,24 @@ def test_batch_norm_in_the_joint_program_is_atens_backward_on_the_batch_statisti
     assert backward.count("ATen's native_batch_norm_backward") == (2 if channels_last else 0)
     assert backward.count(claimed) == (0 if channels_last else 2)
     assert "torch autograd's backward" not in backward and "# C kernel" in backward
+
+
+def test_the_kept_first_form_says_what_every_form_measured(monkeypatch):
+    """The joint program kept over torch autograd's form (no form beats it by MARGIN) still
+    names the measurement in its stage lines, as a replaced form's do: the zoo runner reads which
+    form a model kept from there."""
+    import fjit.program_choice as program_choice
+    monkeypatch.setenv("FJIT_MEASURE", "all")
+    monkeypatch.setattr(program_choice, "MARGIN", 0.0)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 3))
+    jitted = fjit.jit(model)
+    x = torch.randn(4, 8)
+    for _ in range(3):
+        jitted(x).sum().backward()
+    forward, backward = fjit.last_traces(jitted)[-1], fjit.last_backward_traces(jitted)[-1]
+    for trace in (forward, backward):
+        assert "measured on the second call, the compiled joint program took" in trace.stage, trace.stage
+        assert "torch autograd's forward and backward" in trace.stage
+    assert not backward.stage.startswith("torch_autograd")
+    assert str(backward).splitlines()[0].endswith(backward.stage)
