@@ -30,7 +30,7 @@ THIN_MATMUL_MIN_NUMEL = 4096
 # The most bytes of w's K rows (K x N) an unrolled kernel reads again for every output row: past
 # an L1's share, its K loads an output element run from L2 and MKL's register-blocked kernel is
 # faster (float32, 2-core Xeon: K=8 N=512 0.80-0.92x MKL's time, K=8 N=2048 1.47x, K=4 N=4096
-# 1.17-1.38x; AlexNet's classifier weight gradients, [4096, 8] @ [8, 9216], made its step 1.05x
+# 1.17-1.38x; AlexNet's classifier weight gradients, [4096, 8] @ [8, 9216], made its step 1.08x
 # eager's).
 THIN_MATMUL_PANEL_BYTES = 16384
 # The fewest elements a copy has to be made a kernel's (copies_in_kernels).
