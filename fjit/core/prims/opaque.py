@@ -33,19 +33,20 @@ def _matmul_vjp(b, g, value):
         va, g = apply(Prim.UNSQUEEZE, va, 0), apply(Prim.UNSQUEEZE, g, -2 if c.ndim > 1 else 0)
     if c.ndim == 1:
         vc, g = apply(Prim.UNSQUEEZE, vc, -1), apply(Prim.UNSQUEEZE, g, -1)
+    # A linear layer on N-d activations (a 2-d weight): both of its gradients are matmuls of the
+    # flattened operands, as eager's
+    linear_on_nd = c.ndim == 2 and a.ndim > 2
     # A cotangent gets its operand's layout: F.linear's weight is used transposed, and a
-    # transposed gradient would make AccumulateGrad's += read it with strides (3x slower).  Not an
-    # N-d activation's by a 2-d weight (a linear layer after a transpose: ResMLP's channel MLP
-    # reads its token mixer's transposed output): there `vc @ g.T` is a batched matmul of a few
-    # columns per batch (8 of [384, 1536] @ [1536, 16], 1.45 ms a layer), where `g @ vc.T` is one
-    # matmul of the flattened cotangent, as eager's.
-    if _column_major(a) and not (c.ndim == 2 and a.ndim > 2):
+    # transposed gradient would make AccumulateGrad's += read it with strides (3x slower).  Not a
+    # linear layer's N-d input (one after a transpose: ResMLP's channel MLP reads its token
+    # mixer's transposed output): there `vc @ g.T` is a batched matmul of a few columns per batch
+    # (8 of [384, 1536] @ [1536, 16], 1.45 ms a layer), where `g @ vc.T` is one matmul.
+    if _column_major(a) and not linear_on_nd:
         ga = _transposed(apply(Prim.MATMUL, vc, _transposed(g)))
     else:
         ga = apply(Prim.MATMUL, g, _transposed(vc))
-    if c.ndim == 2 and va.ndim > 2:
-        # A linear layer on N-d activations: the weight's gradient is one matmul of the flattened
-        # operands, as eager's, not a batched matmul and a sum over the batch (4x slower on
+    if linear_on_nd:
+        # the weight's gradient: not a batched matmul and a sum over the batch (4x slower on
         # MLP-Mixer's training step)
         va = apply(Prim.RESHAPE, va, (-1, va.shape[-1]))
         g = apply(Prim.RESHAPE, g, (-1, g.shape[-1]))
