@@ -370,7 +370,7 @@ class _Backward:
         gs = [full(g, v) if g is not None else apply(Prim.FULL, v.shape, 0, dtype=v.dtype, device=v.device)
               if zeros else None for g, v in zip(gs, outs)]
         try:
-            grads = CUSTOM_VJPS[op.sym](self.value, gs)
+            grads = CUSTOM_VJPS[op.sym](op, self.value, gs)
         except Exception as e:      # noqa: BLE001 -- the Function's backward does not trace
             raise Unsupported(f"{op.sym.qualname}'s backward: {type(e).__name__}: {e}") from None
         for var, g in grads:

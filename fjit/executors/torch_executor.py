@@ -19,10 +19,15 @@ from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Var, flatten_value
 from fjit.core.trace import Trace
 from fjit.core.prims import Prim, prim_of
 from fjit.core.meta import meta_tensor, run_meta, same_layout
+from fjit.passes.verify import verify
 from fjit.runtime import reinterpret, restride
 
 
 def compile_trace(trace: Trace) -> Callable:
+    """The function that runs `trace`, a final stage.  It is verified first (passes/verify.py):
+    a program some pass broke (a name read that no line defines) raises TraceVerificationError
+    here and never runs, so its caller can keep another form."""
+    verify(trace)
     if config.check_mode():
         trace = with_metadata_checks(trace)
     return trace.python_callable()
