@@ -96,10 +96,17 @@ import torch.utils._pytree as pytree  # noqa: E402
 
 from benchmarks.zoo_models import MODELS, Batch, ZooModel  # noqa: E402
 
-ENTRIES = ("jit", "backend", "inductor", "eager", "eager1t")
+ENTRIES = ("jit", "backend", "inductor", "eager", "eager1t", "eager_cl", "eager_xt")
 DEVICE = "cpu"              # --device: where models, inputs and every copy run
 ENTRY_LABELS = {"jit": "fjit.jit", "backend": "backend=fjit", "inductor": "inductor", "eager": "eager",
-                "eager1t": "eager 1 thread"}
+                "eager1t": "eager 1 thread", "eager_cl": "eager channels-last",
+                "eager_xt": "eager other threads"}
+# The rounding controls of --stress: eager's own math rounded otherwise (its weights and
+# convolutions in channels-last layout; another thread count than the process's).  Where one of
+# them fails the accuracy rule too, the model's trajectory is unstable under the rule in that case
+# (a value rounds across a ReLU's kink, and float64 does not), and a failure there says nothing of
+# the compiled entry's arithmetic.
+CONTROLS = ("eager_cl", "eager_xt")
 TOL = 1e-4                  # torch._dynamo.utils.same's default tol
 OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
     "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01),
@@ -115,7 +122,9 @@ def compile_entry(entry: str, model: torch.nn.Module) -> torch.nn.Module:
         return torch.compile(model, backend="fjit")     # the torch_dynamo_backends entry point
     if entry == "inductor":
         return torch.compile(model)
-    if entry in ("eager", "eager1t"):
+    if entry == "eager_cl":
+        return model.to(memory_format=torch.channels_last)
+    if entry in ("eager", "eager1t", "eager_xt"):
         return model
     raise ValueError(f"unknown entry {entry!r}: one of {', '.join(ENTRIES)}")
 
@@ -320,7 +329,8 @@ def check_accuracy(zm: ZooModel, entry: str, steps: int = 3, seed: int = 0, opti
         gold = _Copy(_reference(lambda: copy.deepcopy(base).double()), None, torch.float64, optimizer)
         cand_module = copy.deepcopy(base)
         cand = _Copy(cand_module, compile_entry(entry, cand_module), torch.float32, optimizer,
-                     threads=1 if entry == "eager1t" else None)
+                     threads=1 if entry == "eager1t" else
+                     (2 if torch.get_num_threads() == 1 else 1) if entry == "eager_xt" else None)
         for step in range(steps):
             stage = f"step {step + 1}"
             r = _reference(lambda: ref.train_step(zm, batch, seed + step))
@@ -511,18 +521,56 @@ def run_model(name: str, entries: list[str], steps: int, timeout: int, timing: b
     return row
 
 
-def run_isolated(name: str, args) -> dict:
-    """run_model in a fresh interpreter; a crash or a hang is that model's error."""
+# --stress: the moments that otherwise depend on timing, each forced in a process of its own (the
+# environment it adds).  C kernels built before the compile returns; built late, each background
+# build (or load from the kernel cache) waiting a random time first, so that a program switches
+# from torch calls to kernels at random points, forward and backward apart; every measured choice
+# timing its forms and keeping each one in turn; and torch (with fjit's kernels) on one thread.
+STRESS_CASES: dict[str, dict[str, str]] = {
+    "sync": {"FJIT_C_KERNELS": "sync", "FJIT_MEASURE": "all"},
+    "late": {"FJIT_C_KERNELS": "background", "FJIT_C_BUILD_DELAY": "0.1", "FJIT_MEASURE": "all"},
+    "form0": {"FJIT_C_KERNELS": "sync", "FJIT_MEASURE": "all", "FJIT_KEEP_FORM": "0"},
+    "form1": {"FJIT_C_KERNELS": "sync", "FJIT_MEASURE": "all", "FJIT_KEEP_FORM": "1"},
+    "form2": {"FJIT_C_KERNELS": "sync", "FJIT_MEASURE": "all", "FJIT_KEEP_FORM": "2"},
+    "1thread": {"FJIT_C_KERNELS": "background", "FJIT_ZOO_THREADS": "1"},
+}
+
+
+def run_stressed(name: str, args, cases: list[str]) -> dict:
+    """The model's row in each stress case (run_isolated with the case's environment):
+    {"model", "source", "note", "cases": {case: {entry: result}}}.  An entry failing the accuracy
+    rule in a case where a rounding control (CONTROLS) fails it too is "unstable", the control's
+    reason added to its own."""
+    zm = MODELS[name]
+    row: dict = {"model": name, "source": zm.source, "note": zm.note, "cases": {}}
+    for case in cases:
+        results = run_isolated(name, args, STRESS_CASES[case])["results"]
+        if any(r["status"] == "fail_accuracy" for r in results.values()):
+            controls = run_isolated(name, args, STRESS_CASES[case], CONTROLS)["results"]
+            failed = [f"{ENTRY_LABELS[c]} fails too ({r['reason']})" for c, r in controls.items()
+                      if r["status"] == "fail_accuracy"]
+            for r in results.values():
+                if r["status"] == "fail_accuracy" and failed:
+                    r["status"], r["reason"] = "unstable", f"{r['reason']}; {failed[0]}"
+        row["cases"][case] = results
+    return row
+
+
+def run_isolated(name: str, args, environment: dict | None = None, entries: tuple | None = None) -> dict:
+    """run_model in a fresh interpreter (with `environment` added to its own; `entries`, else
+    args.entry); a crash or a hang is that model's error."""
+    entries = list(entries or args.entry)
     with tempfile.TemporaryDirectory(prefix="fjit-zoo-") as tmp:
         out = Path(tmp) / "row.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--models", name, "--entry", *args.entry,
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--models", name, "--entry", *entries,
                "--steps", str(args.steps), "--timeout", str(args.timeout), "--rounds", str(args.rounds),
                "--optimizer", args.optimizer, "--device", args.device,
                "--json", str(out), "--quiet", "--timed", *args.timed] + (["--timing"] if args.timing else []) \
             + (["--default-allocator"] if args.default_allocator else [])
-        limit = (args.timeout or 600) * (len(args.entry) + (2 if args.timing else 0)) + 120
+        limit = (args.timeout or 600) * (len(entries) + (2 if args.timing else 0)) + 120
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit,
+                                  env={**os.environ, **(environment or {})})
         except subprocess.TimeoutExpired:
             proc = None
         if proc is not None and out.exists():
@@ -533,7 +581,7 @@ def run_isolated(name: str, args) -> dict:
         zm = MODELS[name]
         return {"model": name, "source": zm.source, "note": zm.note,
                 "results": {e: Result(name, e, "error", reason=why, error_type="crash").to_json()
-                            for e in args.entry}}
+                            for e in entries}}
 
 
 def geomean(values: list[float]) -> float | None:
@@ -657,6 +705,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the models run (cuda: fjit's Triton kernels)")
+    parser.add_argument("--stress", nargs="*", metavar="CASE", choices=list(STRESS_CASES),
+                        help="run each model in every stress case (or those named), each in its own "
+                        f"process: {', '.join(STRESS_CASES)} (see STRESS_CASES)")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--default-allocator", action="store_true",
@@ -677,6 +728,10 @@ def main(argv=None) -> int:
 
     global DEVICE
     DEVICE = args.device
+    if os.environ.get("FJIT_ZOO_THREADS"):       # a stress case's process (run_stressed)
+        torch.set_num_threads(int(os.environ["FJIT_ZOO_THREADS"]))
+    if args.stress is not None:
+        return stress(names, args, args.stress or list(STRESS_CASES))
     import fjit  # noqa: F401 - after FJIT_C_KERNELS is set
     from benchmarks import harness as H
     if not args.default_allocator:
@@ -728,6 +783,44 @@ def main(argv=None) -> int:
         payload = {"environment": env, "args": vars(args), "summary": summary, "models": rows}
         path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return 0
+
+
+def stress(names: list[str], args, cases: list[str]) -> int:
+    """--stress: every model in every case; a table of model x case (each cell the entries'
+    statuses), the failures with their reasons, and the JSON (--json).  Exit status 1 where any
+    model failed any case."""
+    from benchmarks import harness as H
+    t_start = time.perf_counter()
+    rows = []
+    for i, name in enumerate(names):
+        row = run_stressed(name, args, cases)
+        rows.append(row)
+        cells = "  ".join(f"{case}: " + "/".join(r["status"] for r in row["cases"][case].values())
+                          for case in cases)
+        print(f"[{i + 1}/{len(names)}] {name}  {cells}", flush=True)
+        for case in cases:
+            for e, r in row["cases"][case].items():
+                if r["status"] != "pass":
+                    print(f"    {case} {ENTRY_LABELS[e]}: {r['reason']}", flush=True)
+    total_s = time.perf_counter() - t_start
+    failed = [(row["model"], case, e) for row in rows for case in cases
+              for e, r in row["cases"][case].items() if r["status"] not in ("pass", "unstable")]
+    unstable = sum(r["status"] == "unstable" for row in rows for case in cases for r in row["cases"][case].values())
+    headers = ["model"] + [f"{case} ({'/'.join(ENTRY_LABELS[e] for e in args.entry)})" for case in cases]
+    body = [[row["model"]] + ["/".join(r["status"] for r in row["cases"][case].values()) for case in cases]
+            for row in rows]
+    print()
+    print(H.format_table(headers, body))
+    runs = len(rows) * len(cases) * len(args.entry)
+    print(f"\nstress: {runs - len(failed) - unstable}/{runs} model-case-entry runs pass, {unstable} unstable "
+          f"(a rounding control fails the rule too), {len(failed)} fail; "
+          f"{len(names)} models, cases {', '.join(cases)}; total {total_s / 60:.1f} min")
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"args": vars(args), "cases": {c: STRESS_CASES[c] for c in cases},
+                                    "total_seconds": total_s, "models": rows}, indent=2, default=str) + "\n")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ test or a notebook may change them between compilations; FJIT_LOGS is read when 
 | FJIT_CHECK | 1 | check mode: every stage runs and is compared with the first; torch fallbacks' real layouts are checked |
 | FJIT_C_KERNELS | background (default), sync, 0 | when C kernels are built: in a background thread, before the compile returns, or never |
 | FJIT_MEASURE | auto (default), 0, all | whether a program times its forms on its second call (or the first after its C kernels are built) and keeps the fastest (fjit/program_choice.py): for training programs of at least 32 ops the joint backward, torch autograd, and (CPU 2-D convolutions) torch autograd over channels-last convolutions; kernels against torch calls for forwards of at least 2^20 input elements; never; or every program |
+| FJIT_KEEP_FORM | 0, 1, 2 | stress testing: every measured choice still times its forms but keeps the form at that position (0: the joint program or the program with kernels; 1: torch autograd or the torch calls; 2: torch autograd over channels-last convolutions), where it has one (else the fastest) |
+| FJIT_C_BUILD_DELAY | seconds | stress testing: each background C kernel build waits a random time up to this first, so programs switch from torch calls to kernels at random points between calls |
 | FJIT_FRAME_CACHE | 1 (default), 0 | on CPython 3.11 and 3.12, keep a few freed frame-stack chunks for reuse (fjit/executors/c/frame_stack.py: a call crossing a chunk's end otherwise maps and unmaps memory every time, as 3.13+ no longer does) |
 | FJIT_GEMM | auto (default), torch, onednn | who computes a float32 CPU linear layer's matmuls of at least 2^20 multiply-adds: the faster of torch's matmul and oneDNN's 1x1 convolution, timed once per shape and process (fjit/passes/matmuls.py), and likewise a 2-D convolution's weight gradient over at most 4 output positions an image: oneDNN's or a GEMM over the input's patches; torch's always (the weight gradient as the GEMM wherever it applies); oneDNN's wherever the layouts allow, at any size |
 | FJIT_TRITON_CPU | 0 | with TRITON_INTERPRET=1, keep CPU tensors away from the Triton interpreter |
@@ -144,6 +146,26 @@ def c_kernels() -> CKernels:
 def measure() -> Measure:
     """FJIT_MEASURE (see the table above)."""
     return parse(Measure, os.environ.get("FJIT_MEASURE", "auto"), "FJIT_MEASURE")
+
+
+def kept_form() -> int | None:
+    """FJIT_KEEP_FORM (see the table above): the measured choice's forced form, or None."""
+    value = os.environ.get("FJIT_KEEP_FORM", "").strip()
+    if value not in ("", "0", "1", "2"):
+        raise ValueError(f"fjit: FJIT_KEEP_FORM={value!r} is not one of '0', '1', '2'")
+    return int(value) if value else None
+
+
+def c_build_delay() -> float:
+    """FJIT_C_BUILD_DELAY (see the table above): the longest wait before a background build."""
+    value = os.environ.get("FJIT_C_BUILD_DELAY", "").strip()
+    try:
+        delay = float(value) if value else 0.0
+    except ValueError:
+        delay = -1.0
+    if not delay >= 0:
+        raise ValueError(f"fjit: FJIT_C_BUILD_DELAY={value!r} is not a number of seconds >= 0")
+    return delay
 
 
 def frame_cache() -> bool:

@@ -27,6 +27,7 @@ import hashlib
 import math
 import os
 import queue
+import random
 import subprocess
 import threading
 import time
@@ -209,7 +210,8 @@ def _binary(kernel: Kernel) -> _Binary:
         if binary.fn is not None or binary.error is not None:
             log.debug("C kernel %s: cache hit (loaded in this process)", kernel.name)
             return binary
-        if _load_from_disk(binary):
+        # (a stress test's delayed builds load from disk in the background too)
+        if not (config.c_build_delay() and mode() != "sync") and _load_from_disk(binary):
             log.debug("C kernel %s: cache hit (binary on disk)", kernel.name)
             return binary
         if mode() != "sync":
@@ -228,6 +230,7 @@ def _binary(kernel: Kernel) -> _Binary:
 
 
 def _work() -> None:
+    delay = config.c_build_delay()      # stress testing: builds land at random points
     while True:
         try:
             binary = _QUEUE.get(timeout=5.0)
@@ -237,6 +240,8 @@ def _work() -> None:
                     _WORKER.clear()
                     return
             continue
+        if delay:
+            time.sleep(random.uniform(0, delay))
         _build(binary)
 
 
