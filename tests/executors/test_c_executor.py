@@ -755,6 +755,32 @@ def test_a_forward_with_kernels_keeps_the_faster_of_kernels_and_torch_calls(monk
     assert f"measured on the second call, {kept} took" in fjit.last_traces(jf)[-1].stage
 
 
+@pytest.mark.parametrize("form", [0, 1])
+def test_a_stress_runs_forced_form_is_kept_whatever_it_measured(monkeypatch, form):
+    """FJIT_KEEP_FORM (zoo.py --stress): the measured choice still times its forms, then keeps
+    the one asked for, against the margin that favours the other."""
+    import fjit.program_choice as program_choice
+    monkeypatch.setenv("FJIT_MEASURE", "all")
+    monkeypatch.setenv("FJIT_KEEP_FORM", str(form))
+    monkeypatch.setattr(program_choice, "FORWARD_MARGIN", 0.0 if form else 1e9)
+    fn = lambda x: torch.nn.functional.layer_norm(x, (x.shape[-1],)) * 2  # noqa: E731
+    x = torch.randn(64, 302 + form)
+    jf = fjit.jit(fn)
+    for _ in range(3):
+        torch.testing.assert_close(jf(x), fn(x))
+    kept = "its torch calls" if form else "the program with kernels"
+    assert f"measured on the second call, {kept} took" in fjit.last_traces(jf)[-1].stage
+
+
+@pytest.mark.parametrize("variable, value", [("FJIT_KEEP_FORM", "3"), ("FJIT_C_BUILD_DELAY", "-1"),
+                                             ("FJIT_C_BUILD_DELAY", "soon")])
+def test_a_bad_stress_setting_names_the_variable(monkeypatch, variable, value):
+    import fjit.config as config
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=variable):
+        config.kept_form() if variable == "FJIT_KEEP_FORM" else config.c_build_delay()
+
+
 @pytest.mark.parametrize("program", [
     lambda x: torch.abs(torch.abs(F.softmax(x, dim=0).detach())),
     lambda x: torch.abs(F.softmax(x, dim=0).detach() * 2),

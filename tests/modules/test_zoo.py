@@ -20,7 +20,7 @@ if str(ROOT) not in sys.path:
 _MISSING = [m for m in ("timm", "transformers", "torchvision") if importlib.util.find_spec(m) is None]
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"needs {', '.join(_MISSING)} (the test extra)")
 
-from benchmarks.zoo import check_accuracy, run_model  # noqa: E402
+from benchmarks.zoo import STRESS_CASES, check_accuracy, run_model, run_stressed  # noqa: E402
 from benchmarks.zoo_models import MODELS  # noqa: E402
 
 SUBSET = [
@@ -83,6 +83,26 @@ def test_a_zoo_model_is_right_while_its_kernels_are_not_built(monkeypatch, tmp_p
     with pytest.warns(Warning):
         result = check_accuracy(MODELS["timm_gcvit_xxtiny"], "jit", steps=3)
     assert result.status == "pass", f"{result.status}: {result.reason}"
+
+
+# The stressed subset (benchmarks/zoo.py --stress runs the whole registry): a custom
+# autograd.Function whose joint program is one measured form (YOSO), and a CNN with BatchNorm whose
+# programs have all three forms (ResNet-10t).
+STRESSED = ["hf_yoso", "timm_resnet10t"]
+
+
+@pytest.mark.parametrize("name", STRESSED)
+def test_zoo_model_under_stress(name):
+    """Every stress case (kernels built synchronously or late at random points, each form of the
+    measured choice kept, one thread), each in its own process, through both entries: eager's
+    accuracy every step, or a rounding control failing the rule too (unstable)."""
+    import argparse
+    args = argparse.Namespace(entry=ENTRIES, steps=3, timeout=300, rounds=0, optimizer="sgd", device="cpu",
+                              timed=["jit"], timing=False, default_allocator=False)
+    row = run_stressed(name, args, list(STRESS_CASES))
+    bad = [f"{case} {entry}: {r['status']}: {r['reason']}" for case, results in row["cases"].items()
+           for entry, r in results.items() if r["status"] not in ("pass", "unstable")]
+    assert not bad, "\n".join(bad)
 
 
 @pytest.mark.zoo
