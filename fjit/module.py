@@ -30,6 +30,7 @@ import inspect
 import weakref
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from fjit.core.ir import NumberVar, TensorVar, flatten_values
 from fjit.errors import FjitError, UnsupportedOpError, located
@@ -220,9 +221,15 @@ class FjitModule(torch.nn.Module):
         self.__dict__["_fj_options"] = (jit_class, dict(options))
         self._fj_bind()
 
+    def _fj_compiled_module(self) -> torch.nn.Module:
+        """The module whose forward is compiled: the wrapped module, or the one a
+        DistributedDataParallel wraps (see _fj_through_ddp)."""
+        module = self._modules["_fj_module"]
+        return module.module if isinstance(module, DistributedDataParallel) else module
+
     def _fj_bind(self) -> None:
         """A new layout and jitted function for the module as it is now."""
-        module = self._modules["_fj_module"]
+        module = self._fj_compiled_module()
         jit_class, options = self.__dict__["_fj_options"]
         owner = backward_hook_owner(module)
         if owner is not None:
@@ -255,6 +262,29 @@ class FjitModule(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         module = self._modules["_fj_module"]
+        if isinstance(module, DistributedDataParallel):
+            return self._fj_through_ddp(module, args, kwargs)
+        return self._fj_call(module, args, kwargs)
+
+    def _fj_through_ddp(self, ddp: DistributedDataParallel, args: tuple, kwargs: dict):
+        """fjit.jit(DDP(m)): DDP's own forward runs eagerly around the compiled forward of m, as
+        torch.compile keeps it, since its per-call work is a side effect on its C++ reducer that a
+        traced call would run once (`prepare_for_backward`: compiled whole, the gradients stopped
+        being all-reduced after the first step).  For the call, DDP's `module` is a stand-in whose
+        forward is the compiled one; its parameters are m's, so the reducer's hooks see their
+        gradients as eager's."""
+        inner = ddp._modules["module"]
+        standin = self.__dict__.get("_fj_standin")
+        if standin is None or standin.inner is not inner:
+            standin = self.__dict__["_fj_standin"] = _CompiledForward(self, inner)
+        ddp._modules["module"] = standin
+        try:
+            return ddp(*args, **kwargs)
+        finally:
+            ddp._modules["module"] = inner
+
+    def _fj_call(self, module: torch.nn.Module, args: tuple, kwargs: dict):
+        """The compiled forward of `module` (the compiled module, _fj_compiled_module) on a call."""
         read = self._fj_layout.read(module)
         if kwargs and read is not None:
             args, kwargs = self._fj_positional(module, args, kwargs)
@@ -331,11 +361,25 @@ class FjitModule(torch.nn.Module):
         return f"fjit.jit({self._modules['_fj_module']!r})"
 
 
+class _CompiledForward(torch.nn.Module):
+    """What DDP's forward calls as its module under fjit.jit(DDP(m)): the wrapper's compiled
+    forward of m (held outside the module tree, so DDP sees no new parameters)."""
+
+    def __init__(self, wrapper: FjitModule, inner: torch.nn.Module):
+        super().__init__()
+        self.__dict__["wrapper"], self.__dict__["inner"] = wrapper, inner
+
+    def forward(self, *args, **kwargs):
+        return self.wrapper._fj_call(self.inner, args, kwargs)
+
+
 def diagnosis_call(module: torch.nn.Module, args: tuple):
     """(function, arguments, configuration bindings) for `fjit.diagnose(module, *args)`: the traced
     forward and its flat inputs, as a call of the jitted function would pass them."""
     if isinstance(module, FjitModule):
-        module = module._modules["_fj_module"]
+        module = module._fj_compiled_module()
+    elif isinstance(module, DistributedDataParallel):
+        module = module.module
     layout = Layout(module)
     state, flags = layout.read(module)
     return traced_forward(module, layout), (*state, flags, *args), config_bindings(module)
