@@ -272,6 +272,7 @@ def observe(ctx, fn, *, input_containers: tuple[type, ...], undo_leaks):
             ran_lines.add((id(frame.f_code), frame.f_lineno))
 
     numpy_state = _numpy_rng_state()
+    modules_before = len(sys.modules)
     previous = sys.getprofile()
     sys.setprofile(profiler)
     try:
@@ -297,10 +298,18 @@ def observe(ctx, fn, *, input_containers: tuple[type, ...], undo_leaks):
         ctx.sharp_edge("FJ105_global_generator", _message(
             ("FJ105_global_generator", f"drawing from '{name}', a {type(rng).__name__} that existed "
                                        f"before the call,"), ctx), where)
+    # A module imported during the run (torch's checkpoint imports torch.distributed.tensor on
+    # first use, which registers pytree nodes) changes state the function reaches: what no line
+    # of the function or its libraries did is that import's registration, done once for the
+    # process as eager does it, not the function's side effect.
+    imported = len(sys.modules) > modules_before
     for entry, name, what, attr, value in changes:
         if (entry, name) in reported:
             continue
-        where = line_of(entry, name, ran, ran_lines, attr, value) or default
+        where = line_of(entry, name, ran, ran_lines, attr, value)
+        if where is None and imported:
+            continue
+        where = where or default
         ctx.sharp_edge(entry, f"{what} in '{ctx.fn_name}'; it happens once, while tracing, and "
                               f"never in compiled calls", where)
 

@@ -351,3 +351,23 @@ def test_a_lazy_module_before_its_first_call_is_fj201_with_its_own_fix():
     with torch.no_grad():
         model(x)
     torch.testing.assert_close(fjit.jit(model)(x), model(x))
+
+
+# ----------------------------------------------------------------------------- torch's own imports
+
+def test_a_module_torch_imports_on_first_use_is_not_the_functions_side_effect():
+    """torch.utils.checkpoint imports torch.distributed.tensor on its first use, which registers
+    pytree nodes (a global dict of torch's changes): in a fresh process that was FJ104 "mutation of
+    'SUPPORTED_NODES'", located in fjit's own code.  Run in a process of its own, where nothing
+    has imported it yet."""
+    import subprocess
+    import sys
+    program = (
+        "import sys, torch, fjit\n"
+        "from torch.utils.checkpoint import checkpoint\n"
+        "assert 'torch.distributed.tensor' not in sys.modules\n"
+        "f = lambda x: checkpoint(lambda y: y.sin() * 2, x, use_reentrant=False)\n"
+        "x = torch.randn(3, requires_grad=True)\n"
+        "torch.testing.assert_close(fjit.jit(f)(x), f(x))\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
