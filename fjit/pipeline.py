@@ -11,6 +11,7 @@ Check mode (FJIT_CHECK=1) verifies every stage's structure and runs every stage 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Callable
 
 import torch
@@ -76,7 +77,18 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
         else:
             program = forward
             backward = [] if joint is None else [autodiff.autograd_stage(traces[-1], joint)]
-        if joint is not None and program_choice.wants_measuring(len(cleaned.bsyms)):
+        # Activation checkpointing (torch.utils.checkpoint) is the joint program's to honour: it
+        # is kept unmeasured, and where there is none the user hears that memory is not saved.
+        checkpointing = bool(cleaned.checkpointed) and joint is not None
+        if checkpointing and not isinstance(joint, autodiff.Compiled):
+            warnings.warn(f"fjit: activation checkpointing in '{cleaned.name}' is not honoured: torch "
+                          f"autograd runs the backward, saving what the forward computed, because {joint}",
+                          RuntimeWarning, stacklevel=2)
+        elif checkpointing and joint.checkpoint_saved:
+            warnings.warn(f"fjit: activation checkpointing in '{cleaned.name}' is honoured in part: the "
+                          f"outputs of {', '.join(joint.checkpoint_saved)} inside checkpointed regions are "
+                          f"saved for the backward, not recomputed", RuntimeWarning, stacklevel=2)
+        if joint is not None and not checkpointing and program_choice.wants_measuring(len(cleaned.bsyms)):
             channels_last = _channels_last_traces(fn, args, kwargs, leaves, mode, result.trace)
             program = _measured_choice(joint, autograd_traces, forward, backward, channels_last)
         elif joint is None and any(b.sym.has(Tag.KERNEL) for b in traces[-1].bsyms) and \

@@ -34,6 +34,7 @@ class Compiled:
     program: Callable            # (*leaves) -> the caller's result, joined to autograd
     forward_traces: list
     backward_traces: list
+    checkpoint_saved: tuple = ()  # ops of checkpointed regions whose values it saves (Joint's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +75,7 @@ def compile_with_backward(trace: Trace, leaves: list, lowering: Lowering) -> Com
         recompiles.warning("%s: the joint program does not run, torch autograd does: %s", trace.name, e)
         return f"the joint program failed verification ({e})"
     plan.name = trace.name
-    return Compiled(plan, forward, backward)
+    return Compiled(plan, forward, backward, joint.checkpoint_saved)
 
 
 def _complex_values_kept_inside(trace: Trace) -> Trace:

@@ -80,6 +80,9 @@ class Joint:
     outputs: list           # the distinct Vars the forward returns to the caller, in order
     differentiable: list    # per entry of `outputs`: whether a cotangent flows back through it
     n_saved: int
+    # ops of checkpointed regions whose values are saved all the same (no prim to rerun: a
+    # convolution, a batch norm, an op torch autograd records), by name
+    checkpoint_saved: tuple = ()
 
 
 class Unsupported(Exception):
@@ -117,7 +120,8 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool | int],
     # not pay back; otherwise torch autograd over the forward's torch calls is as fast.
     # (an op kept whole with eager's backward counts where a kernel takes it whole: a batch norm)
     fused = sum(decompose(b, fused=True) for b, kind in zip(trace.bsyms, kinds) if kind in ("prims", "aten", "custom"))
-    if fused < max(2, 4 * kinds.count("record")):
+    # (checkpointing is honoured by the joint program alone: it is built whatever it fuses)
+    if fused < max(2, 4 * kinds.count("record")) and not trace.checkpointed:
         return (f"kernels would take {fused} prims of the backward against "
                 f"{kinds.count('record')} ops kept by torch autograd: not worth a joint program")
     try:
@@ -145,6 +149,7 @@ class _Builder:
             if isinstance(v, Var):
                 outs.setdefault(v.name, v)
         self.outputs, self.output_names = list(outs.values()), set(outs)
+        self.checkpointed = _read_inside_their_region(trace, self.output_names)
         self.records: dict[int, tuple] = {}    # unit -> (graph outputs, leaves, their inputs)
 
     def fresh(self, base: str) -> str:
@@ -174,7 +179,8 @@ class _Builder:
             backward, saved = _Backward(self).trace()
         forward = self._forward(saved)
         diff = [differentiable(v) for v in self.outputs]
-        return Joint(forward, backward, self.outputs, diff, len(saved))
+        kept = tuple(sorted({self.producer[v.name][0].sym.qualname for v in saved if v.name in self.checkpointed}))
+        return Joint(forward, backward, self.outputs, diff, len(saved), kept)
 
     def _forward(self, saved: list) -> Trace:
         internal = {v.name for v in saved if v.name not in self.top_level}
@@ -201,6 +207,21 @@ class _Builder:
                 bsyms.append(b)
         out = tuple(self.outputs) + tuple(saved)
         return self.trace.with_stage("autodiff_forward", bsyms, output=out, rebuild=None)
+
+
+def _read_inside_their_region(trace: Trace, outputs: set) -> set:
+    """The names of trace.checkpointed whose every reader is an op of their own checkpointed
+    region: what the backward recomputes.  A region's result, read after it (the next block's
+    input) or returned, is saved, as eager's checkpoint saves each region's inputs."""
+    region = trace.checkpointed
+    if not region:
+        return set()
+    escaped = set(outputs)
+    for b in trace.bsyms:
+        outs = b.outputs()
+        mine = region.get(outs[0].name) if outs else None
+        escaped.update(v.name for v in b.inputs() if v.name in region and region[v.name] != mine)
+    return set(region) - escaped
 
 
 class _Backward:
@@ -236,12 +257,15 @@ class _Backward:
         the forward wrote it anyway and recomputing it would be a pass of its own (GELU's output
         for fc2's weight gradient read h and erf(h) again, and made the forward write erf(h))."""
         p = self.env.get(var.name)
-        if p is not None and (fuses or var.name not in self.recomputed):
+        # a value of a checkpointed region is recomputed whatever it costs, as eager recomputes it
+        checkpointed = var.name in self.b.checkpointed
+        if p is not None and (fuses or checkpointed or var.name not in self.recomputed):
             return p
         made = self.b.producer.get(var.name)
-        if p is None and made is not None and var.name not in self.b.output_names \
-                and recomputable(made[0]) and not self._saves_as_much(made[0], var) \
-                and (fuses or made[0].sym.has(Tag.SHAPE)):
+        if p is None and made is not None and var.name not in self.b.output_names and (
+                checkpointed and prim_of(made[0]) is not None and not made[0].sym.has(Tag.RANDOM)
+                or recomputable(made[0]) and not self._saves_as_much(made[0], var)
+                and (fuses or made[0].sym.has(Tag.SHAPE))):
             s = made[0]
             args, kwargs = map_values(lambda x: self.value(x, fuses) if isinstance(x, Var) else x,
                                       (s.args, s.kwargs))

@@ -33,6 +33,10 @@ class Trace:
     # tuple of values and the caller gets rebuild(*output) (dataclasses, OrderedDict, torch.Size...:
     # see frontend/outputs.py); its __doc__ names the types it builds, for the printed trace.
     rebuild: Callable | None = None
+    # Values a torch.utils.checkpoint region made: name -> the region's number.  The joint
+    # program recomputes those its region alone reads in the backward instead of saving them, as
+    # eager's checkpoint does (autodiff/joint.py).
+    checkpointed: dict = dataclasses.field(default_factory=dict)
 
     def with_stage(self, stage: str, bsyms=None, **changes) -> "Trace":
         return dataclasses.replace(self, stage=stage, bsyms=list(self.bsyms if bsyms is None else bsyms),

@@ -66,6 +66,10 @@ def autocast_key():
     return torch._C._is_any_autocast_enabled() and autocast_state()
 
 
+_top_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+_CHECKPOINT_PACK_HOOK = "_checkpoint_hook.__init__.<locals>.pack_hook"
+
+
 class TraceContext:
     def __init__(self, fn, mode: Mode, dispatch, namespace: dict):
         self.fn = fn
@@ -95,6 +99,10 @@ class TraceContext:
         self.grad_mode = torch.is_grad_enabled()
         self.autocast = autocast_state()
         self.return_location: tuple[str, int] | None = None   # the user's outermost `return` seen
+        # Values made inside a non-reentrant torch.utils.checkpoint region: name -> the region's
+        # number (Trace.checkpointed).  `_region` is (the region's pack hook, its number).
+        self.checkpointed: dict[str, int] = {}
+        self._region: tuple = (None, -1)
 
     # -- names and recording -------------------------------------------------------------------
     def new_name(self, prefix: str = "t") -> str:
@@ -104,6 +112,26 @@ class TraceContext:
 
     def record(self, bsym: BoundSymbol) -> None:
         self.scopes[-1].append(bsym)
+        region = self._checkpoint_region()
+        if region is not None:
+            stack = [bsym]
+            while stack:
+                b = stack.pop()
+                self.checkpointed.update((v.name, region) for v in b.outputs())
+                stack.extend(b.subsymbols)
+
+    def _checkpoint_region(self) -> int | None:
+        """The number of the torch.utils.checkpoint region the traced code is in, or None.  A
+        non-reentrant checkpoint runs its function under saved-tensor hooks of its own
+        (torch.utils.checkpoint._checkpoint_hook): a region is the stretch of ops recorded under
+        one such pack hook, however the model called checkpoint (a module global bound at import,
+        functools.partial in transformers' gradient_checkpointing_enable, timm's checkpoint_seq)."""
+        hooks = _top_saved_tensors_hooks(True)
+        if hooks is None or getattr(hooks[0], "__qualname__", "") != _CHECKPOINT_PACK_HOOK:
+            return None
+        if self._region[0] is not hooks[0]:
+            self._region = (hooks[0], self._region[1] + 1)
+        return self._region[1]
 
     def push_scope(self) -> None:
         self.scopes.append([])

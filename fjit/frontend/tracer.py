@@ -94,7 +94,8 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
             if channels_last_of is not None:
                 output = _laid_out_as(output, channels_last_of.output)
         trace = Trace(ctx.fn_name, list(ctx.inputs), list(ctx.scopes[0]), output, dict(ctx.consts),
-                      stage="traced", bindings=bindings, namespace=namespace, rebuild=rebuild)
+                      stage="traced", bindings=bindings, namespace=namespace, rebuild=rebuild,
+                      checkpointed=dict(ctx.checkpointed))
     return TraceResult(trace, frozenset(ctx.specialized), list(ctx.edges), dict(ctx.layout_keys))
 
 

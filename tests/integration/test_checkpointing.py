@@ -1,0 +1,125 @@
+"""Activation checkpointing (torch.utils.checkpoint, non-reentrant) under fjit.jit: the joint program
+saves a checkpointed region's inputs and recomputes the rest of the region in its backward, fused,
+so the bytes saved for the backward (distinct storages that saved-tensor hooks see, parameters
+excluded) are eager-with-checkpoint's, not eager-without's; gradients are eager's.  Ops of a region
+that have no prims to rerun (a convolution, a batch norm) keep their values, and fjit says so."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import fjit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+        self.norm = torch.nn.LayerNorm(64)
+
+    def forward(self, x):
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self, checkpointed: bool):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Block() for _ in range(6))
+        self.checkpointed = checkpointed
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointed else block(x)
+        return x
+
+
+def _saved_mib(call, module, *args) -> float:
+    """MiB of the distinct storages saved for the backward by one call, parameters excluded."""
+    storages: dict = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = call(*args)
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    return sum(n for ptr, n in storages.items() if ptr not in params) / 2 ** 20, out
+
+
+def _compiled(module, *args):
+    jm = fjit.jit(module)
+    for _ in range(2):      # compiled, then the cached program (whose call is measured)
+        jm(*args)
+    return jm
+
+
+def test_checkpointed_blocks_save_what_eager_checkpoint_saves():
+    torch.manual_seed(0)
+    model = _Stack(checkpointed=True)
+    x = torch.randn(8, 128, 64, requires_grad=True)
+    eager, want = _saved_mib(model, model, x)
+    plain, _ = _saved_mib(_Stack(checkpointed=False), model, x)
+    jm = _compiled(model, x)
+    got, out = _saved_mib(jm, model, x)
+    assert got <= 1.1 * eager < plain / 4, (got, eager, plain)
+    grads = torch.autograd.grad(out.square().sum(), [x, *model.parameters()])
+    want_grads = torch.autograd.grad(want.square().sum(), [x, *model.parameters()])
+    for a, b in zip(grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-3)
+
+
+def test_a_model_without_checkpointing_saves_as_before():
+    """No region, no recomputation: the joint program's choice of what to save is unchanged."""
+    torch.manual_seed(0)
+    model = _Stack(checkpointed=False)
+    x = torch.randn(8, 128, 64, requires_grad=True)
+    plain, _ = _saved_mib(model, model, x)
+    got, _ = _saved_mib(_compiled(model, x), model, x)
+    assert got > 0.5 * plain
+
+
+_ZOO_MISSING = importlib.util.find_spec("timm") is None
+
+
+@pytest.mark.skipif(_ZOO_MISSING, reason="needs timm (the test extra)")
+def test_timms_grad_checkpointing_switch_is_honoured():
+    """timm's model.set_grad_checkpointing(): a ViT's blocks run under checkpoint_seq."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.zoo_models import MODELS
+    zm = MODELS["timm_vit_tiny_patch16_224"]
+    model, batch = zm.make(0), zm.example(0)
+    model.set_grad_checkpointing()
+    eager, want = _saved_mib(model, model, *batch.args)
+    jm = _compiled(model, *batch.args)
+    got, out = _saved_mib(jm, model, *batch.args)
+    model.set_grad_checkpointing(False)
+    plain, _ = _saved_mib(model, model, *batch.args)
+    assert got <= 1.1 * eager < plain / 4, (got, eager, plain)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+class _Convolutions(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                                        torch.nn.ReLU())
+
+    def forward(self, x):
+        return checkpoint(self.body, x, use_reentrant=False).tanh().sum()
+
+
+def test_a_region_of_convolutions_is_honoured_in_part_and_says_so():
+    x = torch.randn(2, 3, 16, 16, requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fjit.jit(_Convolutions())(x)
+    assert any("honoured in part" in str(w.message) and "conv2d" in str(w.message) for w in caught)
