@@ -33,7 +33,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from fjit.core.ir import NumberVar, TensorVar, flatten_values
-from fjit.errors import FjitError, UnsupportedOpError, located
+from fjit.errors import FjitError, UnsupportedInputError, UnsupportedOpError, located
 from fjit.frontend.context import current
 from fjit.frontend.leaks import holds_proxy, proxies_in, undo_proxy_writes
 from fjit.frontend.proxies import TensorProxy
@@ -239,6 +239,14 @@ class FjitModule(torch.nn.Module):
                          f"trace", *user_location(),
                 "register a hook on the output tensor instead (y.register_hook(fn)), or run the "
                 "module without fjit.jit"))
+        sharded = next((n for n, p in module.named_parameters() if _distributed_tensor(p)), None)
+        if sharded is not None:
+            raise UnsupportedInputError(located(
+                "FJ201", f"fjit.jit({type(module).__qualname__}): parameter {sharded!r} is a DTensor "
+                         f"(the module is sharded: FSDP2's fully_shard, or tensor parallelism), whose "
+                         f"shards and collectives a compiled program cannot take", *user_location(),
+                "shard the compiled module instead: fully_shard(fjit.jit(m)) keeps FSDP's "
+                "all-gathers and reduce-scatters around the compiled forward"))
         layout = Layout(module)
         jitted = jit_class(traced_forward(module, layout), **options)
         # share programs with every wrapper of an equal module
@@ -359,6 +367,12 @@ class FjitModule(torch.nn.Module):
 
     def __repr__(self):
         return f"fjit.jit({self._modules['_fj_module']!r})"
+
+
+def _distributed_tensor(t: torch.Tensor) -> bool:
+    """A torch.distributed DTensor (told by its class, so a process that never used
+    torch.distributed does not import it)."""
+    return type(t).__name__ == "DTensor" and type(t).__module__.startswith("torch.distributed")
 
 
 class _CompiledForward(torch.nn.Module):

@@ -6,7 +6,9 @@ being all-reduced after the first step, silently), and `DDP(fjit.jit(m))` hands 
 forward is compiled.  Both orders train exactly as eager DDP: after three SGD steps on inputs
 that differ between ranks, each parameter equals eager DDP's on its rank, and the ranks agree.
 Also with `find_unused_parameters=True` (a branch one rank's inputs never take is not in the
-graph) and with gradient accumulation under `no_sync()`.
+graph) and with gradient accumulation under `no_sync()`.  FSDP2: `fully_shard(fjit.jit(m))` trains
+as eager FSDP2; `fjit.jit(fully_shard(m))` (DTensor parameters) is FJ201 at the call, whose fix is
+that order.
 """
 from __future__ import annotations
 
@@ -79,9 +81,30 @@ def _worker(rank: int, path: str, results) -> None:
                 # as lists: a tensor sent through the queue is shared memory its sender frees on exit
                 params[order] = [p.detach().tolist() for p in model.parameters()]
             out[scenario] = params
+        out["fsdp2"] = _fsdp2(rank)
         results.put((rank, out))
     finally:
         dist.destroy_process_group()
+
+
+def _fsdp2(rank: int) -> dict:
+    """FSDP2 (fully_shard) of the compiled module, trained as eager FSDP2 is; the other order's
+    error.  {order: [full parameters]}, {"jit_of_shard": the error's message}."""
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    base = _Branchy(extra=False)
+    params = {}
+    for order in ("eager", "shard_of_jit"):
+        model = copy.deepcopy(base)
+        model = fully_shard(fjit.jit(model) if order == "shard_of_jit" else model)
+        _train(model, rank, "plain")
+        params[order] = [p.full_tensor().detach().tolist() for p in model.parameters()]
+    try:
+        fjit.jit(fully_shard(copy.deepcopy(base)))(torch.randn(5, 4))
+        params["jit_of_shard"] = "no error"
+    except fjit.UnsupportedInputError as e:
+        params["jit_of_shard"] = str(e)
+    return params
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +140,17 @@ def test_fjit_with_ddp_trains_as_eager_ddp(trained, order, scenario):
             torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-4, atol=1e-4)
     for a, b in zip(trained[0][scenario][order], trained[1][scenario][order]):
         assert a == b       # DDP keeps the ranks identical
+
+
+def test_fsdp2_of_a_jitted_module_trains_as_eager_fsdp2(trained):
+    for rank in range(WORLD):
+        eager, got = trained[rank]["fsdp2"]["eager"], trained[rank]["fsdp2"]["shard_of_jit"]
+        assert len(got) == len(eager)
+        for a, b in zip(got, eager):
+            torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-4, atol=1e-4)
+
+
+def test_jitting_a_sharded_module_is_a_located_fj201_whose_fix_is_the_other_order(trained):
+    message = trained[0]["fsdp2"]["jit_of_shard"]
+    assert "FJ201" in message and "DTensor" in message and "test_distributed.py" in message
+    assert "fully_shard(fjit.jit(m))" in message
