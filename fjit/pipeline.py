@@ -36,7 +36,8 @@ from fjit.ops import TRACE_NAMESPACE
 from fjit.passes.basic import (autograd_may_record, constant_fold, cse, dce, free_dead_values,
                                reuse_buffers, simplify_views)
 from fjit.passes.matmuls import choose_gemms
-from fjit.passes.verify import verify
+from fjit.logs import recompiles
+from fjit.passes.verify import TraceVerificationError, verify
 
 CLEANUP = (dce, cse, constant_fold, simplify_views, dce)
 _NOT_RUN = object()      # the first call's result was not computed while compiling
@@ -63,6 +64,7 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
     with light_imports():
         result, traces, first, executors = _trace_with_real_layouts(fn, args, kwargs, leaves, mode,
                                                                     executors)
+        traces, forward = _verified_program(result.trace, traces, leaves)
         # An input requiring grad under grad mode: a compiled forward and backward, when
         # something in them fuses (else torch autograd runs the forward program's torch calls).
         cleaned = traces[len(CLEANUP)]
@@ -72,11 +74,11 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
         if isinstance(joint, autodiff.Compiled):
             traces, program, backward = joint.forward_traces, joint.program, joint.backward_traces
         else:
-            program = torch_executor.compile_trace(traces[-1])
+            program = forward
             backward = [] if joint is None else [autodiff.autograd_stage(traces[-1], joint)]
         if joint is not None and program_choice.wants_measuring(len(cleaned.bsyms)):
             channels_last = _channels_last_traces(fn, args, kwargs, leaves, mode, result.trace)
-            program = _measured_choice(joint, autograd_traces, backward, channels_last)
+            program = _measured_choice(joint, autograd_traces, forward, backward, channels_last)
         elif joint is None and any(b.sym.has(Tag.KERNEL) for b in traces[-1].bsyms) and \
                 program_choice.wants_measuring_forward(leaves):
             program = _measured_forward(program, result.trace, traces, leaves)
@@ -107,6 +109,23 @@ def lower(trace: Trace, executors: tuple, leaves: list, cleanup: bool = True,
         for t in traces:
             verify(t)
     return traces
+
+
+def _verified_program(trace: Trace, traces: list[Trace], leaves: list) -> tuple[list[Trace], Callable]:
+    """(the stages that run, the function running the last): `traces`, `trace`'s stages, where
+    their last verifies (passes/verify.py); else, as the program is never run broken, the stages
+    of `trace` with torch calls alone, the reason in the last one's stage line and on the
+    fjit.recompiles log (where those fail too, the error is raised: fjit has no form to run).
+    Check mode raises, having verified every stage in `lower`, naming the stage that broke a rule."""
+    try:
+        return traces, torch_executor.compile_trace(traces[-1])
+    except TraceVerificationError as e:
+        if config.check_mode():
+            raise
+        recompiles.warning("%s: the program with kernels does not run, its torch calls do: %s", trace.name, e)
+        plain = lower(trace, (Executor.TORCH,), leaves)
+        plain[-1] = plain[-1].with_stage(f"torch_executor: the program with kernels failed verification ({e})")
+        return plain, torch_executor.compile_trace(plain[-1])
 
 
 def finalize(trace: Trace, untracked: bool = False) -> Trace:
@@ -168,7 +187,9 @@ def _measured_forward(program, trace: Trace, traces: list[Trace], leaves: list):
     """The program with kernels, or its torch calls alone if they measure faster on the second
     call (fjit/program_choice.py)."""
     plain = lower(trace, (Executor.TORCH,), leaves)
-    torch_calls = torch_executor.compile_trace(plain[-1])
+    torch_calls = _verified_or_none(trace.name, "its torch calls", plain[-1])
+    if torch_calls is None:
+        return program
 
     def plain_traces(reason: str) -> tuple[list, list]:
         return plain[:-1] + [plain[-1].with_stage(f"torch_executor: {reason}")], []
@@ -187,13 +208,27 @@ def _kept_as_compiled(forward: list[Trace], backward: list[Trace]):
     return stages
 
 
-def _measured_choice(joint, traces: list[Trace], backward: list[Trace],
+def _verified_or_none(name: str, what: str, final: Trace) -> Callable | None:
+    """The function running `final`, a form a measured choice may time or keep, or None where
+    it fails verification (the form is dropped, the reason logged on fjit.recompiles; check mode
+    raises)."""
+    try:
+        return torch_executor.compile_trace(final)
+    except TraceVerificationError as e:
+        if config.check_mode():
+            raise
+        recompiles.warning("%s: %s dropped from the measured choice: %s", name, what, e)
+        return None
+
+
+def _measured_choice(joint, traces: list[Trace], forward: Callable, backward: list[Trace],
                      channels_last: list[Trace] | None):
     """The program that measures its training forms on the second call and keeps the fastest
     (fjit/program_choice.py): the joint program where there is one (`joint` is autodiff.Compiled;
-    else the reason there is none), torch autograd over `traces` (the plain forward's stages, whose
-    backward stage list is `backward` where there is no joint program), and torch autograd over
-    the channels-last stages where there are some.  With one form, that form's program."""
+    else the reason there is none), torch autograd over `traces` (the plain forward's stages,
+    `forward` the function running them, whose backward stage list is `backward` where there is no
+    joint program), and torch autograd over the channels-last stages where there are some and
+    they verify.  With one form, that form's program."""
     forms = []
     if isinstance(joint, autodiff.Compiled):
         shown = (joint.forward_traces, joint.backward_traces)
@@ -208,12 +243,14 @@ def _measured_choice(joint, traces: list[Trace], backward: list[Trace],
         if stages is None:
             continue
         final = stages[-1]
+        run = forward if stages is traces else _verified_or_none(final.name, what, final)
+        if run is None:
+            continue
 
         def shows(reason: str, stages=stages, final=final) -> tuple[list, list]:
             return list(stages), [autodiff.autograd_stage(final, reason)]
         forms.append(program_choice.Form(
-            what, torch_executor.compile_trace(final),
-            torch_executor.compile_trace(final.with_stage(final.stage, rebuild=None)), shows, margin))
+            what, run, torch_executor.compile_trace(final.with_stage(final.stage, rebuild=None)), shows, margin))
     if len(forms) == 1:
         return forms[0].run
     return program_choice.MeasuredChoice(forms, traces[-1].bsyms, *shown)

@@ -22,6 +22,8 @@ from fjit.autodiff.joint import Recorder, build, differentiable
 from fjit.autodiff.rules import NONDIFF, VJP, has_rule
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.trace import Trace
+from fjit.logs import recompiles
+from fjit.passes.verify import TraceVerificationError, verify
 
 __all__ = ["compile_with_backward", "autograd_stage", "Compiled", "Lowering", "Recorder", "VJP",
            "NONDIFF", "has_rule"]
@@ -42,7 +44,8 @@ class Lowering:
     decompose: Callable | None
     # (trace, cleanup) -> its stages, passes and executors, for a program autograd does not record
     lower: Callable[[Trace, bool], list]
-    compile: Callable[[Trace], Callable]    # a final stage -> the function that runs it
+    # a final stage -> the function that runs it, once it verifies (else TraceVerificationError)
+    compile: Callable[[Trace], Callable]
     recorder: Recorder                      # how the backward is recorded on proxies
 
 
@@ -63,8 +66,13 @@ def compile_with_backward(trace: Trace, leaves: list, lowering: Lowering) -> Com
     with torch.no_grad():     # as inside autograd.Function: the kernel executors may claim
         forward = lowering.lower(joint.forward, False)
         backward = lowering.lower(joint.backward, True)
-    plan = Plan(joint, lowering.compile(forward[-1]), list_callable(backward[-1]),
-                trace.output, trace.rebuild, _differentiable(trace, joint.outputs, lowering.compile))
+    try:      # neither program runs unless both verify (check mode raised in `lower` already)
+        verify(backward[-1])
+        plan = Plan(joint, lowering.compile(forward[-1]), list_callable(backward[-1]),
+                    trace.output, trace.rebuild, _differentiable(trace, joint.outputs, lowering.compile))
+    except TraceVerificationError as e:
+        recompiles.warning("%s: the joint program does not run, torch autograd does: %s", trace.name, e)
+        return f"the joint program failed verification ({e})"
     plan.name = trace.name
     return Compiled(plan, forward, backward)
 

@@ -19,7 +19,7 @@ import types
 import torch
 import torch.utils._pytree as pytree
 
-from fjit.core.ir import CUSTOM_VJPS, Symbol, Tag, flatten_values, map_values
+from fjit.core.ir import CUSTOM_VJPS, Symbol, Tag, Var, flatten_values, map_values
 from fjit.core.prims import prim_of
 from fjit.frontend.context import Mode, ProcessPatch, current
 from fjit.frontend.dispatch import dispatch
@@ -65,7 +65,7 @@ def _traced_apply(cls, *args, **kwargs):
         finally:
             sys.setprofile(hook)
         if current().scopes[-1] and current().scopes[-1][-1].sym is sym:
-            vjp = lambda value, cotangents: _backward(cls, ctx, args, value, cotangents)  # noqa: E731
+            vjp = lambda now, value, cotangents: _backward(cls, ctx, args, now, value, cotangents)  # noqa: E731
             vjp.materialize_grads = ctx.materialize_grads
             CUSTOM_VJPS[sym] = vjp
         return out
@@ -167,27 +167,35 @@ def _prims_of(bsyms) -> list | None:
 
 class _BackwardCtx:
     """The forward's ctx as the backward reads it: its attributes, tensors among them as the
-    backward's values."""
+    backward's values.  `value(var)` gives a forward value in the backward; `renamed` maps a
+    value's name when traced to the Var that stands for it in the op as the passes left it."""
 
-    def __init__(self, ctx: _FunctionCtx, value):
+    def __init__(self, ctx: _FunctionCtx, value, renamed: dict):
         def mapped(x):
-            return map_values(lambda t: value(t.ir) if isinstance(t, TensorProxy) else t, x)
+            return map_values(lambda t: value(renamed.get(t.ir.name, t.ir)) if isinstance(t, TensorProxy)
+                              else t, x)
         for k, v in vars(ctx).items():
             if k not in ("to_save", "materialize_grads"):
                 setattr(self, k, mapped(v) if k != "needs_input_grad" else v)
         self.saved_tensors = tuple(mapped(list(ctx.to_save)))
 
 
-def _backward(cls, ctx: _FunctionCtx, args, value, cotangents) -> list:
-    """cls.backward on the backward's proxies: [(input Var, its cotangent)]."""
-    grads = cls.backward(_BackwardCtx(ctx, value), *cotangents)
+def _backward(cls, ctx: _FunctionCtx, args, now, value, cotangents) -> list:
+    """cls.backward on the backward's proxies: [(input Var, its cotangent)].  `args` are the
+    apply's arguments when traced, `now` its bound symbol in the trace being differentiated: the
+    passes may have renamed an argument since (CSE makes layer 2's attention mask, saved by its
+    Function, layer 1's), so the ctx's tensors and the gradients are resolved through `now`'s
+    arguments, never by the names the forward saw."""
+    renamed = {a.ir.name: v for a, v in zip(args, now.args) if isinstance(a, TensorProxy) and isinstance(v, Var)}
+    grads = cls.backward(_BackwardCtx(ctx, value, renamed), *cotangents)
     grads = grads if isinstance(grads, tuple) else (grads,)
     if len(grads) < len(args) or any(g is not None for g in grads[len(args):]):
         raise RuntimeError(f"function {cls.__name__}Backward returned an incorrect number of gradients")
     if any(isinstance(g, torch.Tensor) and not isinstance(g, TensorProxy) for g in grads):
         # made without a proxy (torch.zeros(...) outside the tracer's mode): not a traced value
         raise RuntimeError(f"{cls.__name__}.backward returned a tensor it did not compute from its inputs")
-    return [(a.ir, g) for a, g in zip(args, grads) if isinstance(a, TensorProxy) and isinstance(g, TensorProxy)]
+    return [(renamed.get(a.ir.name, a.ir), g) for a, g in zip(args, grads)
+            if isinstance(a, TensorProxy) and isinstance(g, TensorProxy)]
 
 
 _VMAP = torch.vmap

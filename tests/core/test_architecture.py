@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import warnings
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fjit"
-MAX_LINES = 400
+# A module is as long as its one job: past LONG_MODULE a warning asks whether it holds two jobs;
+# past MAX_LINES it fails.  A line count is never a reason to move or squeeze code.
+LONG_MODULE = 400
+MAX_LINES = 600
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -67,8 +71,12 @@ def _owner(name: str) -> str:
 
 
 def test_no_module_over_the_limit():
-    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"modules over {MAX_LINES} lines: {long}"
+    lines = {m: len(p.read_text().splitlines()) for m, p in MODULES.items()}
+    long = {m: n for m, n in lines.items() if n > LONG_MODULE}
+    if long:
+        warnings.warn(f"modules over {LONG_MODULE} lines (one job each?): {long}", stacklevel=1)
+    over = {m: n for m, n in lines.items() if n > MAX_LINES}
+    assert not over, f"modules over {MAX_LINES} lines: {over}"
 
 
 def test_import_graph_has_no_circles():

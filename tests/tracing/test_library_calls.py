@@ -339,3 +339,45 @@ def test_a_function_that_does_not_materialize_grads_gets_none_for_an_unused_outp
     x = torch.randn(4, 5, requires_grad=True)
     jf = _grads(lambda x: (_NoneWhenUnused.apply(x * 2)[0] * x).sum(), x)
     assert "torch_autograd" not in fjit.last_backward_traces(jf)[-1].stage
+
+
+class _MaskedCumulation(torch.autograd.Function):
+    """YOSO's attention (transformers' YosoCumulation): saves the mask it was given, an argument,
+    beside values its forward made."""
+
+    @staticmethod
+    def forward(ctx, mask, q, v):
+        weights = torch.sigmoid(q @ q.transpose(-1, -2)) * mask[:, :, None]
+        ctx.save_for_backward(mask, weights, v)
+        return weights @ v
+
+    @staticmethod
+    def backward(ctx, g):
+        mask, weights, v = ctx.saved_tensors
+        gw = (g @ v.transpose(-1, -2)) * mask[:, :, None]
+        return None, None, weights.transpose(-1, -2) @ g + 0 * gw.sum()
+
+
+def _two_layers(x, attention_mask):
+    for _ in range(2):
+        # each layer converts the mask again: CSE makes the second layer's mask the first's
+        mask = attention_mask.int()
+        x = torch.tanh(_MaskedCumulation.apply(mask, x, x * 2) + x)
+    return x.sum()
+
+
+def test_a_functions_saved_argument_renamed_by_the_passes_is_read_under_its_new_name(monkeypatch):
+    """The second layer's mask, saved by its Function, is merged into the first's by CSE; the
+    backward read it under its traced name, so the joint forward returned a name no line defines
+    (YOSO: NameError on its second call, where the measured choice runs the joint program)."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, 4, generator=g, requires_grad=True)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, -2:] = 0
+    jf = fjit.jit(_two_layers)
+    for _ in range(2):
+        got, = torch.autograd.grad(jf(x, mask), x)
+    want, = torch.autograd.grad(_two_layers(x, mask), x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert "torch_autograd" not in fjit.last_backward_traces(jf)[-1].stage
