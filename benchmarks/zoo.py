@@ -49,6 +49,13 @@ several CNNs with AdamW, none with SGD.  SGD keeps each step linear in the gradi
 reason the CNNs of the registry run 8 images of 64x64: BatchNorm over a handful of values amplifies
 rounding as much.
 
+Autocast (``--autocast bf16``, or ``fp16``): every copy's forward and loss run under
+``torch.autocast(device, dtype=...)``, as users write a mixed-precision step (the backward and the
+optimizer step outside it), the eval forward too.  The golden runs under it as well, which leaves
+float64 alone, so it stays the float64 truth; the reference is eager under autocast, so the
+yardstick above becomes eager's own error under autocast: the compiled model may be about twice as
+far from float64 as eager autocast is.
+
 Statuses: ``pass``; ``fail_accuracy``; ``error`` (any exception of the compiled model: its type and
 the first line of its message; an fjit error, a subclass of ``fjit.FjitError``, names its code, e.g.
 FJ106; an error raised through Dynamo is reported by its inner exception); ``timeout`` (``--timeout``
@@ -108,6 +115,7 @@ ENTRY_LABELS = {"jit": "fjit.jit", "backend": "backend=fjit", "inductor": "induc
 # the compiled entry's arithmetic.
 CONTROLS = ("eager_cl", "eager_xt")
 TOL = 1e-4                  # torch._dynamo.utils.same's default tol
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}     # --autocast
 OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
     "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01),
     "sgd": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
@@ -127,6 +135,12 @@ def compile_entry(entry: str, model: torch.nn.Module) -> torch.nn.Module:
     if entry in ("eager", "eager1t", "eager_xt"):
         return model
     raise ValueError(f"unknown entry {entry!r}: one of {', '.join(ENTRIES)}")
+
+
+def autocast_region(dtype: torch.dtype | None):
+    """Where a step's forward and loss run: under autocast to `dtype` on the zoo's device, as a
+    user's mixed-precision step runs them, or as they are (None)."""
+    return contextlib.nullcontext() if dtype is None else torch.autocast(DEVICE, dtype=dtype)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -264,13 +278,13 @@ def _threads(n: int | None):
 
 class _Copy:
     """One of the three copies: its module (the one called, maybe compiled), the module holding
-    its parameters, its optimizer and its dtype."""
+    its parameters, its optimizer, its dtype and the autocast dtype its forward runs under."""
 
     def __init__(self, module: torch.nn.Module, call: torch.nn.Module | None, dtype: torch.dtype,
-                 optimizer: str, threads: int | None = None):
+                 optimizer: str, threads: int | None = None, autocast: torch.dtype | None = None):
         self.module, self.call, self.dtype = module, call if call is not None else module, dtype
         self.opt = OPTIMIZERS[optimizer](module.parameters())
-        self.threads = threads
+        self.threads, self.autocast = threads, autocast
 
     def train_step(self, zm: ZooModel, batch: Batch, seed: int) -> dict[str, Any]:
         with _threads(self.threads):
@@ -279,8 +293,9 @@ class _Copy:
     def _train_step(self, zm: ZooModel, batch: Batch, seed: int) -> dict[str, Any]:
         b = batch.to(self.dtype)
         torch.manual_seed(seed)
-        out = self.call(*b.args, **b.kwargs)
-        loss = zm.loss(out, b)
+        with autocast_region(self.autocast):
+            out = self.call(*b.args, **b.kwargs)
+            loss = zm.loss(out, b)
         loss.backward()
         tensors = {"loss": loss.detach(), **named_tensors(out, "out")}
         tensors.update({f"grad:{n}": (p.grad.detach().clone() if p.grad is not None else None)
@@ -301,7 +316,7 @@ class _Copy:
         b = batch.to(self.dtype)
         self.call.eval()
         torch.manual_seed(seed)
-        with torch.no_grad():
+        with torch.no_grad(), autocast_region(self.autocast):
             out = self.call(*b.args, **b.kwargs)
         return named_tensors(out, "eval out")
 
@@ -315,9 +330,11 @@ def _reference(fn: Callable[[], Any]) -> Any:
         raise ReferenceError_(describe_exception(exc)[0]) from exc
 
 
-def check_accuracy(zm: ZooModel, entry: str, steps: int = 3, seed: int = 0, optimizer: str = "sgd") -> Result:
-    """Train ``zm`` for ``steps`` steps eager float32, eager float64 and compiled by ``entry``, and
-    compare (see the module docstring).  Raises nothing but ZooTimeout: every failure is a Result."""
+def check_accuracy(zm: ZooModel, entry: str, steps: int = 3, seed: int = 0, optimizer: str = "sgd",
+                   autocast: torch.dtype | None = None) -> Result:
+    """Train ``zm`` for ``steps`` steps eager float32, eager float64 and compiled by ``entry``, each
+    under autocast to ``autocast`` if given, and compare (see the module docstring).  Raises
+    nothing but ZooTimeout: every failure is a Result."""
     t0 = time.perf_counter()
     result = Result(zm.name, entry, "pass")
     torch._dynamo.reset()
@@ -325,12 +342,14 @@ def check_accuracy(zm: ZooModel, entry: str, steps: int = 3, seed: int = 0, opti
     try:
         base = zm.make(seed).to(DEVICE)
         batch = zm.example(seed).to(device=DEVICE)
-        ref = _Copy(copy.deepcopy(base), None, torch.float32, optimizer)
-        gold = _Copy(_reference(lambda: copy.deepcopy(base).double()), None, torch.float64, optimizer)
+        ref = _Copy(copy.deepcopy(base), None, torch.float32, optimizer, autocast=autocast)
+        gold = _Copy(_reference(lambda: copy.deepcopy(base).double()), None, torch.float64, optimizer,
+                     autocast=autocast)
         cand_module = copy.deepcopy(base)
         cand = _Copy(cand_module, compile_entry(entry, cand_module), torch.float32, optimizer,
                      threads=1 if entry == "eager1t" else
-                     (2 if torch.get_num_threads() == 1 else 1) if entry == "eager_xt" else None)
+                     (2 if torch.get_num_threads() == 1 else 1) if entry == "eager_xt" else None,
+                     autocast=autocast)
         for step in range(steps):
             stage = f"step {step + 1}"
             r = _reference(lambda: ref.train_step(zm, batch, seed + step))
@@ -418,11 +437,13 @@ def describe_exception(exc: BaseException) -> tuple[str, str, str, str]:
 # timing
 
 
-def _train_thunk(module: torch.nn.Module, call: torch.nn.Module, zm: ZooModel, batch: Batch):
+def _train_thunk(module: torch.nn.Module, call: torch.nn.Module, zm: ZooModel, batch: Batch,
+                 autocast: torch.dtype | None):
     def step():
         module.zero_grad(set_to_none=True)
-        out = call(*batch.args, **batch.kwargs)
-        zm.loss(out, batch).backward()
+        with autocast_region(autocast):
+            loss = zm.loss(call(*batch.args, **batch.kwargs), batch)
+        loss.backward()
     return step
 
 
@@ -433,7 +454,8 @@ TIMED = ("jit", "backend", "inductor")
 SAMPLE_NS = 100e6
 
 
-def time_model(zm: ZooModel, rounds: int, seed: int = 0, timed: tuple = TIMED) -> dict:
+def time_model(zm: ZooModel, rounds: int, seed: int = 0, timed: tuple = TIMED,
+               autocast: torch.dtype | None = None) -> dict:
     """Paired ratios candidate/eager of the training step (no optimizer), see the docstring."""
     from benchmarks import harness as H
     torch._dynamo.reset()
@@ -444,7 +466,7 @@ def time_model(zm: ZooModel, rounds: int, seed: int = 0, timed: tuple = TIMED) -
         module = copy.deepcopy(base)
         try:
             compiled[entry] = compile_entry(entry, module)
-            thunk = _train_thunk(module, compiled[entry], zm, batch)
+            thunk = _train_thunk(module, compiled[entry], zm, batch, autocast)
             thunk()           # compile (forward and backward)
             thunk()
         except ZooTimeout:
@@ -498,20 +520,22 @@ def _with_timeout(seconds: int, fn: Callable[[], Any]) -> Any:
 
 
 def run_model(name: str, entries: list[str], steps: int, timeout: int, timing: bool, rounds: int,
-              optimizer: str = "sgd", timed: tuple = TIMED) -> dict:
+              optimizer: str = "sgd", timed: tuple = TIMED, autocast: torch.dtype | None = None) -> dict:
     zm = MODELS[name]
     row: dict = {"model": name, "source": zm.source, "note": zm.note, "results": {}}
     for entry in entries:
         t0 = time.perf_counter()
         try:
-            res = _with_timeout(timeout, lambda: check_accuracy(zm, entry, steps, optimizer=optimizer))
+            res = _with_timeout(timeout, lambda: check_accuracy(
+                zm, entry, steps, optimizer=optimizer, autocast=autocast))
         except ZooTimeout:
             res = Result(name, entry, "timeout", reason=f"over {timeout} s", seconds=time.perf_counter() - t0)
         row["results"][entry] = res.to_json()
         gc.collect()
     if timing:
         try:
-            row["timing"] = _with_timeout(timeout * 2, lambda: time_model(zm, rounds, timed=timed))
+            row["timing"] = _with_timeout(timeout * 2, lambda: time_model(
+                zm, rounds, timed=timed, autocast=autocast))
         except ZooTimeout:
             row["timing"] = {"errors": {"all": f"timing over {timeout * 2} s"}}
         except Exception as exc:  # noqa: BLE001
@@ -566,7 +590,8 @@ def run_isolated(name: str, args, environment: dict | None = None, entries: tupl
                "--steps", str(args.steps), "--timeout", str(args.timeout), "--rounds", str(args.rounds),
                "--optimizer", args.optimizer, "--device", args.device,
                "--json", str(out), "--quiet", "--timed", *args.timed] + (["--timing"] if args.timing else []) \
-            + (["--default-allocator"] if args.default_allocator else [])
+            + (["--default-allocator"] if args.default_allocator else []) \
+            + (["--autocast", args.autocast] if args.autocast else [])
         limit = (args.timeout or 600) * (len(entries) + (2 if args.timing else 0)) + 120
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit,
@@ -660,9 +685,10 @@ def failures_by_cause(rows: list[dict], entries: list[str]) -> dict[str, list[tu
 
 def markdown(rows: list[dict], entries: list[str], summary: dict, args, env: dict, total_s: float) -> str:
     headers, body = tables(rows, entries, args.timing)
+    mode = f"forward and loss under autocast {args.autocast}, " if args.autocast else ""
     md = ["# fjit model zoo", "",
           f"Generated by `python benchmarks/zoo.py` ({len(rows)} models, {args.steps} training steps of "
-          f"{args.optimizer}, "
+          f"{args.optimizer}, {mode}"
           f"torch {env.get('torch')}, fjit {env.get('fjit_revision')}, {env.get('date')}, "
           f"FJIT_C_KERNELS={os.environ.get('FJIT_C_KERNELS', '(unset)')}, {total_s / 60:.1f} min). "
           "The accuracy rule and the timing method are in benchmarks/README.md.", "",
@@ -693,6 +719,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd",
                         help="the training steps' optimizer (see the docstring for why SGD)")
+    parser.add_argument("--autocast", choices=sorted(AUTOCAST_DTYPES),
+                        help="run every copy's forward and loss under torch.autocast to this dtype, "
+                             "judged against eager's own error under it")
     parser.add_argument("--timing", action="store_true", help="also time the training step")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds")
     parser.add_argument("--timed", nargs="+", default=list(TIMED), choices=TIMED,
@@ -744,7 +773,7 @@ def main(argv=None) -> int:
     for i, name in enumerate(names):
         row = run_isolated(name, args) if args.isolate else run_model(
             name, args.entry, args.steps, args.timeout, args.timing, args.rounds, args.optimizer,
-            tuple(args.timed))
+            tuple(args.timed), AUTOCAST_DTYPES.get(args.autocast))
         rows.append(row)
         if not args.quiet:
             cells = "  ".join(f"{ENTRY_LABELS[e]}: {row['results'][e]['status']} "

@@ -162,15 +162,14 @@ class _Builder:
     # -- the record units: fixed before the backward asks for their graphs ------------------------
     def _record_vars(self, i: int, b: BoundSymbol):
         if i not in self.records:
-            graph = [TensorVar(self.fresh(f"{v.name}_graph"), v.shape, v.dtype, v.device, v.strides,
-                               True) for v in b.outputs() if differentiable(v)]
+            graph = [v.replaced(name=self.fresh(f"{v.name}_graph"), requires_grad=True)
+                     for v in b.outputs() if differentiable(v)]
             inputs, seen = [], set()
             for v in b.inputs():
                 if differentiable(v) and v.name not in seen:
                     seen.add(v.name)
                     inputs.append(v)
-            leaf = [TensorVar(self.fresh(f"{v.name}_leaf"), v.shape, v.dtype, v.device, v.strides,
-                              True) for v in inputs]
+            leaf = [v.replaced(name=self.fresh(f"{v.name}_leaf"), requires_grad=True) for v in inputs]
             self.records[i] = (graph, leaf, inputs)
         return self.records[i]
 
@@ -246,7 +245,7 @@ class _Backward:
             v = NumberVar(name, var.pytype)
             self.ctx.inputs.append(v)
             return self.recorder.number(self.b.leaves[position], v)
-        v = TensorVar(name, var.shape, var.dtype, var.device, var.strides, False)
+        v = var.replaced(name=name, requires_grad=False)
         self.ctx.inputs.append(v)
         return self.recorder.tensor(v, is_input=True)
 

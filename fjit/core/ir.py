@@ -45,17 +45,29 @@ CUSTOM_VJPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # ----------------------------------------------------------------------------------------------
 
 class TensorVar:
-    """An SSA tensor value: metadata only, never data."""
+    """An SSA tensor value: metadata only, never data.
 
-    __slots__ = ("name", "shape", "dtype", "device", "strides", "requires_grad")
+    `conj_bit` and `neg_bit` are torch's lazy conjugate and negative bits (`is_conj()`,
+    `is_neg()`): a view such as `z.conj()`, `z.H` or `z.conj().imag` holds its base's data and
+    reads it conjugated or negated, so what reads raw memory (a kernel, a reinterpretation of
+    another view) would read a different value."""
 
-    def __init__(self, name, shape, dtype, device, strides, requires_grad=False):
+    __slots__ = ("name", "shape", "dtype", "device", "strides", "requires_grad", "conj_bit", "neg_bit")
+
+    def __init__(self, name, shape, dtype, device, strides, requires_grad=False, conj_bit=False,
+                 neg_bit=False):
         self.name = name
         self.shape = tuple(shape)
         self.dtype = dtype
         self.device = device
         self.strides = tuple(strides)
         self.requires_grad = requires_grad
+        self.conj_bit = conj_bit
+        self.neg_bit = neg_bit
+
+    def replaced(self, **changes) -> "TensorVar":
+        """This value's metadata with `changes` (another name, strides, requires_grad)."""
+        return TensorVar(**{**{k: getattr(self, k) for k in TensorVar.__slots__}, **changes})
 
     @property
     def ndim(self) -> int:
@@ -67,7 +79,8 @@ class TensorVar:
     def type_string(self) -> str:
         dt = DTYPE_SHORT.get(self.dtype, str(self.dtype).replace("torch.", ""))
         dims = ", ".join(str(s) for s in self.shape)
-        return f"{self.device.type} {dt}[{dims}]"
+        bits = " conj" * self.conj_bit + " neg" * self.neg_bit
+        return f"{self.device.type} {dt}[{dims}]{bits}"
 
     def __repr__(self):
         return self.name

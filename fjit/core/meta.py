@@ -17,10 +17,23 @@ from fjit.core.ir import TensorVar, flatten_values, map_values
 
 
 def meta_tensor(v: TensorVar) -> torch.Tensor:
-    """A meta tensor with `v`'s metadata.  (A complex value requires grad as a float one does: the
-    real part of an FFT's requires grad in eager, and dropping it dropped the gradient there.)"""
-    return torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta",
-                               requires_grad=v.requires_grad and (v.dtype.is_floating_point or v.dtype.is_complex))
+    """A meta tensor with `v`'s metadata, its conjugate and negative bits included (so torch's
+    answers to `is_conj()`, `resolve_conj()`, `view_as_real` and the rest are eager's).  (A
+    complex value requires grad as a float one does: the real part of an FFT's requires grad in
+    eager, and dropping it dropped the gradient there.)"""
+    m = torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta",
+                            requires_grad=v.requires_grad and (v.dtype.is_floating_point or v.dtype.is_complex))
+    return _with_bits(m, v.conj_bit, v.neg_bit)
+
+
+def _with_bits(m: torch.Tensor, conj: bool, neg: bool) -> torch.Tensor:
+    """The fresh meta tensor `m` with the conjugate and negative bits set as given: set on `m`
+    itself, not through a view (`torch._conj(m)`), so that what views it has it as its `_base`."""
+    if conj:
+        torch._C._set_conj(m, True)
+    if neg:
+        torch._C._set_neg(m, True)
+    return m
 
 
 _META_RESULTS: dict = {}
@@ -34,17 +47,19 @@ class _Unkeyable(Exception):
 class _Out:
     """How to rebuild one tensor of a meta result: one of the inputs, a view of one, or new."""
 
-    __slots__ = ("kind", "index", "shape", "strides", "offset", "dtype", "requires_grad")
+    __slots__ = ("kind", "index", "shape", "strides", "offset", "dtype", "requires_grad", "conj", "neg")
 
     def __init__(self, kind, index, m):
         self.kind, self.index = kind, index
         self.shape, self.strides, self.offset = tuple(m.shape), m.stride(), m.storage_offset()
         self.dtype, self.requires_grad = m.dtype, m.requires_grad
+        self.conj, self.neg = m.is_conj(), m.is_neg()
 
 
 def _key_of(x):
     if isinstance(x, torch.Tensor):
-        return ("T", tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.requires_grad)
+        return ("T", tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.requires_grad,
+                x.is_conj(), x.is_neg())
     if isinstance(x, (tuple, list)):
         return (type(x), tuple(_key_of(y) for y in x))
     if isinstance(x, dict):
@@ -87,8 +102,9 @@ def _recipe(m: torch.Tensor, inputs: list) -> _Out:
     if not m._is_view():
         return _Out("new", None, m)
     for i, x in enumerate(inputs):
+        # as_strided keeps its input's bits: a view that changes them (conj) is no such view
         if m._base is x and m.dtype == x.dtype and m.layout == torch.strided \
-                and not m.is_conj() and not m.is_neg():
+                and (m.is_conj(), m.is_neg()) == (x.is_conj(), x.is_neg()):
             return _Out("view", i, m)
     raise _Unkeyable      # a view of something else: not rebuilt from a recipe
 
@@ -98,8 +114,8 @@ def _rebuild(o: _Out, inputs: list) -> torch.Tensor:
         return inputs[o.index]
     if o.kind == "view":
         return torch.as_strided(inputs[o.index], o.shape, o.strides, o.offset)
-    return torch.empty_strided(o.shape, o.strides, dtype=o.dtype, device="meta",
-                               requires_grad=o.requires_grad)
+    return _with_bits(torch.empty_strided(o.shape, o.strides, dtype=o.dtype, device="meta",
+                                         requires_grad=o.requires_grad), o.conj, o.neg)
 
 
 def clear_memo() -> None:

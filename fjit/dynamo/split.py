@@ -91,18 +91,33 @@ _FOLLOWERS = {operator.getitem, torch.ops.aten.sym_size.int, torch.ops.aten.sym_
               torch.ops.aten.sym_numel.default, torch.ops.aten.sym_storage_offset.default}
 
 
+def _follows(node: torch.fx.Node, parts: dict) -> tuple | None:
+    """The torch piece `node` joins, if it reads the metadata of (or unpacks) a value that piece
+    made and reads nothing made after that piece.  A later value would make the two pieces
+    depend on each other, a cycle: `mask[(batch_idx, kv_idx)]` of a mask a torch piece made
+    (a getitem, but an indexing with tensors made further on) is a node of its own run."""
+    if node.target not in _FOLLOWERS or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    made = parts.get(node.args[0])
+    if made is None or made[1] != "torch":
+        return None
+    later = [n for n in node.all_input_nodes if parts.get(n, (-1,))[0] > made[0]]
+    return None if later else made
+
+
 def assign(gm: torch.fx.GraphModule, torch_nodes) -> dict:
     """node -> (partition id, "fjit" | "torch"), in graph order: each node in `torch_nodes` is a
     partition of its own (with the getitems and sizes of its result), every maximal run of other nodes
-    between them is one fjit partition."""
+    between them is one fjit partition.  Every node's partition is at or after those of the nodes
+    it reads, so the partitions never form a cycle."""
     parts: dict = {}
     pid, kind = -1, None
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
-        if node.target in _FOLLOWERS and node.args and \
-                isinstance(node.args[0], torch.fx.Node) and parts.get(node.args[0], (0, ""))[1] == "torch":
-            parts[node] = parts[node.args[0]]
+        joined = _follows(node, parts)
+        if joined is not None:
+            parts[node] = joined
             continue
         if node in torch_nodes:
             pid, kind = pid + 1, "torch"

@@ -91,19 +91,18 @@ def fusing_executor(executors: tuple, device: torch.device) -> KernelExecutor | 
     return None
 
 
-def kernel_inputs_usable(trace: Trace, leaves: list, device_ok: Callable[[torch.device], bool]) -> bool:
+def kernel_inputs_usable(trace: Trace, device_ok: Callable[[torch.device], bool]) -> bool:
     """Whether a kernel executor may take regions of `trace` at all: its tensor inputs all live on
-    one device it runs on, kernels reading raw data read their values (no negative bit, no complex
-    values), and autograd does not need the ops (inputs requiring grad under grad mode)."""
+    one device it runs on, kernels reading raw data read their values (no value with a negative
+    or conjugate bit, an input's or a view's as `torch._neg_view(x)`; no complex values), and
+    autograd does not need the ops (inputs requiring grad under grad mode)."""
     tensors = [v for v in trace.inputs if isinstance(v, TensorVar)]
     if not tensors or any(v.device != tensors[0].device for v in tensors):
         return False
     if not device_ok(tensors[0].device):
         return False
-    if any(isinstance(x, torch.Tensor) and x.is_neg() for x in leaves):
-        return False
-    if any(isinstance(v, TensorVar) and v.dtype.is_complex
-           for b in trace.bsyms for v in b.inputs() + b.outputs()):
+    if any(isinstance(v, TensorVar) and (v.dtype.is_complex or v.neg_bit or v.conj_bit)
+           for v in tensors + [v for b in trace.bsyms for v in b.inputs() + b.outputs()]):
         return False
     return not (torch.is_grad_enabled() and any(v.requires_grad for v in tensors))
 

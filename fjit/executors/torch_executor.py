@@ -4,9 +4,9 @@ It claims everything: a torch-level op runs as the very torch call the user made
 are eager's), and a prim left at top level by another executor runs as its torch lowering.
 
 In check mode (FJIT_CHECK=1, read when a program is compiled) the generated function also checks,
-after every torch fallback, that the real output's shape, dtype and strides are the ones recorded
-in the trace (which came from meta tensors): kernels and later ops rely on them.  Without it the
-program has no such calls.
+after every torch fallback, that the real output's shape, dtype, strides and conjugate and
+negative bits are the ones recorded in the trace (which came from meta tensors): kernels and later
+ops rely on them.  Without it the program has no such calls.
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def conform_prim_layouts(trace: Trace) -> Trace:
         if same_layout(v.shape, natural, v.strides):
             out.append(b)
             continue
-        made = TensorVar(f"{v.name}_torch", v.shape, v.dtype, v.device, natural, v.requires_grad)
+        made = v.replaced(name=f"{v.name}_torch", strides=natural)
         out.append(b.replace(output=made))
         out.append(BoundSymbol(RESTRIDE, (made, v.strides), {}, v,
                                comment=f"{v.name} in its recorded layout"))
@@ -115,9 +115,11 @@ def reinterpret_views(trace: Trace) -> Trace:
     Only for a program autograd does not record (the joint forward and backward, or one with no
     value requiring grad): the result is not a view to autograd.  The offset and the check that
     the op is a view of its chain's start come from replaying the chain on meta tensors; an op
-    that copies (a reshape of a transposed value), or whose meta result disagrees with the
-    recorded layout, stays as it is.  Outputs stay real views of what they view.  The links
-    left unread are for dce to drop."""
+    that copies (a reshape of a transposed value), whose meta result disagrees with the recorded
+    layout, or whose conjugate or negative bit differs from its start's (`z.conj()`, `z.H`: a
+    reinterpretation keeps its source's bits, so it would read the data unconjugated), stays as
+    it is.  Outputs stay real views of what they view.  The links left unread are for dce to
+    drop."""
     if any(b.sym.has(Tag.MODE) for b in trace.bsyms):
         return trace
     keep = {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}
@@ -131,7 +133,7 @@ def reinterpret_views(trace: Trace) -> Trace:
             out.append(b)
             continue
         if x.name not in chains:
-            root = torch.empty_strided(x.shape, x.strides, dtype=x.dtype, device="meta")
+            root = meta_tensor(x.replaced(requires_grad=False))
             chains[x.name] = (x, root, root)
         start, root, meta = chains[x.name]
         try:
@@ -139,7 +141,8 @@ def reinterpret_views(trace: Trace) -> Trace:
         except Exception:       # noqa: BLE001 -- not replayable on meta: it stays as it is
             made = None
         if not (isinstance(made, torch.Tensor) and made is not meta and made._base is root and
-                (tuple(made.shape), tuple(made.stride())) == (tuple(v.shape), v.strides)):
+                (tuple(made.shape), tuple(made.stride())) == (tuple(v.shape), v.strides) and
+                (made.is_conj(), made.is_neg()) == (root.is_conj(), root.is_neg())):
             out.append(b)
             continue
         chains[v.name] = (start, root, made)
@@ -163,17 +166,19 @@ def has_opaque_ops(trace: Trace) -> bool:
                for b in trace.bsyms)
 
 
-def check_metadata(value, op: str, name: str, shape: tuple, dtype, strides: tuple) -> None:
-    """Check mode: the real output `value` of the fallback `op` has the recorded metadata."""
+def check_metadata(value, op: str, name: str, shape: tuple, dtype, strides: tuple,
+                   bits: tuple) -> None:
+    """Check mode: the real output `value` of the fallback `op` has the recorded metadata (`bits`:
+    its conjugate and negative bits)."""
     if not isinstance(value, torch.Tensor):
         raise AssertionError(f"fjit check: torch fallback {op} returned {type(value).__name__} "
                              f"for {name}, recorded as a tensor")
-    real = (tuple(value.shape), value.dtype, tuple(value.stride()))
-    if real != (shape, dtype, strides):
+    real = (tuple(value.shape), value.dtype, (value.is_conj(), value.is_neg()), tuple(value.stride()))
+    if real != (shape, dtype, bits, strides):
         raise AssertionError(
             f"fjit check: torch fallback {op} output {name}: recorded shape {list(shape)}, dtype "
-            f"{dtype}, strides {strides}; real shape {list(real[0])}, dtype {real[1]}, strides "
-            f"{real[2]}")
+            f"{dtype}, conjugate and negative bits {bits}, strides {strides}; real shape "
+            f"{list(real[0])}, dtype {real[1]}, bits {real[2]}, strides {real[3]}")
 
 
 CHECK_METADATA = Symbol("fjit_check.metadata", check_metadata, frozenset({Tag.IMPURE}))
@@ -187,7 +192,8 @@ def with_metadata_checks(trace: Trace) -> Trace:
         if b.sym.has(Tag.FALLBACK):
             for v in b.outputs():
                 if isinstance(v, TensorVar):
+                    bits = (v.conj_bit, v.neg_bit)
                     out.append(BoundSymbol(CHECK_METADATA, (v, b.sym.qualname, v.name, v.shape,
-                                                            v.dtype, v.strides), {}, None,
+                                                            v.dtype, v.strides, bits), {}, None,
                                            comment=f"check mode: {v.name} has the recorded metadata"))
     return trace.with_stage(trace.stage + "+checks", out)

@@ -337,8 +337,12 @@ def _write(ctx: TraceContext, target: TensorProxy, value: TensorProxy, func, ent
         raise UnsupportedOpError(located(
             "FJ202", f"{op_name(func)} writes into a view fjit cannot replay", *user_location(),
             "clone() the tensor before writing into it"))
+    bits = (target.ir.conj_bit, target.ir.neg_bit)
     new_root = trace_call(ctx, _VIEW_SCATTER, view_scatter, (root, value, target._fj_chain), {})
     root._fj_var = new_root.ir
     root._fj_epoch += 1
-    target._fj_var = value.ir
-    target._fj_seen = root._fj_epoch
+    if (value.ir.conj_bit, value.ir.neg_bit) == bits:
+        target._fj_var = value.ir
+        target._fj_seen = root._fj_epoch
+    # else a conjugated or negated view (`w.conj().add_(1)`) stays one: it is taken again from
+    # the written root when next read, as eager's still is after the write

@@ -48,10 +48,11 @@ def transformed() -> bool:
 
 
 # What a compiled program depends on in a tensor, as attribute expressions: the general path's key
-# function and the generated fast path are both made from this one list.  The negative bit
-# (x.conj().imag of a complex x) is there because kernels read raw data, which does not hold it.
-_TENSOR_KEY = ("shape", "stride()", "dtype", "device", "requires_grad", "is_neg()")
-TENSOR_KEY_FIELDS = ("shape", "stride", "dtype", "device", "requires_grad", "negative bit")
+# function and the generated fast path are both made from this one list.  The conjugate and
+# negative bits (x.conj(), x.conj().imag) are there because the trace answers is_conj() and
+# resolve_conj() from them, and kernels read raw data, which does not hold them.
+_TENSOR_KEY = ("shape", "stride()", "dtype", "device", "requires_grad", "is_conj()", "is_neg()")
+TENSOR_KEY_FIELDS = ("shape", "stride", "dtype", "device", "requires_grad", "conjugate bit", "negative bit")
 _tensor_key = eval("lambda x: (" + ", ".join(f"x.{f}" for f in _TENSOR_KEY) + ")")  # noqa: S307
 
 
@@ -113,10 +114,10 @@ def fast_path(args: tuple, specialized: frozenset, last: list):
     arguments typed differently; `guards(*args)` is what `cache` files beside the program.
 
     The program found last is checked first on the next call, its tensors by one C call
-    (`_TensorGuards`: type, dispatch keys (autocast's among them), dtype, device, sizes, strides,
-    requires_grad, the negative bit), with grad mode and the constants, before any key is built:
-    where every argument is a tensor the caller checks it, from `last[0]` = (arity, grad mode,
-    guards, program); otherwise this function, from a slot of its own."""
+    (`_TensorGuards`: type, dispatch keys (autocast's, the conjugate and negative bits among
+    them), dtype, device, sizes, strides, requires_grad), with grad mode and the constants, before
+    any key is built: where every argument is a tensor the caller checks it, from `last[0]` =
+    (arity, grad mode, guards, program); otherwise this function, from a slot of its own."""
     checks, key, leaves = [], ["_grad()", "_autocast()"], []
     for i, a in enumerate(args):
         t = type(a)
@@ -356,7 +357,7 @@ def make_proxies(ctx, params: list[tuple[str, object]], leaves: list, concrete_f
         if t in _TENSOR_TYPES:
             i = next(counter)
             var = TensorVar(_var_name(label, used), x.shape, x.dtype, x.device, x.stride(),
-                            x.requires_grad)
+                            x.requires_grad, x.is_conj(), x.is_neg())
             ctx.inputs.append(var)
             p = TensorProxy(var, is_input=True)
             ctx.input_labels[id(p)] = f"'{label}'"

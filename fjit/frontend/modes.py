@@ -2,8 +2,9 @@
 
 The traced code runs for real, so `with torch.no_grad():` or an autocast block changes the global
 state between two ops: the change is recorded as a MODE bound symbol, so the program runs each op
-under the mode eager ran it in.  Under autocast every op stays one torch call run under the same
-state; its output dtypes come from torch's own autocast kernels run on storage-less probes.
+under the mode eager ran it in.  Under autocast every op autocast can change (one with a tensor
+autocast casts) stays one torch call run under the same state; its output dtypes come from torch's
+own autocast kernels run on storage-less probes, whose kernels below autocast are meta kernels.
 """
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from fjit.core.ir import BoundSymbol, Symbol, Tag, flatten_values, map_values
 from fjit.frontend.context import AMP_DEVICES, TraceContext, autocast_state
 from fjit.core.meta import meta_tensor
 from fjit.frontend.proxies import NumberProxy, TensorProxy
-
 
 
 _MODE_TAGS = frozenset({Tag.IMPURE, Tag.MODE})
@@ -52,27 +52,44 @@ class _AutocastProbe(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        device = next(x.device for x in flatten_values((args, kwargs))
-                      if isinstance(x, _AutocastProbe))
-        margs, mkwargs = map_values(lambda x: torch.empty_strided(x.shape, x.stride(), dtype=x.dtype,
-                                                                  device="meta")
-                                    if isinstance(x, _AutocastProbe) else x, (args, kwargs or {}))
+        # Every tensor and device of the call becomes meta, so no kernel needs data: a copy to
+        # a device (`_to_copy(device=cpu)`: `.to(device=...)`, `.cpu()`), a factory given a
+        # device (`new_ones`, `full`), and real tensors an op made inside (an autograd.Function's
+        # forward).  The results are on the device the call asked for, else on its operands'.
+        leaves = flatten_values((args, kwargs))
+        device = next((x for x in leaves if isinstance(x, torch.device)), None) or \
+            next(x.device for x in leaves if isinstance(x, _AutocastProbe))
+        margs, mkwargs = map_values(_as_meta, (args, kwargs or {}))
         out = func(*margs, **mkwargs)
         return map_values(lambda m: _AutocastProbe(m, device) if isinstance(m, torch.Tensor) else m,
                           out)
 
 
+def _as_meta(x):
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    return torch.device("meta") if isinstance(x, torch.device) else x
+
+
 def autocast_applies(args, kwargs) -> bool:
-    """Whether autocast is on for the device of one of the op's tensors (one C call when off)."""
+    """Whether autocast can change the op: one of its tensors is of a kind autocast casts
+    (floating point other than float64) on a device where autocast is on.  Every autocast policy
+    casts only those, so an op on token ids, a boolean mask or float64 values is traced as
+    without autocast (one C call when autocast is off)."""
     if not torch._C._is_any_autocast_enabled():
         return False
-    devices = {x.ir.device.type for x in flatten_values((args, kwargs)) if isinstance(x, TensorProxy)}
+    devices = {x.ir.device.type for x in flatten_values((args, kwargs))
+               if isinstance(x, TensorProxy) and x.ir.dtype.is_floating_point
+               and x.ir.dtype != torch.float64}
     return any(torch.is_autocast_enabled(d) for d in devices if d in AMP_DEVICES)
 
 
 def autocast_outputs(func, args, kwargs, mout):
     """`mout` (the meta result, None where the meta call refused) as autocast makes it: the cast
-    inputs' dtypes, or `mout` itself, views included, where autocast leaves the op alone."""
+    inputs' dtypes, or `mout` itself, views included, where autocast leaves the op alone.
+    Autocast casts tensors only, so a result without one (a size, a dtype) needs no probe."""
+    if mout is not None and not _tensor_leaves(mout):
+        return mout
     probes = map_values(lambda x: _AutocastProbe(meta_tensor(x.ir), x.ir.device)
                         if isinstance(x, TensorProxy) else
                         x._fj_value if isinstance(x, NumberProxy) else x, (args, kwargs))
@@ -80,10 +97,7 @@ def autocast_outputs(func, args, kwargs, mout):
     if mout is not None and [m.dtype for m in _tensor_leaves(pout)] == \
             [m.dtype for m in _tensor_leaves(mout)]:
         return mout
-    return map_values(lambda p: torch.empty_strided(p.shape, p.stride(), dtype=p.dtype,
-                                                    device="meta") if isinstance(p, torch.Tensor)
-                      else p, pout)
-
+    return map_values(_as_meta, pout)
 
 
 def _tensor_leaves(x) -> list:

@@ -147,6 +147,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
             return torch.device("meta")
         return x
 
+    amp = autocast_applies(args, kwargs)
     try:
         with torch._C.DisableTorchFunction():   # meta tensors are real tensors, not traced ones
             margs, mkwargs = _meta_arguments(func, sym, args, kwargs, to_meta)
@@ -161,9 +162,12 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
                 except RuntimeError:
                     # Without autocast (meta tensors have none) the op may refuse what autocast
                     # would have cast (a bf16 input with a float bias): the probe below decides.
-                    if not autocast_applies(args, kwargs):
+                    if not amp:
                         raise
                     mout = None
+            # The probe's kernels below autocast are meta kernels too: what they refuse is
+            # refused as the plain meta call's refusals are.
+            amp_out = autocast_outputs(func, args, kwargs, mout) if amp else None
     except (NotImplementedError, RuntimeError) as e:
         # How meta kernels refuse data-dependent output shapes, or values (x[i] with a 0-d index).
         # Any other error is the user's (a shape mismatch, say): re-raised as eager would.
@@ -179,10 +183,10 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
     numbers = [x for x in leaves if isinstance(x, NumberProxy)]
     if numbers and mout is not None and not sym.has(Tag.ELEMENTWISE):
         _guard_numbers_reaching_metadata(func, sym, args, kwargs, to_meta, numbers, mout)
-    if autocast_applies(args, kwargs):
-        # Under autocast every op stays one torch call, run under the same autocast state
+    if amp:
+        # An op autocast can change stays one torch call, run under the same autocast state
         # (its prims' torch lowerings would be autocast too, and fused kernels would not).
-        mout, decomposition = autocast_outputs(func, args, kwargs, mout), None
+        mout, decomposition = amp_out, None
     if not any(isinstance(m, torch.Tensor) for m in flatten_values(mout)):
         return mout   # metadata-only result (a dtype, a size): static for this trace
     meta_inputs = {id(m): m for m in flatten_values((margs, mkwargs)) if isinstance(m, torch.Tensor)}
@@ -198,7 +202,8 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         name = ctx.new_name()
         key = ctx.layout_keys[name] = (sym.qualname, occurrence, next(positions_made))
         known = observed_strides(ctx, key, m.shape) or (real_strides and real_strides(m.shape))
-        return TensorVar(name, m.shape, m.dtype, default_device, known or m.stride(), m.requires_grad)
+        return TensorVar(name, m.shape, m.dtype, default_device, known or m.stride(), m.requires_grad,
+                         m.is_conj(), m.is_neg())
 
     subsymbols = ()
     if decomposition is not None and not accepts(decomposition, args, kwargs):
@@ -224,7 +229,7 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
             key = ctx.layout_keys[v.name] = (sym.qualname, occurrence, position)
             strides = observed_strides(ctx, key, m.shape) or tuple(m.stride())
             if strides != v.strides:
-                final[v.name] = TensorVar(v.name, v.shape, v.dtype, v.device, strides, v.requires_grad)
+                final[v.name] = v.replaced(strides=strides)
         if final:
             swap = lambda x: final.get(x.name, x) if isinstance(x, TensorVar) else x  # noqa: E731
             subsymbols = tuple(b.replace(args=map_values(swap, b.args), kwargs=map_values(swap, b.kwargs),
@@ -294,7 +299,7 @@ def _same_metadata(dout, mout) -> bool:
     a, b = _tensor_leaves(dout), _tensor_leaves(mout)
     return len(a) == len(b) and all(
         isinstance(p, TensorProxy) and p.ir.shape == tuple(m.shape) and p.ir.dtype == m.dtype
-        for p, m in zip(a, b))
+        and (p.ir.conj_bit, p.ir.neg_bit) == (m.is_conj(), m.is_neg()) for p, m in zip(a, b))
 
 
 def _structure(out):
@@ -355,7 +360,7 @@ def capture_outside_tensor(ctx: TraceContext, tensor: torch.Tensor) -> TensorPro
 
 def _const_var(name, tensor):
     return TensorVar(name, tensor.shape, tensor.dtype, tensor.device, tensor.stride(),
-                     tensor.requires_grad)
+                     tensor.requires_grad, tensor.is_conj(), tensor.is_neg())
 
 
 def _record_prim(sym: Symbol, args: tuple, kwargs: dict):

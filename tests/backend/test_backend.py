@@ -235,6 +235,24 @@ def test_nonzero_is_split_out_with_reason(be):
         assert header in text.split("split reasons:")[1].splitlines()[1].split()
 
 
+def test_indexing_a_split_value_with_tensors_made_later_forms_no_cycle(be):
+    """A getitem of a torch piece's result goes with that piece, unless its index is made after
+    it: then the pieces would read each other (split_module's "cycle exists between partitions",
+    transformers' `mask[batch_idx, kv_idx]` of a mask moved by a torch piece)."""
+    def f(x, mean, var):
+        y = torch.nn.functional.batch_norm(x, mean, var, training=True)   # a torch piece
+        rows = torch.arange(x.shape[0] - 1) + 1                           # made after it
+        return y[rows] * 2
+
+    x = torch.randn(4, 3)
+    got = torch.compile(f, backend=be)(x, torch.zeros(3), torch.ones(3))
+    torch.testing.assert_close(got, f(x, torch.zeros(3), torch.ones(3)))
+    (split,) = [i for i in be.subgraph_infos if i.reason is not None]
+    assert split.reason.op == "torch.nn.functional.batch_norm" and len(split.nodes) == 1
+    (piece,) = [i for i in be.subgraph_infos if i.executor == "fjit"]
+    assert "getitem" in piece.nodes
+
+
 def test_input_mutation_is_split_out(be):
     def f(x):
         y = x * 2

@@ -225,13 +225,14 @@ def test_fast_path_of_another_arity_never_serves_a_program():
 
 def test_fast_path_check_of_the_last_program_sees_every_key_field():
     """The last program found is checked first by one C call; a call differing from it in any
-    field of the key (size, stride, dtype, requires_grad, negative bit, grad mode, autocast) gets
-    the program compiled for it, never the last one."""
+    field of the key (size, stride, dtype, requires_grad, conjugate and negative bits, grad mode,
+    autocast) gets the program compiled for it, never the last one."""
     jf = fjit.jit(lambda x: x * 2 + 1)
     x = torch.randn(4, 3)
+    z = torch.randn(4, 3, dtype=torch.complex64)
     variants = [lambda: x, lambda: torch.randn(3, 4), lambda: x.t(), lambda: x.double(),
                 lambda: x.clone().requires_grad_(), lambda: torch.randn(4, 3)._neg_view(),
-                lambda: x[:, :2], lambda: torch.nn.Parameter(x.clone())]
+                lambda: x[:, :2], lambda: torch.nn.Parameter(x.clone()), lambda: z, lambda: z.conj()]
     for _ in range(3):                 # every variant after every other: the check is exercised
         for make in variants:
             t = make()

@@ -98,7 +98,7 @@ def test_zoo_model_under_stress(name):
     accuracy every step, or a rounding control failing the rule too (unstable)."""
     import argparse
     args = argparse.Namespace(entry=ENTRIES, steps=3, timeout=300, rounds=0, optimizer="sgd", device="cpu",
-                              timed=["jit"], timing=False, default_allocator=False)
+                              timed=["jit"], timing=False, default_allocator=False, autocast=None)
     row = run_stressed(name, args, list(STRESS_CASES))
     bad = [f"{case} {entry}: {r['status']}: {r['reason']}" for case, results in row["cases"].items()
            for entry, r in results.items() if r["status"] not in ("pass", "unstable")]

@@ -85,7 +85,7 @@ _VIEW_NAMES = ("reshape", "view", "view_as", "reshape_as", "permute", "transpose
                "narrow", "select", "split", "chunk", "unbind", "flatten", "unflatten", "detach",
                "alias", "as_strided", "diagonal", "contiguous", "movedim", "to", "type_as", "float",
                "half", "bfloat16", "double", "int", "long", "bool", "view_as_real", "real", "imag",
-               "broadcast_to", "unfold", "dropout")
+               "broadcast_to", "unfold", "dropout", "conj", "adjoint", "_neg_view", "view_as_complex")
 VIEW_OPS: frozenset = frozenset(f for n in _VIEW_NAMES for f in torch_callables(n)) | frozenset(
     {torch.nn.functional.dropout, torch.Tensor.T.__get__, torch.Tensor.mT.__get__,
      torch.Tensor.H.__get__, torch.Tensor.mH.__get__, torch.Tensor.real.__get__,

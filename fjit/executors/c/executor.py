@@ -90,7 +90,7 @@ def fuses_on(device: torch.device) -> bool:
 def claim(trace: Trace, leaves: list) -> Trace | None:
     """The trace with each fusion region C takes replaced by one C kernel call, and each batch
     norm and max pool the written kernels take calling them (batch_norm.py, max_pool.py), or None."""
-    if not kernel_inputs_usable(trace, leaves, fuses_on):
+    if not kernel_inputs_usable(trace, fuses_on):
         return None
     # a region of one prim stays a torch call: that costs what a kernel call does; but a copy of
     # a permuted value is twice as fast in a kernel as ATen's strided copy_
