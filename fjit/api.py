@@ -26,7 +26,7 @@ from fjit.config import DEFAULT_EXECUTORS, CacheMode, Executor, SharpEdges, Trac
 from fjit.core.ir import Binding
 from fjit.core.trace import Trace
 from fjit.core.meta import clear_memo
-from fjit.errors import SharpEdge
+from fjit.errors import FjitError, SharpEdge, user_traceback
 from fjit.frontend.context import current
 from fjit.frontend.inputs import MISS, call_key, key_labels
 from fjit.frontend.light_imports import light_imports
@@ -84,7 +84,10 @@ class JittedFunction(Generic[P, R]):
             if out is not MISS:
                 cache.hits += 1
                 return out
-        return self._call(args, kwargs)
+        try:
+            return self._call(args, kwargs)
+        except FjitError as e:       # its traceback as the user's (FJIT_VERBOSE=1 keeps fjit's)
+            raise e.with_traceback(user_traceback(e.__traceback__))
 
     def _call(self, args, kwargs):
         if current() is not None:          # called while tracing another function: inline it

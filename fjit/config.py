@@ -12,6 +12,7 @@ test or a notebook may change them between compilations; FJIT_LOGS is read when 
 | FJIT_CHECK | 1 | check mode: every stage runs and is compared with the first; torch fallbacks' real layouts are checked |
 | FJIT_C_KERNELS | background (default), sync, 0 | when C kernels are built: in a background thread, before the compile returns, or never |
 | FJIT_MEASURE | auto (default), 0, all | whether a program times its forms on its second call (or the first after its C kernels are built) and keeps the fastest (fjit/program_choice.py): for training programs of at least 32 ops the joint backward, torch autograd, and (CPU 2-D convolutions) torch autograd over channels-last convolutions; kernels against torch calls for forwards of at least 2^20 input elements; never; or every program |
+| FJIT_VERBOSE | 1 | an fjit error's traceback keeps fjit's own frames (by default it shows the user's and their libraries' frames only) |
 | FJIT_KEEP_FORM | 0, 1, 2 | stress testing: every measured choice still times its forms but keeps the form at that position (0: the joint program or the program with kernels; 1: torch autograd or the torch calls; 2: torch autograd over channels-last convolutions), where it has one (else the fastest) |
 | FJIT_C_BUILD_DELAY | seconds | stress testing: each background C kernel build waits a random time up to this first, so programs switch from torch calls to kernels at random points between calls |
 | FJIT_FRAME_CACHE | 1 (default), 0 | on CPython 3.11 and 3.12, keep a few freed frame-stack chunks for reuse (fjit/executors/c/frame_stack.py: a call crossing a chunk's end otherwise maps and unmaps memory every time, as 3.13+ no longer does) |
@@ -146,6 +147,11 @@ def c_kernels() -> CKernels:
 def measure() -> Measure:
     """FJIT_MEASURE (see the table above)."""
     return parse(Measure, os.environ.get("FJIT_MEASURE", "auto"), "FJIT_MEASURE")
+
+
+def verbose() -> bool:
+    """FJIT_VERBOSE=1: errors keep fjit's own traceback frames (errors.user_traceback)."""
+    return _flag("FJIT_VERBOSE")
 
 
 def kept_form() -> int | None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
 
+import fjit.config as config
 from fjit.strict.hints import HINTS
 
 # code -> (category name printed in messages, error class name)
@@ -31,6 +33,27 @@ CATALOG_DIR = "sharp_edges_catalog"
 
 class FjitError(Exception):
     """Base of every error fjit raises on purpose."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """`tb` without fjit's own frames (FJIT_VERBOSE=1: as it is): an error's traceback then reads
+    as the user's, from their call down to the line that did it, as Dynamo's errors do unless
+    TORCHDYNAMO_VERBOSE is set.  The frames of the traced function and of the libraries it calls
+    stay."""
+    if config.verbose():
+        return tb
+    frames = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            frames.append(tb)
+        tb = tb.tb_next
+    kept = None
+    for t in reversed(frames):
+        kept = types.TracebackType(kept, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return kept
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,7 +33,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from fjit.core.ir import NumberVar, TensorVar, flatten_values
-from fjit.errors import FjitError, UnsupportedInputError, UnsupportedOpError, located
+from fjit.errors import FjitError, UnsupportedInputError, UnsupportedOpError, located, user_traceback
 from fjit.frontend.context import current
 from fjit.frontend.leaks import holds_proxy, proxies_in, undo_proxy_writes
 from fjit.frontend.proxies import TensorProxy
@@ -270,9 +270,12 @@ class FjitModule(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         module = self._modules["_fj_module"]
-        if isinstance(module, DistributedDataParallel):
-            return self._fj_through_ddp(module, args, kwargs)
-        return self._fj_call(module, args, kwargs)
+        try:
+            if isinstance(module, DistributedDataParallel):
+                return self._fj_through_ddp(module, args, kwargs)
+            return self._fj_call(module, args, kwargs)
+        except FjitError as e:       # its traceback as the user's (FJIT_VERBOSE=1 keeps fjit's)
+            raise e.with_traceback(user_traceback(e.__traceback__))
 
     def _fj_through_ddp(self, ddp: DistributedDataParallel, args: tuple, kwargs: dict):
         """fjit.jit(DDP(m)): DDP's own forward runs eagerly around the compiled forward of m, as

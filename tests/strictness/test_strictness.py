@@ -469,3 +469,42 @@ def test_unbound_container_methods_on_inputs_are_fj103(code, kind):
     with pytest.raises(fjit.InputMutationError, match="FJ103") as info:
         fjit.jit(namespace["f"])([torch.randn(3)], {"a": torch.randn(3)})
     assert kind in str(info.value)
+
+
+# ----------------------------------------------------------------------------- tracebacks
+
+def _fjit_frames(error: BaseException) -> list[str]:
+    import os
+    import traceback
+    package = os.path.dirname(fjit.__file__) + os.sep
+    return [f"{f.filename}:{f.name}" for f in traceback.extract_tb(error.__traceback__)
+            if f.filename.startswith(package)]
+
+
+def _prints(x):
+    print("side effect")
+    return x * 2
+
+
+class _AsksItem(torch.nn.Module):
+    def forward(self, x):
+        return x.sum().item()
+
+
+@pytest.mark.parametrize("call", [lambda: fjit.jit(lambda x: _prints(x).sum())(torch.randn(3)),
+                                  lambda: fjit.jit(_AsksItem())(torch.randn(3))])
+def test_an_errors_traceback_ends_at_the_users_line_without_fjits_frames(call, monkeypatch):
+    """About 11 fjit frames stood between the user's call and their line; the entry's re-raise is
+    the one left.  FJIT_VERBOSE=1 shows them all."""
+    with pytest.raises(fjit.FjitError) as caught:
+        call()
+    frames = _fjit_frames(caught.value)
+    assert len(frames) <= 1 and all(f.endswith((":__call__", ":forward")) for f in frames), frames
+    last = caught.value.__traceback__
+    while last.tb_next is not None:
+        last = last.tb_next
+    assert last.tb_frame.f_code.co_filename == __file__        # the user's line is the last frame
+    monkeypatch.setenv("FJIT_VERBOSE", "1")
+    with pytest.raises(fjit.FjitError) as caught:
+        call()
+    assert len(_fjit_frames(caught.value)) > 3
