@@ -56,7 +56,9 @@ float64 alone, so it stays the float64 truth; the reference is eager under autoc
 yardstick above becomes eager's own error under autocast: the compiled model may be about twice as
 far from float64 as eager autocast is.
 
-Statuses: ``pass``; ``fail_accuracy``; ``error`` (any exception of the compiled model: its type and
+Statuses: ``pass``; ``unstable`` (it failed the rule, and so did a rounding control in the same
+setting: eager's own math rounded otherwise, ``eager_cl`` or ``eager_xt``, see CONTROLS);
+``fail_accuracy``; ``error`` (any exception of the compiled model: its type and
 the first line of its message; an fjit error, a subclass of ``fjit.FjitError``, names its code, e.g.
 FJ106; an error raised through Dynamo is reported by its inner exception); ``timeout`` (``--timeout``
 seconds per model and entry, by SIGALRM); ``eager_error`` (the eager reference itself failed: a
@@ -532,6 +534,8 @@ def run_model(name: str, entries: list[str], steps: int, timeout: int, timing: b
             res = Result(name, entry, "timeout", reason=f"over {timeout} s", seconds=time.perf_counter() - t0)
         row["results"][entry] = res.to_json()
         gc.collect()
+    if any(r["status"] == "fail_accuracy" for e, r in row["results"].items() if e not in CONTROLS):
+        _judge_by_controls(zm, row["results"], steps, timeout, optimizer, autocast)
     if timing:
         try:
             row["timing"] = _with_timeout(timeout * 2, lambda: time_model(
@@ -560,30 +564,42 @@ STRESS_CASES: dict[str, dict[str, str]] = {
 }
 
 
+def _judge_by_controls(zm: ZooModel, results: dict, steps: int, timeout: int, optimizer: str,
+                       autocast: torch.dtype | None) -> None:
+    """An entry of `results` that failed the accuracy rule becomes "unstable", the control's reason
+    added to its own, where a rounding control (CONTROLS) fails the rule too in the same setting:
+    eager's own math rounded otherwise is as far from float64 there, so the rule cannot tell the
+    entry's rounding from an error."""
+    failed = []
+    for control in CONTROLS:
+        try:
+            res = _with_timeout(timeout, lambda: check_accuracy(zm, control, steps, optimizer=optimizer,
+                                                                autocast=autocast))
+        except ZooTimeout:
+            continue
+        if res.status == "fail_accuracy":
+            failed.append(f"{ENTRY_LABELS[control]} fails too ({res.reason})")
+            break
+    for r in results.values():
+        if r["status"] == "fail_accuracy" and failed:
+            r["status"], r["reason"] = "unstable", f"{r['reason']}; {failed[0]}"
+
+
 def run_stressed(name: str, args, cases: list[str]) -> dict:
-    """The model's row in each stress case (run_isolated with the case's environment):
-    {"model", "source", "note", "cases": {case: {entry: result}}}.  An entry failing the accuracy
-    rule in a case where a rounding control (CONTROLS) fails it too is "unstable", the control's
-    reason added to its own."""
+    """The model's row in each stress case (run_isolated with the case's environment, whose
+    run_model judges a failure by the rounding controls):
+    {"model", "source", "note", "cases": {case: {entry: result}}}."""
     zm = MODELS[name]
     row: dict = {"model": name, "source": zm.source, "note": zm.note, "cases": {}}
     for case in cases:
-        results = run_isolated(name, args, STRESS_CASES[case])["results"]
-        if any(r["status"] == "fail_accuracy" for r in results.values()):
-            controls = run_isolated(name, args, STRESS_CASES[case], CONTROLS)["results"]
-            failed = [f"{ENTRY_LABELS[c]} fails too ({r['reason']})" for c, r in controls.items()
-                      if r["status"] == "fail_accuracy"]
-            for r in results.values():
-                if r["status"] == "fail_accuracy" and failed:
-                    r["status"], r["reason"] = "unstable", f"{r['reason']}; {failed[0]}"
-        row["cases"][case] = results
+        row["cases"][case] = run_isolated(name, args, STRESS_CASES[case])["results"]
     return row
 
 
-def run_isolated(name: str, args, environment: dict | None = None, entries: tuple | None = None) -> dict:
-    """run_model in a fresh interpreter (with `environment` added to its own; `entries`, else
-    args.entry); a crash or a hang is that model's error."""
-    entries = list(entries or args.entry)
+def run_isolated(name: str, args, environment: dict | None = None) -> dict:
+    """run_model in a fresh interpreter (with `environment` added to its own); a crash or a hang
+    is that model's error."""
+    entries = list(args.entry)
     with tempfile.TemporaryDirectory(prefix="fjit-zoo-") as tmp:
         out = Path(tmp) / "row.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--models", name, "--entry", *entries,
@@ -632,7 +648,9 @@ def headline(summary: dict) -> str:
     parts = []
     for e, p in summary["pass_rate"].items():
         pct = 100 * p["passed"] / p["total"] if p["total"] else 0
-        parts.append(f"{ENTRY_LABELS[e]} {p['passed']}/{p['total']} ({pct:.0f}%)")
+        unstable = p["by_status"].get("unstable", 0)
+        parts.append(f"{ENTRY_LABELS[e]} {p['passed']}/{p['total']} ({pct:.0f}%)"
+                     + (f", {unstable} unstable" if unstable else ""))
     line = "pass rate: " + ", ".join(parts)
     if summary["geomean"]:
         line += "\ntraining step time / eager, geomean: " + ", ".join(
@@ -641,7 +659,7 @@ def headline(summary: dict) -> str:
 
 
 _STATUS_CELL = {"pass": "pass", "fail_accuracy": "FAIL acc", "error": "ERROR", "timeout": "TIMEOUT",
-                "eager_error": "eager err"}
+                "eager_error": "eager err", "unstable": "unstable"}
 
 
 def _cause_key(res: dict) -> str:
