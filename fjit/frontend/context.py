@@ -103,6 +103,9 @@ class TraceContext:
         # number (Trace.checkpointed).  `_region` is (the region's pack hook, its number).
         self.checkpointed: dict[str, int] = {}
         self._region: tuple = (None, -1)
+        # The running reentrant checkpoint's region marker, while library_calls traces its
+        # function inline (a reentrant checkpoint has no saved-tensor hook to tell it by).
+        self.reentrant_checkpoint: object | None = None
 
     # -- names and recording -------------------------------------------------------------------
     def new_name(self, prefix: str = "t") -> str:
@@ -122,15 +125,19 @@ class TraceContext:
 
     def _checkpoint_region(self) -> int | None:
         """The number of the torch.utils.checkpoint region the traced code is in, or None.  A
+        reentrant one is marked by library_calls while it traces the region's function; a
         non-reentrant checkpoint runs its function under saved-tensor hooks of its own
         (torch.utils.checkpoint._checkpoint_hook): a region is the stretch of ops recorded under
         one such pack hook, however the model called checkpoint (a module global bound at import,
         functools.partial in transformers' gradient_checkpointing_enable, timm's checkpoint_seq)."""
-        hooks = _top_saved_tensors_hooks(True)
-        if hooks is None or getattr(hooks[0], "__qualname__", "") != _CHECKPOINT_PACK_HOOK:
-            return None
-        if self._region[0] is not hooks[0]:
-            self._region = (hooks[0], self._region[1] + 1)
+        owner = self.reentrant_checkpoint
+        if owner is None:
+            hooks = _top_saved_tensors_hooks(True)
+            if hooks is None or getattr(hooks[0], "__qualname__", "") != _CHECKPOINT_PACK_HOOK:
+                return None
+            owner = hooks[0]
+        if self._region[0] is not owner:
+            self._region = (owner, self._region[1] + 1)
         return self._region[1]
 
     def push_scope(self) -> None:

@@ -18,6 +18,7 @@ import types
 
 import torch
 import torch.utils._pytree as pytree
+from torch.utils.checkpoint import CheckpointFunction
 
 from fjit.core.ir import CUSTOM_VJPS, Symbol, Tag, Var, flatten_values, map_values
 from fjit.core.prims import prim_of
@@ -48,6 +49,8 @@ def _traced_apply(cls, *args, **kwargs):
             return _APPLY.__func__(cls, *a, **k)
         op.__name__ = op.__qualname__ = f"{cls.__qualname__}.apply"
         op = _APPLY_OPS.setdefault(cls, op)
+    if cls is CheckpointFunction and not kwargs:
+        return _traced_reentrant_checkpoint(*args)
     if not kwargs and _traceable(cls):
         ctx = _FunctionCtx(args)
         plain = torch_symbol(op)
@@ -70,6 +73,22 @@ def _traced_apply(cls, *args, **kwargs):
             CUSTOM_VJPS[sym] = vjp
         return out
     return dispatch(op, args, kwargs)
+
+
+def _traced_reentrant_checkpoint(function, preserve_rng_state, *args):
+    """torch.utils.checkpoint(function, *args, use_reentrant=True): its CheckpointFunction runs the
+    function under no_grad and again, under autograd, in its backward.  Traced, the function's ops
+    are recorded inline as one checkpointed region (Trace.checkpointed), under the grad mode of
+    the call, as its recomputation runs them: the joint program recomputes the region's values in
+    its backward, as for the non-reentrant form.  (Opaque, its meta run could not trace a module
+    whose parameters it reads, and the error blamed a data-dependent shape.)"""
+    ctx = current()
+    outer = ctx.reentrant_checkpoint
+    ctx.reentrant_checkpoint = object()       # this call's region
+    try:
+        return function(*args)
+    finally:
+        ctx.reentrant_checkpoint = outer
 
 
 class _Declined(Exception):
