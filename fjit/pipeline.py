@@ -129,15 +129,12 @@ def _verified_program(trace: Trace, traces: list[Trace], leaves: list) -> tuple[
     of `trace` with torch calls alone, the reason in the last one's stage line and on the
     fjit.recompiles log (where those fail too, the error is raised: fjit has no form to run).
     Check mode raises, having verified every stage in `lower`, naming the stage that broke a rule."""
-    try:
-        return traces, torch_executor.compile_trace(traces[-1])
-    except TraceVerificationError as e:
-        if config.check_mode():
-            raise
-        recompiles.warning("%s: the program with kernels does not run, its torch calls do: %s", trace.name, e)
-        plain = lower(trace, (Executor.TORCH,), leaves)
-        plain[-1] = plain[-1].with_stage(f"torch_executor: the program with kernels failed verification ({e})")
-        return plain, torch_executor.compile_trace(plain[-1])
+    program, error = _verified(trace.name, "the program with kernels", traces[-1])
+    if program is not None:
+        return traces, program
+    plain = lower(trace, (Executor.TORCH,), leaves)
+    plain[-1] = plain[-1].with_stage(f"torch_executor: the program with kernels failed verification ({error})")
+    return plain, torch_executor.compile_trace(plain[-1])
 
 
 def finalize(trace: Trace, untracked: bool = False) -> Trace:
@@ -199,7 +196,7 @@ def _measured_forward(program, trace: Trace, traces: list[Trace], leaves: list):
     """The program with kernels, or its torch calls alone if they measure faster on the second
     call (fjit/program_choice.py)."""
     plain = lower(trace, (Executor.TORCH,), leaves)
-    torch_calls = _verified_or_none(trace.name, "its torch calls", plain[-1])
+    torch_calls, _ = _verified(trace.name, "its torch calls", plain[-1])
     if torch_calls is None:
         return program
 
@@ -220,17 +217,16 @@ def _kept_as_compiled(forward: list[Trace], backward: list[Trace]):
     return stages
 
 
-def _verified_or_none(name: str, what: str, final: Trace) -> Callable | None:
-    """The function running `final`, a form a measured choice may time or keep, or None where
-    it fails verification (the form is dropped, the reason logged on fjit.recompiles; check mode
-    raises)."""
+def _verified(name: str, what: str, final: Trace) -> tuple[Callable | None, TraceVerificationError | None]:
+    """(the function running `final`, None) where it verifies; else (None, the error), which is
+    logged on fjit.recompiles, so that the caller keeps another form (check mode raises)."""
     try:
-        return torch_executor.compile_trace(final)
+        return torch_executor.compile_trace(final), None
     except TraceVerificationError as e:
         if config.check_mode():
             raise
-        recompiles.warning("%s: %s dropped from the measured choice: %s", name, what, e)
-        return None
+        recompiles.warning("%s: %s does not run: %s", name, what, e)
+        return None, e
 
 
 def _measured_choice(joint, traces: list[Trace], forward: Callable, backward: list[Trace],
@@ -255,7 +251,7 @@ def _measured_choice(joint, traces: list[Trace], forward: Callable, backward: li
         if stages is None:
             continue
         final = stages[-1]
-        run = forward if stages is traces else _verified_or_none(final.name, what, final)
+        run = forward if stages is traces else _verified(final.name, what, final)[0]
         if run is None:
             continue
 
