@@ -13,28 +13,32 @@ import sys
 import threading
 import types
 import weakref
-from typing import Any, Callable, Generic, Iterable, Literal, ParamSpec, TypeVar, Union, overload
+from typing import Any, Callable, Generic, Iterable, Literal, NamedTuple, ParamSpec, TypeVar, Union, overload
 
 import torch
 import torch.autograd.forward_ad as _forward_ad
+import torch.utils._pytree as pytree
+from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 
 import fjit.config as config
 import fjit.logs as logs
 import fjit.pipeline as pipeline
 from fjit.cache import CacheInfo, ProgramCache
+from fjit.capture import captured
 from fjit.config import DEFAULT_EXECUTORS, CacheMode, Executor, SharpEdges, TraceMode
 from fjit.core.ir import Binding
 from fjit.core.trace import Trace
 from fjit.core.meta import clear_memo
-from fjit.errors import FjitError, SharpEdge, user_traceback
+from fjit.errors import FjitError, SharpEdge, UnsupportedInputError, located, user_traceback
 from fjit.frontend.context import current
-from fjit.frontend.inputs import MISS, call_key, key_labels
+from fjit.frontend.inputs import MISS, call_key, key_labels, transform_tensor, transformed
 from fjit.frontend.light_imports import light_imports
 from fjit.frontend.tracer import trace_function
 from fjit.module import FjitModule, diagnosis_call, jitted_of
 from fjit.ops import TRACE_NAMESPACE
 from fjit.strict.bindings import scan_bindings
 from fjit.strict.callables import names
+from fjit.strict.locate import user_location
 
 _grad = torch._C.is_grad_enabled
 P = ParamSpec("P")
@@ -72,6 +76,8 @@ class JittedFunction(Generic[P, R]):
         _ALL.add(self)
 
     def __call__(self, *args, **kwargs):
+        if captured():       # torch.compile, torch.export or torch.jit.trace records the ops
+            return self._fn(*args, **kwargs)
         cache = self._cache
         last = cache.last[0]
         # (the guards tell a torch.func transform's tensors from plain ones, not forward-mode AD's)
@@ -94,6 +100,8 @@ class JittedFunction(Generic[P, R]):
             return self._fn(*args, **kwargs)
         if config.disabled():              # FJIT_DISABLE=1: nothing is cached, so no fast path
             return self._fn(*args, **kwargs)
+        if transformed():
+            return self._call_transformed(args, kwargs)
         cache = self._cache
         key, leaves = cache.key_and_leaves(args, kwargs)
         program = cache.get(key)
@@ -105,6 +113,47 @@ class JittedFunction(Generic[P, R]):
         if not kwargs:
             cache.remember_fast(args, program)
         return program(*leaves) if compiled is None else compiled.result(leaves)
+
+    def _call_transformed(self, args, kwargs):
+        """A call under a torch.func transform (vmap, grad, jvp, jacrev, ...) or a forward-mode AD
+        dual level.  The transform's tensors (wrappers whose metadata is one example's) and dual
+        tensors are not a program's inputs: a kernel cannot read a wrapper, and a program would
+        compute one example or drop the tangent.  So the function is traced, as strictly as any
+        call, on plain stand-ins with the same metadata, and its program's torch form (torch calls
+        only, no kernels, no compiled backward) runs on the real arguments, through which the
+        transform batches and differentiates as it does eager code."""
+        originals: list = []
+
+        def metadata(x):
+            if isinstance(x, torch.Tensor) and transform_tensor(x):
+                originals.append(x)
+                return _StandIn(tuple(x.shape), x.dtype, x.device)
+            return x
+        described = pytree.tree_map(metadata, (args, kwargs))
+        torch_form = self.__dict__.get("_torch_form")
+        if torch_form is None:
+            torch_form = self.__dict__["_torch_form"] = JittedFunction(
+                self._fn, sharp_edges=self._options["sharp_edges"], executors="torch",
+                cache=self._options["cache"])
+        cache = torch_form._cache
+        # made and traced outside the transform: a tensor made under grad or vmap is its wrapper
+        with temporarily_clear_interpreter_stack():
+            standins = {}
+
+            def make(x):
+                if isinstance(x, _StandIn):
+                    t = standins[id(originals[len(standins)])] = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+                    return t
+                return x
+            plain_args, plain_kwargs = pytree.tree_map(make, described, is_leaf=lambda x: isinstance(x, _StandIn))
+            real = {id(t): x for x, t in zip(originals, standins.values())}
+            key, leaves = cache.key_and_leaves(plain_args, plain_kwargs)
+            program = cache.get(key)
+            if program is None:
+                program, _ = torch_form._compile(key, plain_args, plain_kwargs, leaves)
+            else:
+                cache.hits += 1
+        return program(*[real.get(id(x), x) for x in leaves])
 
     def __get__(self, obj, objtype=None):
         return self if obj is None else functools.partial(self, obj)
@@ -132,6 +181,11 @@ class JittedFunction(Generic[P, R]):
 
     def __repr__(self):
         return f"<fjit.jit of {self._fn!r}>"
+
+    def __prepare_scriptable__(self):
+        """torch.jit.script(jf) scripts the function fjit compiles (TorchScript compiles Python
+        source, which the jitted function's program is not)."""
+        return self._fn
 
     def share_programs(self, registry: dict, key) -> None:
         """Use the program cache filed under `key` in `registry` (filing this one's there first),
@@ -164,6 +218,13 @@ class JittedFunction(Generic[P, R]):
 
     def __deepcopy__(self, memo):
         return self
+
+
+class _StandIn(NamedTuple):
+    """A transform's tensor as its metadata, until the stand-in is made outside the transform."""
+    shape: tuple
+    dtype: torch.dtype
+    device: torch.device
 
 
 def _lookup(module: str, qualname: str):
@@ -207,6 +268,12 @@ def jit(fn: Callable[P, R] | None = None, *, sharp_edges: SharpEdgesOption = "er
     parameters and buffers are inputs of the compiled forward (fjit/module.py)."""
     if fn is None:
         return functools.partial(jit, sharp_edges=sharp_edges, executors=executors, cache=cache)
+    if isinstance(fn, (torch.jit.ScriptModule, torch.jit.ScriptFunction)):
+        raise UnsupportedInputError(located(
+            "FJ201", f"fjit.jit of a TorchScript {type(fn).__qualname__}: it runs in TorchScript's "
+                     f"interpreter, whose code fjit cannot trace", *user_location(),
+            "compile the original Python module or function with fjit.jit (before torch.jit.script), "
+            "or keep the scripted one and run it without fjit"))
     if isinstance(fn, torch.nn.Module):
         return FjitModule(fn, JittedFunction,
                           {"sharp_edges": sharp_edges, "executors": executors, "cache": cache})

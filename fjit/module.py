@@ -32,6 +32,7 @@ import weakref
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from fjit.capture import captured
 from fjit.core.ir import NumberVar, TensorVar, flatten_values
 from fjit.errors import FjitError, UnsupportedInputError, UnsupportedOpError, located, user_traceback
 from fjit.frontend.context import current
@@ -217,6 +218,11 @@ class FjitModule(torch.nn.Module):
             raise TypeError(f"FjitModule wraps an nn.Module, got {type(module).__qualname__}")
         super().__init__()
         self._fj_module = module            # a submodule: train(), to(), apply() recurse into it
+        # The wrapped module's own tensors are the wrapper's too (the same tables), so what sets
+        # `jm.weight` by name (torch.func.functional_call, which writes the tables) sets the
+        # module's, as eager's `m.weight` would be.
+        self.__dict__["_parameters"] = module._parameters
+        self.__dict__["_buffers"] = module._buffers
         self.training = module.training
         self.__dict__["_fj_options"] = (jit_class, dict(options))
         self._fj_bind()
@@ -270,6 +276,8 @@ class FjitModule(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         module = self._modules["_fj_module"]
+        if captured():       # torch.compile, torch.export or torch.jit.trace records the ops
+            return module(*args, **kwargs)
         try:
             if isinstance(module, DistributedDataParallel):
                 return self._fj_through_ddp(module, args, kwargs)
@@ -335,7 +343,7 @@ class FjitModule(torch.nn.Module):
         reset the statistics; the next call compiles."""
         self._fj_jitted.cache_clear()
 
-    # -- the wrapped module's state, under its own names ------------------------------------------
+    # -- the wrapped module's state and submodules, under their own names --------------------------
     def state_dict(self, *args, **kwargs):
         return self._modules["_fj_module"].state_dict(*args, **kwargs)
 
@@ -348,6 +356,11 @@ class FjitModule(torch.nn.Module):
     def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
         return self._modules["_fj_module"].named_buffers(prefix, recurse, remove_duplicate)
 
+    def named_modules(self, memo=None, prefix: str = "", remove_duplicate: bool = True):
+        """The wrapped module's, so a module's and a tensor's names agree (torch.export looks the
+        parameters its capture found up by these names)."""
+        return self._modules["_fj_module"].named_modules(memo, prefix, remove_duplicate)
+
     def __getattr__(self, name):
         try:
             return super().__getattr__(name)
@@ -356,6 +369,11 @@ class FjitModule(torch.nn.Module):
             if module is None:
                 raise
             return getattr(module, name)
+
+    def __prepare_scriptable__(self):
+        """torch.jit.script(jm) scripts the wrapped module: TorchScript compiles Python source,
+        and the wrapper's forward is fjit's program, not TorchScript's language."""
+        return self._modules["_fj_module"]
 
     # -- pickling: the module and the options; programs are compiled again after loading -----------
     def __getstate__(self):

@@ -35,9 +35,10 @@ _CONSTANT_TYPES = (int, bool, str, type(None), torch.dtype, torch.device, torch.
 
 # A torch.func transform (vmap, grad, jvp, ...) hands its function tensors wrapped in its own
 # (BatchedTensor, GradTrackingTensor), whose type is still torch.Tensor and whose metadata is the
-# unbatched value's; forward-mode AD gives a tensor a tangent.  A compiled program computes neither
-# a batch dim, nor a transform's gradient, nor tangents (and a C kernel cannot read a wrapper's
-# data), so such an input is refused: checked only while a transform or a dual level is active.
+# unbatched value's; forward-mode AD gives a tensor a tangent.  A program's kernels can read
+# neither, and a program would compute one example or drop the tangent: JittedFunction runs its
+# program's torch form on them instead (api.JittedFunction._call_transformed), and the key never
+# sees one (checked only while a transform or a dual level is active).
 _interpreter_stack = torch._C._functorch.peek_interpreter_stack
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
@@ -45,6 +46,12 @@ _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 def transformed() -> bool:
     """Whether a torch.func transform or a forward-mode AD dual level is active in this thread."""
     return _interpreter_stack() is not None or _forward_ad._current_level >= 0
+
+
+def transform_tensor(x: torch.Tensor) -> bool:
+    """Whether `x` is a torch.func transform's wrapper or a dual tensor carrying a tangent."""
+    return _functorch_wrapped(x) or (_forward_ad._current_level >= 0 and
+                                     _forward_ad.unpack_dual(x).tangent is not None)
 
 
 # What a compiled program depends on in a tensor, as attribute expressions: the general path's key
@@ -83,20 +90,14 @@ def call_key(args: tuple, kwargs: dict, specialized: frozenset) -> tuple[tuple, 
 
 def _refuse_transformed(leaves: list) -> None:
     """FJ201 for the first tensor wrapped by a torch.func transform or carrying a forward-mode
-    tangent."""
+    tangent, where a key is asked of one directly (fjit.diagnose under a transform): a call of a
+    jitted function never gets here with one (see transform_tensor)."""
     for x in leaves:
-        if not isinstance(x, torch.Tensor):
-            continue
-        if _functorch_wrapped(x):
-            what = "a tensor of a torch.func transform (vmap, grad, jvp, ...)"
-        elif _forward_ad._current_level >= 0 and _forward_ad.unpack_dual(x).tangent is not None:
-            what = "a dual tensor of forward-mode AD (torch.autograd.forward_ad)"
-        else:
-            continue
-        raise UnsupportedInputError(located(
-            "FJ201", f"an argument is {what}, which a compiled program cannot take: it would "
-                     "compute no batch dim, transform gradient or tangent",
-            *user_location(), catalog_fix("FJ201_transformed_tensor")))
+        if isinstance(x, torch.Tensor) and transform_tensor(x):
+            raise UnsupportedInputError(located(
+                "FJ201", "an argument is a tensor of a torch.func transform or a dual tensor of "
+                         "forward-mode AD, which fjit cannot trace", *user_location(),
+                "diagnose the function outside the transform, on plain tensors"))
 
 
 # The fast path: for calls whose arguments are all positional tensors, floats and scalar constants

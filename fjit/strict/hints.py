@@ -42,7 +42,5 @@ HINTS = {
     'FJ201_object_input':
         "pass the object's tensors and numbers as arguments, or a dict or namedtuple of them",
     'FJ201_tensor_subclass': 'pass a plain torch.Tensor (for example t.as_subclass(torch.Tensor))',
-    'FJ201_transformed_tensor':
-        "apply the transform inside the compiled function, fjit.jit(lambda x: torch.vmap(f)(x)); for gradients call backward() or torch.autograd.grad on the compiled function's outputs",
     'FJ202_data_dependent_shape': 'keep shapes fixed: use torch.where(mask, x, 0) and reduce',
 }
