@@ -26,12 +26,14 @@ observer sees a module attribute change).
 from __future__ import annotations
 
 import dis
+import functools
 import inspect
 import weakref
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+import fjit.state_objects as state_objects
 from fjit.capture import captured
 from fjit.core.ir import NumberVar, TensorVar, flatten_values
 from fjit.errors import FjitError, UnsupportedInputError, UnsupportedOpError, located, user_traceback
@@ -77,7 +79,18 @@ def traced_forward(self: torch.nn.Module, layout: Layout):
             # Called inside another function's trace (JittedFunction inlines): the state is real
             # tensors, which that trace reports as FJ101 (they are not its inputs).
             with state_swapped(self, names, state):
-                return self(*args, **kwargs), {}, {}
+                return self(*args, **kwargs), {}, {}, []
+        # state objects (a generation cache) come described: stand-ins are rebuilt around the
+        # proxies (fjit/state_objects.py)
+        objects, object_inputs = [], {}
+
+        def standin(x):
+            if state_objects.is_description(x):
+                objects.append(state_objects.rebuild(x, object_inputs))
+                return objects[-1]
+            return x
+        args = tuple(standin(a) for a in args)
+        kwargs = {k: standin(v) for k, v in kwargs.items()}
         if structure_key(self) != layout.key:
             raise _LayoutChanged
         # A tensor of the module that is not passed in (a plain attribute) is FJ101 named as the
@@ -115,7 +128,10 @@ def traced_forward(self: torch.nn.Module, layout: Layout):
                            f"the forward of '{type(self).__qualname__}' changed the module "
                            f"({what}); it happens once, while tracing, and never in compiled calls", where)
         written = {n: b for n, b, v in zip(buffer_names, buffers, before) if b.ir is not v}
-        return out, written, replaced
+        if objects:
+            after = [state_objects.described_after(o, object_inputs) for o in objects]
+            return state_objects.marked(out, objects), written, replaced, after
+        return out, written, replaced, []
 
     forward.__signature__ = forward_signature(self, layout.input_names())
     forward.__name__ = forward.__qualname__ = f"{type(self).__qualname__}.forward"
@@ -307,6 +323,22 @@ class FjitModule(torch.nn.Module):
         read = self._fj_layout.read(module)
         if kwargs and read is not None:
             args, kwargs = self._fj_positional(module, args, kwargs)
+        objects = state_objects.find(args, kwargs)
+        if objects:       # a generation cache: described, its updates written back after the call
+            args = tuple(state_objects.describe(a, f"argument {i}") if state_objects.is_state(a) else a
+                         for i, a in enumerate(args))
+            kwargs = {k: state_objects.describe(v, f"argument {k!r}") if state_objects.is_state(v) else v
+                      for k, v in kwargs.items()}
+        routed = module.__dict__.get("_compiled_call_impl")
+        if routed is not None:        # tracing calls module(...) itself: not routed back here
+            module.__dict__["_compiled_call_impl"] = None
+        try:
+            return self._fj_run(module, read, objects, args, kwargs)
+        finally:
+            if routed is not None:
+                module.__dict__["_compiled_call_impl"] = routed
+
+    def _fj_run(self, module: torch.nn.Module, read, objects: list, args: tuple, kwargs: dict):
         for attempt in range(2):
             if read is None:          # a submodule replaced, a hook added or removed, ...
                 self._fj_bind()
@@ -316,13 +348,17 @@ class FjitModule(torch.nn.Module):
                                     f"parameters and submodules cannot be read as laid out")
             state, flags = read
             try:
-                out, written, replaced = self._fj_jitted(*state, flags, *args, **kwargs)
+                out, written, replaced, after = self._fj_jitted(*state, flags, *args, **kwargs)
                 break
             except _LayoutChanged:
                 read = None
         else:
             raise FjitError(f"fjit.jit({type(module).__qualname__}): the module's configuration "
                             f"changes while it is traced")
+        if objects:
+            for obj, description in zip(objects, after):
+                state_objects.write_back(obj, description)
+            out = state_objects.unmarked(out, objects)
         if written:
             # one foreach call for every buffer (a ResNet's batch norms write three each)
             position = self._fj_layout.buffer_position
@@ -357,9 +393,19 @@ class FjitModule(torch.nn.Module):
         return self._modules["_fj_module"].named_buffers(prefix, recurse, remove_duplicate)
 
     def named_modules(self, memo=None, prefix: str = "", remove_duplicate: bool = True):
-        """The wrapped module's, so a module's and a tensor's names agree (torch.export looks the
-        parameters its capture found up by these names)."""
-        return self._modules["_fj_module"].named_modules(memo, prefix, remove_duplicate)
+        """This wrapper in the wrapped module's place (they share its parameter and buffer
+        tables), then the wrapped module's submodules under their own names, so a module's and a
+        tensor's names agree (torch.export looks up the parameters its capture found by these)."""
+        inner = self._modules["_fj_module"]
+        memo = set() if memo is None else memo
+        if remove_duplicate:
+            if self in memo:
+                return
+            memo.add(self)
+        yield prefix, self
+        for name, m in inner.named_modules(memo, prefix, remove_duplicate):
+            if m is not inner:
+                yield name, m
 
     def __getattr__(self, name):
         try:
@@ -368,7 +414,29 @@ class FjitModule(torch.nn.Module):
             module = self.__dict__.get("_modules", {}).get("_fj_module")
             if module is None:
                 raise
-            return getattr(module, name)
+            value = getattr(module, name)
+            if inspect.ismethod(value) and value.__self__ is module and name not in _MODULE_METHODS:
+                return self._fj_routed(value)
+            return value
+
+    def _fj_routed(self, method):
+        """The wrapped module's own method (`generate`, a user's `sample()`), run with the module's
+        calls, `self(...)`, going to the compiled forward: through the `_compiled_call_impl` slot
+        that nn.Module's __call__ reads (the one torch.compile's module.compile() fills)."""
+        module = method.__self__
+
+        def compiled_call(*args, **kwargs):
+            return self._fj_call(module, args, kwargs)
+
+        @functools.wraps(method)
+        def run(*args, **kwargs):
+            previous = module.__dict__.get("_compiled_call_impl")
+            module.__dict__["_compiled_call_impl"] = compiled_call
+            try:
+                return method(*args, **kwargs)
+            finally:
+                module.__dict__["_compiled_call_impl"] = previous
+        return run
 
     def __prepare_scriptable__(self):
         """torch.jit.script(jm) scripts the wrapped module: TorchScript compiles Python source,
@@ -388,6 +456,10 @@ class FjitModule(torch.nn.Module):
 
     def __repr__(self):
         return f"fjit.jit({self._modules['_fj_module']!r})"
+
+
+# nn.Module's own methods (train, to, parameters, ...): they do not call the module.
+_MODULE_METHODS = frozenset(dir(torch.nn.Module))
 
 
 def _distributed_tensor(t: torch.Tensor) -> bool:

@@ -4,8 +4,6 @@
   the joint program on the backward's proxies (Tag.CUSTOM_VJP); a forward that does not trace
   strictly (a sharp edge, an error), returns an input or marks one dirty leaves the op opaque,
   which torch autograd records;
-- `torch.vmap` is one opaque op (functorch's C++ transforms would unwrap fjit's proxies below
-  __torch_function__); its metadata comes from a run on meta tensors;
 - `associative_scan` (torch._higher_order_ops) is recorded as the sequential scan it defines, the
   combine function called once a step on that step's slices.
 
@@ -34,7 +32,7 @@ def _on_proxies(args, kwargs) -> bool:
     return current() is not None and any(isinstance(x, TensorProxy) for x in flatten_values((args, kwargs)))
 
 
-# -- autograd.Function.apply and vmap: one opaque op each --------------------------------------------
+# -- autograd.Function.apply: its forward traced, or one opaque op --------------------------------------------
 
 _APPLY = torch.autograd.Function.__dict__["apply"]     # the classmethod itself
 _APPLY_OPS: dict = {}
@@ -217,19 +215,6 @@ def _backward(cls, ctx: _FunctionCtx, args, now, value, cotangents) -> list:
             if isinstance(a, TensorProxy) and isinstance(g, TensorProxy)]
 
 
-_VMAP = torch.vmap
-
-
-def _traced_vmap(func, *vmap_args, **vmap_kwargs):
-    batched = _VMAP(func, *vmap_args, **vmap_kwargs)
-
-    def call(*args, **kwargs):
-        if not _on_proxies(args, kwargs):
-            return batched(*args, **kwargs)
-        return dispatch(batched, args, kwargs)
-    return call
-
-
 # -- associative_scan: the sequential scan ----------------------------------------------------------
 
 # The most steps a scan is recorded one by one.  Why sequential: torch's own form on the CPU
@@ -288,7 +273,6 @@ def _scan_homes() -> list:
 
 def _install():
     torch.autograd.Function.apply = classmethod(_traced_apply)
-    torch.vmap = torch.func.vmap = _traced_vmap
     homes = _scan_homes()
     if homes:
         _SCAN[:] = [homes[0].associative_scan]
@@ -299,7 +283,6 @@ def _install():
 
 def _restore():
     torch.autograd.Function.apply = _APPLY
-    torch.vmap = torch.func.vmap = _VMAP
     for home in _scan_homes():
         if home.associative_scan is _traced_associative_scan:
             home.associative_scan = _SCAN[0]

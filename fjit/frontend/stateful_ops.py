@@ -68,6 +68,12 @@ def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, trai
         return out, [(running_mean, mean), (running_var, var)]
     out = dispatch(F.batch_norm, (x, None, None, weight, bias), {"training": True, "eps": eps})
     detached = dispatch(torch.Tensor.detach, (x,), {})
+    if stats and stats[0].dtype.itemsize > x.dtype.itemsize and x.dtype.is_floating_point:
+        # a bfloat16/float16 x (autocast's convolution output) with float32 statistics: eager's
+        # kernel computes the batch's mean and variance in float32, and rounded to x's dtype
+        # first, the running statistics drifted (DenseNet-121 under bf16 autocast: 8x eager's
+        # error after 3 steps)
+        detached = dispatch(torch.Tensor.to, (detached, stats[0].dtype), {})
     dims = [0, *range(2, len(x.shape))]
     var, mean = dispatch(torch.var_mean, (detached, dims), {"correction": 1})
     return out, _stat_writes(dispatch, (running_mean, mean), (running_var, var), momentum=momentum)

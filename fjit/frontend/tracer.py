@@ -23,6 +23,7 @@ from fjit.errors import error_for
 from fjit.frontend.context import Mode, TraceContext
 from fjit.frontend.dispatch import dispatch
 from fjit.frontend.library_calls import library_calls_traced
+from fjit.frontend.transforms import transforms_traced
 from fjit.frontend.inputs import make_proxies
 from fjit.frontend.leaks import undo_reach_leaks
 from fjit.frontend.modes import record_mode_changes
@@ -80,7 +81,8 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
                                concrete_floats=scan.asks_type)
         pargs, pkwargs = proxied[:len(args)], dict(zip(kwargs, proxied[len(args):]))
         with observe(ctx, fn, input_containers=(InputList, InputDict), undo_leaks=undo_reach_leaks), \
-                _Intercept(), generators_traced, library_calls_traced, compiling_answered_true():
+                _Intercept(), generators_traced, library_calls_traced, transforms_traced, \
+                compiling_answered_true():
             try:
                 result = call_as_user_code(fn, pargs, pkwargs)
             except Exception as e:

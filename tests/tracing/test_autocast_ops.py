@@ -129,3 +129,23 @@ def test_a_data_dependent_shape_under_autocast_is_the_located_fj202_it_is_withou
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(fjit.UnsupportedOpError) as info:
         fjit.jit(f)(x, w, mask)
     assert info.value.code == "FJ202" and info.value.lineno == f.__code__.co_firstlineno + 1
+
+
+def test_batch_norm_running_statistics_of_a_half_precision_input_are_computed_in_float32():
+    """A bfloat16 input (autocast's convolution output) with float32 running statistics: eager's
+    kernel computes the batch statistics in float32; fjit's split rounded them to bfloat16 first,
+    and DenseNet-121's running means drifted past the zoo's rule under bf16 autocast."""
+    torch.manual_seed(0)
+    x = (torch.randn(4, 8, 6, 6) * 3 + 1).bfloat16()
+    eager, compiled, exact = (torch.nn.BatchNorm2d(8) for _ in range(3))
+    exact.double()
+    jm = fjit.jit(compiled)
+    for _ in range(3):
+        eager(x)
+        jm(x)
+        exact(x.double())
+    for name in ("running_mean", "running_var"):
+        want = getattr(exact, name)
+        eager_error = (getattr(eager, name).double() - want).abs().max().item()
+        fjit_error = (getattr(compiled, name).double() - want).abs().max().item()
+        assert fjit_error <= 2 * eager_error + 1e-7, (name, fjit_error, eager_error)
