@@ -17,7 +17,7 @@ import fjit
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 pytest.importorskip("transformers")
-from benchmarks.zoo_models import MODELS, import_torchvision  # noqa: E402
+from benchmarks.zoo_models import MODELS, import_torchvision
 
 import_torchvision()
 
