@@ -415,7 +415,8 @@ class FjitModule(torch.nn.Module):
             if module is None:
                 raise
             value = getattr(module, name)
-            if inspect.ismethod(value) and value.__self__ is module and name not in _MODULE_METHODS:
+            if inspect.ismethod(value) and value.__self__ is self._fj_compiled_module() and \
+                    name not in _MODULE_METHODS:
                 return self._fj_routed(value)
             return value
 

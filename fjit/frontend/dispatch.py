@@ -135,6 +135,11 @@ def _dispatch(ctx, func, args, kwargs):
                 _write(ctx, target, _conform(value, target), func, "FJ102_inplace_input",
                        f"{op_name(func)}(training=True)")
             return parts[0]
+    if func is torch.Tensor.requires_grad_ and isinstance(args[0], TensorProxy) and \
+            args[0].ir.requires_grad is bool(args[1] if len(args) > 1 else kwargs.get("requires_grad", True)):
+        # nothing changes (transformers' gradient checkpointing hook marks the embeddings' output,
+        # which requires grad already): no op, where an opaque op kept two copies of the value
+        return args[0]
     if _is_mutation(func, kwargs):
         return _functionalize(ctx, func, args, kwargs)
     if func is torch.conv2d and ctx.channels_last_convs and _cpu_4d_operands(args):

@@ -6,7 +6,7 @@ being all-reduced after the first step, silently), and `DDP(fjit.jit(m))` hands 
 forward is compiled.  Both orders train exactly as eager DDP: after three SGD steps on inputs
 that differ between ranks, each parameter equals eager DDP's on its rank, and the ranks agree.
 Also with `find_unused_parameters=True` (a branch one rank's inputs never take is not in the
-graph) and with gradient accumulation under `no_sync()`.  FSDP2: `fully_shard(fjit.jit(m))` trains
+graph), with gradient accumulation under `no_sync()`, and with `static_graph=True`.  FSDP2: `fully_shard(fjit.jit(m))` trains
 as eager FSDP2; `fjit.jit(fully_shard(m))` (DTensor parameters) is FJ201 at the call, whose fix is
 that order.
 """
@@ -71,7 +71,7 @@ def _worker(rank: int, path: str, results) -> None:
     try:
         out = {}
         for scenario, options in (("plain", {}), ("unused", {"find_unused_parameters": True}),
-                                  ("no_sync", {})):
+                                  ("no_sync", {}), ("static_graph", {"static_graph": True})):
             torch.manual_seed(0)
             base = _Branchy(extra=scenario == "unused")
             params = {}
@@ -130,7 +130,7 @@ def trained():
     return got
 
 
-@pytest.mark.parametrize("scenario", ["plain", "unused", "no_sync"])
+@pytest.mark.parametrize("scenario", ["plain", "unused", "no_sync", "static_graph"])
 @pytest.mark.parametrize("order", ["jit_of_ddp", "ddp_of_jit"])
 def test_fjit_with_ddp_trains_as_eager_ddp(trained, order, scenario):
     for rank in range(WORLD):

@@ -16,7 +16,7 @@ import torch
 from torch._higher_order_ops.associative_scan import associative_scan as torch_scan
 
 import fjit
-from fjit.frontend import library_calls
+from fjit.frontend import library_calls, transforms
 
 _MODULE = sys.modules["torch._higher_order_ops.associative_scan"]
 
@@ -125,7 +125,8 @@ def test_nothing_stays_replaced_after_the_trace():
     assert _MODULE.associative_scan is torch_scan
     assert torch._higher_order_ops.associative_scan is torch_scan
     assert torch.autograd.Function.__dict__["apply"] is library_calls._APPLY
-    assert torch.vmap is library_calls._VMAP
+    for (home, attr), original in transforms._ORIGINALS.items():     # torch.func's entries
+        assert getattr(home, attr) is original
 
 
 # -- autograd.Function: its forward traced into prims, its own backward in the joint program ------
