@@ -28,9 +28,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import fjit  # noqa: E402
-from benchmarks.harness import CpuTimer, environment, fmt, format_table, measure, paired_ratio  # noqa: E402
-from benchmarks.zoo_models import MODELS, import_torchvision  # noqa: E402
+import fjit
+from benchmarks.harness import CpuTimer, environment, fmt, format_table, measure, paired_ratio
+from benchmarks.zoo_models import MODELS, import_torchvision
 
 
 def generation(name: str, tokens: int, rounds: int, cache: str) -> list[list[str]]:
