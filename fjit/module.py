@@ -320,15 +320,23 @@ class FjitModule(torch.nn.Module):
 
     def _fj_call(self, module: torch.nn.Module, args: tuple, kwargs: dict):
         """The compiled forward of `module` (the compiled module, _fj_compiled_module) on a call."""
+        objects = state_objects.find(args, kwargs)
+        if objects:       # a generation cache: described, its updates written back after the call
+            owner: dict = {}
+
+            def describe(x, where):
+                if not state_objects.is_state(x):
+                    return x
+                d = state_objects.describe(x, where)
+                owner[id(d)] = x
+                return d
+            args = tuple(describe(a, f"argument {i}") for i, a in enumerate(args))
+            kwargs = {k: describe(v, f"argument {k!r}") for k, v in kwargs.items()}
         read = self._fj_layout.read(module)
         if kwargs and read is not None:
             args, kwargs = self._fj_positional(module, args, kwargs)
-        objects = state_objects.find(args, kwargs)
-        if objects:       # a generation cache: described, its updates written back after the call
-            args = tuple(state_objects.describe(a, f"argument {i}") if state_objects.is_state(a) else a
-                         for i, a in enumerate(args))
-            kwargs = {k: state_objects.describe(v, f"argument {k!r}") if state_objects.is_state(v) else v
-                      for k, v in kwargs.items()}
+        if objects:       # in the order the traced forward rebuilds them
+            objects = [owner[id(x)] for x in (*args, *kwargs.values()) if id(x) in owner]
         routed = module.__dict__.get("_compiled_call_impl")
         if routed is not None:        # tracing calls module(...) itself: not routed back here
             module.__dict__["_compiled_call_impl"] = None
@@ -339,6 +347,8 @@ class FjitModule(torch.nn.Module):
                 module.__dict__["_compiled_call_impl"] = routed
 
     def _fj_run(self, module: torch.nn.Module, read, objects: list, args: tuple, kwargs: dict):
+        """The jitted call (bound again where the layout changed), then what it wrote: the state
+        objects' updates, the buffers' new values, replaced buffers."""
         for attempt in range(2):
             if read is None:          # a submodule replaced, a hook added or removed, ...
                 self._fj_bind()

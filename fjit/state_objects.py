@@ -44,12 +44,21 @@ _TYPE = "__fjit_type__"                 # {_TYPE: name}: an attribute holding a 
 _MARKER = "__fjit_state_object__"       # {_MARKER: i}: the i-th state argument, in an output
 
 
+_FOUND_BASES: list = []     # the classes, once their module is imported
+
+
 def _bases() -> tuple:
-    out = []
+    """The state classes, or () while none of their modules is imported (a call of a model that
+    takes no cache pays one dict lookup)."""
+    if _FOUND_BASES:
+        return _FOUND_BASES[0]
+    found = []
     for module_name, names in _STATE_BASES.items():
         module = sys.modules.get(module_name)
-        out += [getattr(module, n) for n in names if module is not None and hasattr(module, n)]
-    return tuple(out)
+        found += [getattr(module, n) for n in names if module is not None and hasattr(module, n)]
+    if found:
+        _FOUND_BASES.append(tuple(found))
+    return tuple(found)
 
 
 def is_state(x) -> bool:
@@ -65,9 +74,10 @@ def _name(cls: type) -> str:
 
 def find(args: tuple, kwargs: dict) -> list:
     """The state objects among a call's arguments (top level), in order."""
-    if not _bases():
+    bases = _bases()
+    if not bases:
         return []
-    return [v for v in (*args, *kwargs.values()) if is_state(v)]
+    return [v for v in (*args, *kwargs.values()) if isinstance(v, bases)]
 
 
 def describe(obj, where: str) -> dict:

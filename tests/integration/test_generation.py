@@ -114,3 +114,15 @@ def test_a_users_method_calling_self_runs_the_compiled_forward():
     assert jm.cache_info().misses == 5          # one program per length
     model(ids)                                  # the module itself, called directly, stays eager
     assert jm.cache_info().misses + jm.cache_info().hits == 5
+
+
+def test_a_cache_holding_an_object_fjit_cannot_carry_is_a_located_fj201():
+    from transformers import DynamicCache
+    model = _model("hf_gpt2")
+    cache = DynamicCache(config=model.config)
+    cache.note = object()          # state fjit cannot describe between calls
+    ids = torch.randint(3, 100, (1, 4))
+    with pytest.raises(fjit.UnsupportedInputError) as info:
+        fjit.jit(model)(ids, cache=cache, use_cache=True)
+    message = str(info.value)
+    assert "FJ201" in message and "'cache'.note" in message and "test_generation.py:" in message
