@@ -107,12 +107,6 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool | int],
     kinds = []
     for b in trace.bsyms:
         if not any(differentiable(v) for v in b.outputs()):
-            if b.sym.has(Tag.CUSTOM_VJP) and any(differentiable(v) for v in b.inputs()):
-                # an autograd.Function whose outputs were recorded as needing no gradient though
-                # an input needs one (Dynamo's autograd_function_apply: the joint program dropped
-                # every gradient before it from the second call on); torch autograd calls its
-                # own backward
-                return f"{b.sym.qualname}'s outputs were traced as needing no gradient"
             kinds.append("plain")
             continue
         prims = b.subsymbols or ((b,) if prim_of(b) is not None else ())

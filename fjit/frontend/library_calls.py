@@ -161,6 +161,15 @@ def _traced_forward(cls, ctx: _FunctionCtx, args, observer):
     if out is None or flat is None or any(not isinstance(o, TensorProxy) or id(o) in inputs
                                           for o in flatten_values(out)):
         raise NotImplementedError
+    if torch.is_grad_enabled() and any(isinstance(a, TensorProxy) and a.requires_grad for a in args) and \
+            any(not o.requires_grad and (o.dtype.is_floating_point or o.dtype.is_complex)
+                for o in flatten_values(out)):
+        # The forward ran its ops with gradients off (Dynamo's autograd_function_apply runs the
+        # Function's forward graph under _set_grad_enabled(False)), but apply makes its outputs
+        # differentiable: traced as they are, the joint program saw outputs needing no gradient
+        # and dropped every gradient before them (BLOOM through the backend, silently).  Opaque,
+        # the real apply gives them their gradient function.
+        raise NotImplementedError
     for b in flat:
         trace.record(b)
     return out

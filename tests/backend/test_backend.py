@@ -447,7 +447,9 @@ class _TanhGelu(torch.autograd.Function):
 def test_a_custom_functions_gradient_reaches_what_is_before_it_on_every_call(monkeypatch):
     """The joint program recorded the Function's outputs as needing no gradient, so from the second
     call (the first runs op by op) every gradient before it was None: BLOOM through the backend,
-    silently.  Such a piece keeps torch autograd, which calls the Function's own backward."""
+    silently.  Dynamo runs the Function's forward graph with gradients off, which apply undoes
+    for its outputs: such a Function is one opaque op, whose real apply gives them their gradient
+    function (frontend/library_calls._traced_forward)."""
     monkeypatch.setenv("FJIT_MEASURE", "0")
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(0)

@@ -382,3 +382,35 @@ def test_a_functions_saved_argument_renamed_by_the_passes_is_read_under_its_new_
     want, = torch.autograd.grad(_two_layers(x, mask), x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert "torch_autograd" not in fjit.last_backward_traces(jf)[-1].stage
+
+
+class _ForwardWithoutGrad(torch.autograd.Function):
+    """A forward that turns gradients off inside, as Dynamo's autograd_function_apply graphs do."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return x * x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 6 * x
+
+
+def test_a_function_whose_forward_turns_gradients_off_keeps_its_gradient(monkeypatch):
+    """apply makes the outputs differentiable whatever the forward's grad mode: traced into prims,
+    the outputs needed no gradient and the joint program would drop every gradient before them.
+    The Function stays one opaque op, and the gradients are eager's on every call."""
+    monkeypatch.setenv("FJIT_MEASURE", "0")
+
+    def f(x, w):
+        return (_ForwardWithoutGrad.apply(x @ w) + 1).tanh().sum()
+    jf = fjit.jit(f)
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 6, generator=g), torch.randn(6, 6, generator=g, requires_grad=True)
+    for _ in range(3):
+        torch.testing.assert_close(torch.autograd.grad(jf(x, w), w), torch.autograd.grad(f(x, w), w))
+    apply, = [b for b in fjit.last_traces(jf)[0].bsyms if "_ForwardWithoutGrad" in b.sym.qualname]
+    assert not apply.subsymbols       # opaque: its forward's prims are not the op's
