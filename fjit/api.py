@@ -138,15 +138,19 @@ class JittedFunction(Generic[P, R]):
         cache = torch_form._cache
         # made and traced outside the transform: a tensor made under grad or vmap is its wrapper
         with temporarily_clear_interpreter_stack():
-            standins = {}
+            made: list = []
 
             def make(x):
                 if isinstance(x, _StandIn):
-                    t = standins[id(originals[len(standins)])] = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+                    t = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+                    # requiring grad, the program is lowered as one autograd records: no views
+                    # reinterpreted from storage, no in-place reuse of a value a transform saves
+                    # (a wrapper has no storage to reinterpret)
+                    made.append(t.requires_grad_(t.is_floating_point() or t.is_complex()))
                     return t
                 return x
             plain_args, plain_kwargs = pytree.tree_map(make, described, is_leaf=lambda x: isinstance(x, _StandIn))
-            real = {id(t): x for x, t in zip(originals, standins.values())}
+            real = {id(t): x for x, t in zip(originals, made)}
             key, leaves = cache.key_and_leaves(plain_args, plain_kwargs)
             program = cache.get(key)
             if program is None:

@@ -65,6 +65,25 @@ def test_a_torch_func_transform_over_a_compiled_function_gives_eagers_values(tra
     assert jf.cache_info().misses == 1      # the transform's calls did not displace the program
 
 
+def _views(x, y):
+    """Views of an input and chains of elementwise ops: what the torch form must not lower into
+    storage reinterpretations (a transform's wrapper has no storage) or in-place writes into
+    values the transform saves."""
+    return (x * x[0]).sum(1) + x[0] * x[1].cos() + y.t()[0] * y[:, 1].exp()
+
+
+@pytest.mark.parametrize("transform", ["vmap", "grad", "jacrev", "jvp"])
+def test_views_of_inputs_under_a_transform_run_in_the_torch_form(transform):
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(3, 4, 4, generator=g), torch.randn(3, 4, 4, generator=g)
+    run = {"vmap": lambda f: vmap(f)(x, y),
+           "grad": lambda f: grad(lambda a: f(a, y[0]).sum())(x[0]),
+           "jacrev": lambda f: jacrev(f)(x[0], y[0]),
+           "jvp": lambda f: jvp(lambda a: f(a, y[0]), (x[0],), (torch.ones_like(x[0]),))}[transform]
+    jf = fjit.jit(_views)
+    torch.testing.assert_close(run(jf), run(_views))
+
+
 def test_under_a_transform_the_function_is_traced_as_strictly_as_outside():
     def noisy(x):
         print("side effect")
