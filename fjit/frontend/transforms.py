@@ -8,6 +8,8 @@ function that reaches them, is recorded as one op whose inputs are every proxy i
 call's arguments and what its function closes over (through nested functions, partials and
 containers).  At run time the op calls the transform itself on the real tensors, with its function
 rebuilt around them; the op's metadata comes from that call on meta tensors, as for any opaque op.
+A module among them whose parameters are proxies (a jitted module's submodule, `vmap(self.head)`)
+is called through `functional_call` with those tensors as the op's inputs.
 
 The patches sit on the functions each public transform calls at call time, not on the public
 names, so `from torch.func import grad` done before the trace is covered too:
@@ -26,6 +28,7 @@ import functools
 import types
 from typing import Any, NamedTuple
 
+import torch
 import torch.utils._pytree as pytree
 from torch._functorch import apis, eager_transforms
 
@@ -51,6 +54,15 @@ class _Partial(NamedTuple):
     keywords: Any
 
 
+class _ModuleCall(NamedTuple):
+    """A module whose parameters or buffers are proxies while the trace runs (a jitted module's
+    own submodule, `vmap(self.head)`): rebuilt as a call of it through functional_call with the
+    op's inputs, so its tensors are inputs of the op (and get their gradients through it)."""
+    module: Any
+    names: tuple
+    tensors: tuple      # the templates of the named tensors
+
+
 class _Container(NamedTuple):
     kind: type
     items: Any          # a tuple of templates, or of (key, template) for a dict
@@ -74,6 +86,12 @@ def _lift(obj, found: list, seen: dict):
         same = defaults is obj.__defaults__ and all(
             t is _cell_content(c) for t, c in zip(cells, obj.__closure__ or ()))
         out = obj if same else _Function(obj, cells, defaults)
+    elif isinstance(obj, torch.nn.Module):
+        named = [(n, t) for n, t in (*obj.named_parameters(remove_duplicate=False),
+                                     *obj.named_buffers(remove_duplicate=False)) if isinstance(t, TensorProxy)]
+        if not named:
+            return obj
+        out = _ModuleCall(obj, tuple(n for n, _ in named), tuple(_lift(t, found, seen) for _, t in named))
     elif isinstance(obj, functools.partial):
         parts = (_lift(obj.func, found, seen), _lift(obj.args, found, seen), _lift(obj.keywords, found, seen))
         out = obj if all(a is b for a, b in zip(parts, (obj.func, obj.args, obj.keywords))) else _Partial(*parts)
@@ -111,6 +129,9 @@ def _build(template, values: list):
         rebuilt.__kwdefaults__, rebuilt.__qualname__ = fn.__kwdefaults__, fn.__qualname__
         rebuilt.__dict__.update(fn.__dict__)
         return rebuilt
+    if isinstance(template, _ModuleCall):
+        tensors = {n: _build(t, values) for n, t in zip(template.names, template.tensors)}
+        return functools.partial(_call_module, template.module, tensors)
     if isinstance(template, _Partial):
         return functools.partial(_build(template.func, values), *_build(template.args, values),
                                  **_build(template.keywords, values))
@@ -122,6 +143,10 @@ def _build(template, values: list):
             return template.kind(items)
         return template.kind(*items)      # a namedtuple
     return template
+
+
+def _call_module(module, tensors: dict, *args, **kwargs):
+    return torch.func.functional_call(module, tensors, args, kwargs)
 
 
 def _recorded(name: str, run, call):

@@ -263,3 +263,29 @@ def test_batched_cotangents_through_the_compiled_backward_are_eagers(how, monkey
         got = torch.autograd.functional.jacobian(lambda a: jf(a, w), x, vectorize=True)
         want = torch.autograd.functional.jacobian(lambda a: f(a, w), x, vectorize=True)
     torch.testing.assert_close(got, want)
+
+
+class _VmappedHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return torch.vmap(self.head)(x).tanh().sum()
+
+
+def test_a_transform_of_a_jitted_modules_submodule_trains_as_eager():
+    """vmap(self.head) inside a jitted module: the submodule's parameters are the trace's proxies
+    while it runs, and become the op's inputs through functional_call (before: a false FJ202
+    blaming a data-dependent shape)."""
+    torch.manual_seed(0)
+    model, x = _VmappedHead(), torch.randn(5, 2, 4)
+    jm = fjit.jit(model)
+    for _ in range(3):
+        model.zero_grad()
+        jm(x).backward()
+        got = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        model(x).backward()
+        for a, p in zip(got, model.parameters()):
+            torch.testing.assert_close(a, p.grad)
