@@ -134,18 +134,23 @@ class _BatchNormChannelsLast(torch.autograd.Function):
     kernels add the N*H*W values of each channel one after another, where its NCHW kernels and
     torch.sum add them in blocks: on [8, 32, 64, 64] values of mean 5 the output erred 1.8e-6 (RMS,
     relative to float64) against 7.5e-8, and MobileNetV3-Large's and Res2Net's gradients failed
-    the zoo's accuracy rule (eager's own, single-threaded, pass it).  Here every sum is torch.sum's,
+    the zoo's accuracy rule (eager's own, single-threaded, pass it).  Here every sum is torch.sum's
+    in float64,
     the output ATen's inference kernel on those statistics, the gradients batch norm's formula on
     them (ATen's backward on them still added its own sums in sequence: a convolution bias before a
     batch norm erred 27x; torch.var_mean is accurate too, but 10x slower on this layout; fjit's own
     kernels were faster than ATen's, but compiled about eight per shape).
+    The sums accumulate in float64: on one thread torch.sum over this layout adds in sequence too,
+    and a MobileNetV3-Small trained one-threaded in this form got its first blocks' gradients
+    2000x eager's error from float64 at step 3 (a ReLU after a batch norm flips where the
+    statistics round differently), 1.5x with these sums.
     A backward differentiated again (create_graph) is batch norm's own, on the NCHW layout."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
         dims, n = (0, 2, 3), x.numel() // x.shape[1]
-        mean = x.sum(dims) / n
-        var = (x - mean[:, None, None]).square_().sum(dims) / n
+        mean = (x.sum(dims, dtype=torch.float64) / n).to(x.dtype)
+        var = ((x - mean[:, None, None]).square_().sum(dims, dtype=torch.float64) / n).to(x.dtype)
         invstd = torch.rsqrt(var + eps)
         out = torch.ops.aten._native_batch_norm_legit_no_training(x, weight, bias, mean, var, 0.0, eps)[0]
         ctx.save_for_backward(x, weight, bias, mean, invstd)
@@ -169,8 +174,8 @@ class _BatchNormChannelsLast(torch.autograd.Function):
         dims, n, need = (0, 2, 3), x.numel() // x.shape[1], ctx.needs_input_grad
         g = g.contiguous(memory_format=torch.channels_last)
         centred = x - mean[:, None, None]
-        gb = g.sum(dims)
-        dot = (centred * g).sum(dims)
+        gb = g.sum(dims, dtype=torch.float64).to(g.dtype)
+        dot = (centred * g).sum(dims, dtype=torch.float64).to(g.dtype)
         gx = None
         if need[0]:
             scale = invstd if weight is None else invstd * weight
