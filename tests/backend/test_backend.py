@@ -17,8 +17,10 @@ import torch
 import torch._dynamo
 
 import fjit
+
 import fjit.dynamo
 from backend_models import example_input, make_model
+from custom_functions import TanhGelu
 from fjit.dynamo.aten import ATEN_TO_TORCH
 from fjit.executors.c import executor as c_executor
 
@@ -428,22 +430,6 @@ def test_in_place_writes_across_pieces_split_once_flat_and_match_eager(be):
     assert {"FJ102", "enters"} <= reasons, reasons
 
 
-class _TanhGelu(torch.autograd.Function):
-    """BLOOM's GeLU: a Function with a backward of its own, which Dynamo hands the backend as
-    torch.ops.higher_order.autograd_function_apply."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        t = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))
-        return g * (0.5 * x * ((1 - t * t) * (0.79788456 + 0.1070322243 * x * x)) + 0.5 * (1 + t))
-
-
 def test_a_custom_functions_gradient_reaches_what_is_before_it_on_every_call(monkeypatch):
     """The joint program recorded the Function's outputs as needing no gradient, so from the second
     call (the first runs op by op) every gradient before it was None: BLOOM through the backend,
@@ -456,7 +442,7 @@ def test_a_custom_functions_gradient_reaches_what_is_before_it_on_every_call(mon
     w1, w2 = torch.randn(8, 16, generator=g, requires_grad=True), torch.randn(16, 4, generator=g, requires_grad=True)
 
     def f(x):
-        return (_TanhGelu.apply(x @ w1) @ w2).square().sum()
+        return (TanhGelu.apply(x @ w1) @ w2).square().sum()
     compiled = torch.compile(f, backend="fjit")
     x = torch.randn(5, 8, generator=g)
     for _ in range(3):

@@ -15,7 +15,10 @@ import pytest
 import torch
 from torch._higher_order_ops.associative_scan import associative_scan as torch_scan
 
+from custom_functions import TanhGelu
+
 import fjit
+
 from fjit.frontend import library_calls, transforms
 
 _MODULE = sys.modules["torch._higher_order_ops.associative_scan"]
@@ -144,21 +147,6 @@ class _RoundThrough(torch.autograd.Function):
         return g * 1.0, None
 
 
-class _TanhGelu(torch.autograd.Function):
-    """BLOOM's GeLUFunction: saves its input, and its backward unpacks ctx.saved_tensors whole."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
-
-    @staticmethod
-    def backward(ctx, g):
-        x = ctx.saved_tensors[0]
-        t = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))
-        return g * (0.5 * x * ((1 - t * t) * (0.79788456 + 0.1070322243 * x * x)) + 0.5 * (1 + t))
-
-
 class _ScaledPair(torch.autograd.Function):
     """Two outputs, a tensor kept as a ctx attribute, needs_input_grad, a None gradient."""
 
@@ -218,7 +206,7 @@ def test_a_functions_own_backward_is_the_joint_programs(monkeypatch):
     y = torch.randn(16, generator=g, requires_grad=True)
 
     def f(x, y):
-        a = _TanhGelu.apply(x * 3)       # (round's input an input: no rounding of a kernel flips it)
+        a = TanhGelu.apply(x * 3)       # (round's input an input: no rounding of a kernel flips it)
         b, c = _ScaledPair.apply(_RoundThrough.apply(x, 4.0) + a, y, 0.5)
         return (b.sin() + c.cos()).sum()
     jf = _grads(f, x, y)
@@ -280,8 +268,8 @@ def test_a_function_called_under_no_grad_runs_in_that_mode(monkeypatch):
 
     def f(x):
         with torch.no_grad():
-            frozen = _TanhGelu.apply(x)
-        return frozen.requires_grad, (_TanhGelu.apply(x) * frozen).sum()
+            frozen = TanhGelu.apply(x)
+        return frozen.requires_grad, (TanhGelu.apply(x) * frozen).sum()
     flag, total = fjit.jit(f)(x)
     assert flag is False
     torch.testing.assert_close(torch.autograd.grad(total, x), torch.autograd.grad(f(x)[1], x),
