@@ -49,16 +49,19 @@ _FOUND_BASES: list = []     # the classes, once their module is imported
 
 def _bases() -> tuple:
     """The state classes, or () while none of their modules is imported (a call of a model that
-    takes no cache pays one dict lookup)."""
+    takes no cache pays a dict lookup per module)."""
     if _FOUND_BASES:
         return _FOUND_BASES[0]
-    found = []
-    for module_name, names in _STATE_BASES.items():
-        module = sys.modules.get(module_name)
-        found += [getattr(module, n) for n in names if module is not None and hasattr(module, n)]
+    for module_name in _STATE_BASES:
+        if module_name in sys.modules:
+            break
+    else:
+        return ()
+    found = tuple(getattr(sys.modules[m], n) for m, names in _STATE_BASES.items() if m in sys.modules
+                  for n in names if hasattr(sys.modules[m], n))
     if found:
-        _FOUND_BASES.append(tuple(found))
-    return tuple(found)
+        _FOUND_BASES.append(found)
+    return found
 
 
 def is_state(x) -> bool:
