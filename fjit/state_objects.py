@@ -171,16 +171,8 @@ def _after(v, inputs: dict):
 def write_back(obj, after: dict) -> None:
     """Apply a described_after description (real tensors now) to the caller's object."""
     for k, v in after.items():
-        if k == _CLASS_KEY:
-            continue
-        now = obj.__dict__.get(k)
-        if is_description(v):
-            if now is not None and _name(type(now)) == v[_CLASS_KEY]:
-                write_back(now, v)
-            else:
-                obj.__dict__[k] = _made(v)
-        else:
-            obj.__dict__[k] = _applied(now, v)
+        if k != _CLASS_KEY:
+            obj.__dict__[k] = _applied(obj.__dict__.get(k), v)
 
 
 def _applied(now, v):
