@@ -1,5 +1,8 @@
 """The program cache of one jitted function: cache key -> compiled program, with its statistics,
-its fast path and its eviction.
+its fast path and its eviction: the least recently used program goes first, once a function has
+`config.cache_size()` of them (FJIT_CACHE_SIZE, 64 by default).  A generation that grows its cache
+by a token a step compiles a program per length; a second generation of the same prompt finds
+them while they fit, where first-in-first-out eviction evicted exactly the next one needed.
 
 Two ways in.  The fast path is a function generated for the call's signature (type checks, the key
 as one flat tuple, one dict lookup, the program); calls it does not cover take `key_and_leaves`,
@@ -15,10 +18,10 @@ import collections
 
 import torch
 
+from fjit import config
 from fjit.frontend.inputs import MISS, TENSOR_KEY_FIELDS, call_key, fast_path
 from fjit.logs import Change, Compilation
 
-CACHE_SIZE = 64
 CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "entries"])
 # The fast path generated for one arity of all-tensor calls (cache.fast_path): its key and guard
 # functions, and its cache of programs by key.
@@ -32,7 +35,7 @@ def _no_fast_path(*args):
 class ProgramCache:
     def __init__(self, keep: bool):
         self.keep = keep                      # False: cache="none", every call retraces
-        self.programs: dict = {}
+        self.programs: collections.OrderedDict = collections.OrderedDict()   # oldest use first
         # Float positions some trace specialized on (their values join the key from then on).
         self.specialized: frozenset = frozenset()
         self.hits = 0
@@ -52,7 +55,13 @@ class ProgramCache:
         return call_key(args, kwargs, self.specialized)
 
     def get(self, key):
-        return self.programs.get(key)
+        program = self.programs.get(key)
+        if program is not None:
+            try:
+                self.programs.move_to_end(key)
+            except KeyError:             # evicted by another thread meanwhile: still a program
+                pass
+        return program
 
     def store(self, args: tuple, kwargs: dict, key, program, specialized: frozenset) -> None:
         """File `program`, compiled for this call, whose trace specialized on the floats at the
@@ -63,8 +72,10 @@ class ProgramCache:
             self.specialized = self.specialized | specialized
             key, _ = call_key(args, kwargs, self.specialized)
             self._drop_fast_path()      # its keys leave out the floats now specialized on
-        if len(self.programs) >= CACHE_SIZE:
-            self.programs.pop(next(iter(self.programs)))   # evict the oldest entry
+        size = config.cache_size()
+        while len(self.programs) >= size:
+            _, evicted = self.programs.popitem(last=False)      # the least recently used
+            self._forget_fast(evicted)
         self.programs[key] = program
 
     def remember_fast(self, args: tuple, program) -> None:
@@ -75,7 +86,7 @@ class ProgramCache:
         if fast is None or len(args) != fast.arity:
             if self._fast_declined == len(args):
                 return
-            made = fast_path(args, self.specialized, self.last)
+            made = fast_path(args, self.specialized, self.last, self.programs)
             if made is None:                 # e.g. a container argument: the general path only
                 self._fast_declined = len(args)
                 return
@@ -85,10 +96,23 @@ class ProgramCache:
         key = fast.key_of(*args)
         if key is None:          # typed differently from the signature the fast path was made for
             return
-        if len(fast.programs) >= CACHE_SIZE:
-            fast.programs.clear()
+        size = config.cache_size()
+        while len(fast.programs) >= size:
+            fast.programs.popitem(last=False)      # the least recently used
             self.last[0] = None
-        fast.programs[key] = (program, fast.guards_of(*args))
+        # a hit on the fast path marks the program used in this cache too (by its key here), so
+        # that both evict the same program
+        key_here = next((k for k, p in reversed(self.programs.items()) if p is program), None)
+        fast.programs[key] = (program, fast.guards_of(*args), key_here)
+
+    def _forget_fast(self, program) -> None:
+        """Drop the fast path's entries for a program this cache evicted."""
+        fast = self._fast
+        if fast is not None:
+            for key in [k for k, hit in fast.programs.items() if hit[0] is program]:
+                del fast.programs[key]
+        if self.last[0] is not None and self.last[0][3] is program:
+            self.last[0] = None
 
     def _drop_fast_path(self) -> None:
         self.last[0] = None

@@ -20,6 +20,7 @@ test or a notebook may change them between compilations; FJIT_LOGS is read when 
 | FJIT_TRITON_CPU | 0 | with TRITON_INTERPRET=1, keep CPU tensors away from the Triton interpreter |
 | FJIT_TRITON_DUMP_TARGET | a directory | every Triton kernel built is also written there as generated for a GPU, for `python -m fjit.executors.triton.target DIR` (compiles them for sm_90/sm_80, reports spills) |
 | FJIT_TRITON_LAUNCH | compiled (default), jit | on a GPU: call each kernel compiled once through a pre-bound launcher, or through `kernel[grid]` |
+| FJIT_CACHE_SIZE | a positive integer (default 64) | how many programs one jitted function keeps; past it, the least recently used goes |
 | FJIT_CACHE_DIR | a directory | where generated kernels are kept (default ~/.cache/fjit/kernels) |
 | FJIT_SLOW_TESTS | 1 | the test suite only: also run the long sweeps marked `slow` (tests/conftest.py) |
 """
@@ -205,6 +206,21 @@ def triton_compiled_launch() -> bool:
 def triton_dump_target() -> str | None:
     """FJIT_TRITON_DUMP_TARGET: where to write every Triton kernel built, as generated for a GPU."""
     return os.environ.get("FJIT_TRITON_DUMP_TARGET") or None
+
+
+def cache_size() -> int:
+    """FJIT_CACHE_SIZE: programs kept per jitted function (the least recently used evicted)."""
+    raw = os.environ.get("FJIT_CACHE_SIZE", "").strip()
+    if not raw:
+        return 64
+    try:
+        size = int(raw)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise ValueError(f"fjit: FJIT_CACHE_SIZE={raw!r} is not a positive integer (programs kept per "
+                         f"jitted function)")
+    return size
 
 
 def kernel_cache_root() -> str:

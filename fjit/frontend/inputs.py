@@ -11,6 +11,7 @@ walk for the common flat signature, so a cached call does not walk at all.
 """
 from __future__ import annotations
 
+import collections
 import keyword
 import re
 
@@ -107,12 +108,14 @@ MISS = object()
 _FAST_CONSTANTS = (int, bool, str, type(None))
 
 
-def fast_path(args: tuple, specialized: frozenset, last: list):
+def fast_path(args: tuple, specialized: frozenset, last: list, programs):
     """(call, key, guards, cache) generated for calls typed like `args`, or None if they do not
     qualify.  `call(*args)` looks the program up in `cache` (a dict of its own, so one
     generation's keys never meet another's programs) and returns its result, or MISS (other arity,
     other types, or no program yet); `key(*args)` is the key to store a program under, or None for
     arguments typed differently; `guards(*args)` is what `cache` files beside the program.
+    `cache` and `programs` (the ProgramCache's own table) are least-recently-used ordered: a hit
+    moves its entry in both to the end (`cache`'s entries are (program, guards, key in `programs`)).
 
     The program found last is checked first on the next call, its tensors by one C call
     (`_TensorGuards`: type, dispatch keys (autocast's, the conjugate and negative bits among
@@ -171,6 +174,11 @@ def fast_path(args: tuple, specialized: frozenset, last: list):
               f"    hit = cache.get(k)\n"
               f"    if hit is None:\n"
               f"        return MISS\n"
+              f"    try:\n"             # least recently used first, here and in the cache
+              f"        cache.move_to_end(k)\n"   # (cache.py); another thread may have evicted
+              f"        programs.move_to_end(hit[2])\n"   # it meanwhile
+              f"    except KeyError:\n"
+              f"        pass\n"
               f"    if hit[1] is not None and k[1] is False:\n" + remember +
               f"    return hit[0]({', '.join(leaves)})\n"
               f"def key({params}):\n"
@@ -179,9 +187,10 @@ def fast_path(args: tuple, specialized: frozenset, last: list):
               f"    return ({', '.join(key)},)\n"
               f"def guards({params}):\n"
               f"    return {f'_guards({chr(44).join(tensors)})' if guarded else 'None'}\n")
-    cache: dict = {}
+    cache: collections.OrderedDict = collections.OrderedDict()
     namespace = {"_strided": torch.strided, "_grad": torch.is_grad_enabled,
                  "_autocast": autocast_key, "MISS": MISS, "cache": cache, "last": last,
+                 "programs": programs,
                  "mixed": [None], "_guards": _tensor_guards, "_interpreter_stack": _interpreter_stack,
                  "_forward_ad": _forward_ad}
     namespace.update({f"_c{i}": type(a) for i, a in enumerate(args)

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import fjit
-from fjit.cache import CACHE_SIZE
+from fjit import config
 from fjit.executors.c import executor as c_executor
 
+CACHE_SIZE = config.cache_size()
 SHAPES = 3 * CACHE_SIZE + 20     # more programs than the cache and the fast path's cache hold
 
 
@@ -68,7 +69,7 @@ def test_c_kernel_registry_is_bounded_over_many_recompiles(monkeypatch):
         pytest.fail("the C kernel test needs a C compiler on this machine")
     monkeypatch.setenv("FJIT_C_KERNELS", "sync")
     monkeypatch.setattr(c_executor, "_BINARIES", weakref.WeakValueDictionary())
-    monkeypatch.setattr(fjit.cache, "CACHE_SIZE", 8)     # a kernel build costs ~0.1 s: fewer shapes
+    monkeypatch.setenv("FJIT_CACHE_SIZE", "8")     # a kernel build costs ~0.1 s: fewer shapes
     jf = fjit.jit(lambda x: x * 3 + 2)
     for n in range(1, 5 * 8):
         jf(torch.randn(n))

@@ -143,11 +143,41 @@ def test_ints_and_strings_are_constants_in_the_key():
 
 
 def test_cache_is_bounded():
-    from fjit.cache import CACHE_SIZE
+    from fjit.config import cache_size
     jf = fjit.jit(lambda x: x + 1)
-    for n in range(CACHE_SIZE + 5):
+    for n in range(cache_size() + 5):
         jf(torch.ones(n + 1))
-    assert fjit.cache_info(jf).entries == CACHE_SIZE
+    assert fjit.cache_info(jf).entries == cache_size()
+
+
+@pytest.mark.parametrize("path", ["fast", "general"])
+def test_cache_evicts_the_least_recently_used_program(monkeypatch, path):
+    # the general path: a list argument, which the generated fast path does not take
+    monkeypatch.setenv("FJIT_CACHE_SIZE", "4")
+    jf = fjit.jit(lambda x: x[0] * 2 if isinstance(x, list) else x * 2)
+    call = (lambda n: jf([torch.ones(n)])) if path == "general" else (lambda n: jf(torch.ones(n)))
+    for n in (1, 2, 3, 4, 1):          # 1 used again: 2 is now the least recently used
+        call(n)
+    assert fjit.cache_info(jf).misses == 4
+    call(5)                            # evicts 2, not 1
+    call(1)
+    assert fjit.cache_info(jf).misses == 5
+    call(2)
+    assert fjit.cache_info(jf).misses == 6
+    assert fjit.cache_info(jf).entries == 4
+
+
+def test_cache_size_is_configurable_and_checked(monkeypatch):
+    monkeypatch.setenv("FJIT_CACHE_SIZE", "100")
+    jf = fjit.jit(lambda x: x + 1)
+    for n in range(1, 90):
+        jf(torch.ones(n))
+    for n in range(1, 90):             # the second pass hits every program
+        jf(torch.ones(n))
+    assert fjit.cache_info(jf) == (89, 89, 89)
+    monkeypatch.setenv("FJIT_CACHE_SIZE", "zero")
+    with pytest.raises(ValueError, match="FJIT_CACHE_SIZE='zero' is not a positive integer"):
+        fjit.jit(lambda x: x - 1)(torch.ones(2))
 
 
 def test_cache_holds_no_reference_to_the_callers_tensors():
