@@ -155,7 +155,14 @@ class Backend:
             if why is not None:
                 reasons[node] = why
         reasons = writes_across_pieces(gm, reasons)
-        return _Splitter(self, graph, stage, aten, dynamic).runner(gm, reasons, "")
+        numbers = _numbers_from_inputs(gm)
+        run = _Splitter(self, graph, stage, aten, dynamic).runner(gm, reasons, "")
+        if not numbers:
+            return run
+
+        def with_numbers(*args):
+            return run(*[a.item() if k in numbers else a for k, a in enumerate(args)])
+        return with_numbers
 
     # ------------------------------------------------------------------------------------------
     # Reading what happened
@@ -185,6 +192,36 @@ class Backend:
         else:
             lines.append("split reasons: none")
         return "\n".join(lines)
+
+
+def _numbers_from_inputs(gm: torch.fx.GraphModule) -> set[int]:
+    """Graph inputs that are Python floats in the user's code: Dynamo hands a float it does not
+    specialize on (a module's `eps`, `math.pi` read as a global, a scale) to the graph as a 0-d
+    float64 tensor and reads it back with `.item()`.  Such an `.item()` is not data-dependent
+    control flow, and as an op it would split the graph (fjit's FJ106) at every use.  So where a
+    0-d floating-point input is read only by `.item()`, the graph takes the number itself (its
+    uses read the input), the caller passes `x.item()` in its place, and the number reaches fjit
+    as a float: a runtime value of the program, which changes nothing compiled.  Returns the
+    positions of the inputs rewritten so."""
+    numbers = set()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for k, node in enumerate(placeholders):
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if not (isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point()
+                and value.device.type == "cpu" and node.users
+                and all(u.op == "call_method" and u.target == "item" and u.args == (node,)
+                        and not u.kwargs for u in node.users)):
+            continue
+        for use in list(node.users):
+            use.replace_all_uses_with(node)
+            gm.graph.erase_node(use)
+        node.meta.pop("example_value", None)     # no longer a tensor (its value comes per call)
+        node.meta.pop("val", None)
+        numbers.add(k)
+    if numbers:
+        gm.graph.lint()
+        gm.recompile()
+    return numbers
 
 
 class _Splitter:

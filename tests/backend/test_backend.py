@@ -6,6 +6,7 @@ Every test starts and ends with torch._dynamo.reset(), and most use a backend of
 from __future__ import annotations
 
 import copy
+import math
 import importlib.metadata
 import tomllib
 import subprocess
@@ -279,6 +280,37 @@ def test_dynamic_shapes(be):
         torch.testing.assert_close(compiled(x), f(x))
     (info,) = be.subgraph_infos
     assert info.executor == "fjit" and info.dynamic
+
+
+class _Scaled(torch.nn.Module):
+    """Float attributes and a float global read in forward: Dynamo under dynamic=True hands such
+    floats to the graph as 0-d tensors read back with .item()."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.eps = 1e-5
+        self.scale = 0.5
+
+    def forward(self, x):
+        h = self.lin(x) * self.scale
+        h = h / (h.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+        return torch.tanh(h * math.pi) + x.size(0)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_dynamic_float_inputs_are_numbers_not_splits(be, grad):
+    """Under dynamic=True, a float Dynamo passes as a 0-d tensor and reads with .item() is a
+    number input of the fjit program: no FJ106 split, and a new value is used, not baked in."""
+    model = _Scaled()
+    compiled = torch.compile(model, backend=be, dynamic=True)
+    for n, scale in ((3, 0.5), (5, 0.5), (7, 2.0), (9, -1.5)):
+        model.scale = scale
+        x = torch.randn(n, 8, requires_grad=grad)
+        with torch.set_grad_enabled(grad):
+            torch.testing.assert_close(compiled(x), model(x))
+    assert [i.reason for i in be.subgraph_infos if i.reason is not None] == []
+    assert all(i.executor == "fjit" for i in be.subgraph_infos)
 
 
 # ------------------------------------------------------------------------------------------------

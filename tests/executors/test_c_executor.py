@@ -431,14 +431,16 @@ def test_kernels_take_tensors_through_their_entry_point_and_agree_with_ctypes():
     assert binary.fn is not None and (binary.fast is not None) == bool(launch.PYTHON_FLAGS)
     if binary.fast is None:
         return
-    assert binary.kernel.params == [("in", 0), ("in", 1), ("in", 2), ("out", 0)]   # x, w, s, out
+    # x, w, s, out (and, where FJIT_C_SIZES=runtime, the sizes after them)
+    assert [p for p in binary.kernel.params if p[0] != "size"] == [("in", 0), ("in", 1), ("in", 2), ("out", 0)]
+    sizes = [value for kind, value in binary.kernel.params if kind == "size"]
     for first in (x, x.as_subclass(Marked)):
         out, out2 = torch.empty_like(expected), torch.empty_like(expected)
-        binary.fast(first, w, 0.5, out)
-        binary.fn(x.data_ptr(), w.data_ptr(), 0.5, out2.data_ptr())
+        binary.fast(first, w, 0.5, out, *sizes)
+        binary.fn(x.data_ptr(), w.data_ptr(), 0.5, out2.data_ptr(), *sizes)
         torch.testing.assert_close(out, expected)
         assert torch.equal(out, out2)
-    with pytest.raises(TypeError, match="takes 4 arguments"):
+    with pytest.raises(TypeError, match=f"takes {4 + len(sizes)} arguments"):
         binary.fast(x, w)
 
 

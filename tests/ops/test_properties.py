@@ -1241,6 +1241,23 @@ def test_random_programs_match_eager_with_triton(data):
         os.environ["FJIT_TRITON_CPU"] = old if old is not None else "0"
 
 
+@pytest.mark.ckernels
+@settings(max_examples=max(10, EXAMPLES // 3), **SETTINGS)
+@given(data=st.data())
+def test_random_programs_match_eager_with_runtime_size_kernels(data):
+    """Every C kernel with its sizes as parameters (FJIT_C_SIZES=runtime: what a later sequence
+    length or batch size runs, fjit/executors/c/runtime_sizes.py)."""
+    previous = os.environ.get("FJIT_C_SIZES")
+    os.environ["FJIT_C_SIZES"] = "runtime"
+    try:
+        _check_random_program(("c", "torch"), data)
+    finally:
+        if previous is None:
+            del os.environ["FJIT_C_SIZES"]
+        else:
+            os.environ["FJIT_C_SIZES"] = previous
+
+
 def _check_random_program(executors, data):
     program = data.draw(programs(lowp_approx="triton" in executors), label="program")
     fn = program.function()

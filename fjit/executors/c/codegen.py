@@ -12,7 +12,8 @@ elementwise values rather than storing them; each reduction keeps LANES partial 
 thread count and the loop vectorizes without reassociating anything; a float32 sum adds blocks of
 SUM_BLOCK elements in float lanes, folded into double lanes (accumulators.py).
 
-Shapes and strides are literals (a trace is specialized to them), so the source is the cache key.
+Shapes and strides are literals, or (runtime_sizes.py) parameters sz0, sz1, ... that the kernel
+takes after its tensors, so that one build serves every size; either way the source is the cache key.
 Values are computed in the dtype torch computes them in: a Python number is rounded to that dtype
 first (`x * 0.1` on float32 is `x * (float)0.1`, as torch's CPU kernels do), integers wrap (the
 kernel is built with -fwrapv), max/min propagate NaN.  Float products and float64 sums accumulate
@@ -89,7 +90,8 @@ def calls_libm(b: BoundSymbol) -> bool:
 class Kernel:
     name: str
     source: str
-    params: list      # (kind, index): ("in", k) region input k (tensor or number), ("out", k)
+    params: list      # (kind, index): ("in", k) region input k (tensor or number), ("out", k);
+    #                   ("size", value): a runtime size's value for this region (runtime_sizes.py)
     arg_types: list   # ctypes type names, in parameter order: "p" pointer, "d" double, "q" int64
     threaded: bool = False   # its last parameter is the thread count (int64 fj_nt)
 
@@ -211,7 +213,9 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
         return f"fj_to_{HALF_NAME[v.dtype]}({value})" if v.dtype in HALF else value
 
     # -- the kernel ------------------------------------------------------------------------------
-    def generate(self, name: str) -> Kernel:
+    def generate(self, name: str, sizes: list[int] = ()) -> Kernel:
+        """The kernel; `sizes` are the values of the region's runtime sizes sz0, sz1, ... (its
+        Sizes, where runtime_sizes.symbolic made it), parameters after the outputs."""
         r = self.r
         params, arg_types, signature = [], [], []
         names: dict[str, tuple] = {}
@@ -229,6 +233,10 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
             signature.append(f"{storage(v.dtype)} *restrict out{k}")
             params.append(("out", k))
             arg_types.append("p")
+        for k, value in enumerate(sizes):
+            signature.append(f"int64_t sz{k}")
+            params.append(("size", value))
+            arg_types.append("q")
         passes = self.assign_levels()
         before, after = [], []
         if r.columns:
@@ -297,5 +305,5 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
             lines += self.columns.accumulate(upto, self.level, local)
         return lines, local
 
-def generate(region: Region, name: str) -> Kernel:
-    return CEmitter(region).generate(name)
+def generate(region: Region, name: str, sizes: list[int] = ()) -> Kernel:
+    return CEmitter(region).generate(name, sizes)

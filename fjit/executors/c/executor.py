@@ -43,7 +43,7 @@ from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, map_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.trace import Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
-from fjit.executors.c import batch_norm, max_pool
+from fjit.executors.c import batch_norm, max_pool, runtime_sizes
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
 from fjit.executors.c.build import build_key, build_library, compiler, kernel_flags
 from fjit.executors.c.launch import HEADER, entry, launcher, python_entry
@@ -131,11 +131,40 @@ def decompose(b: BoundSymbol, fused: bool = False) -> bool | int:
     return len(work) <= 1 or all(_claimable(s) for s in work)
 
 
-def _region_bsym(region: Region) -> BoundSymbol:
-    kernel = generate(region, "fused")
+_SIZES_POLICY = runtime_sizes.Policy()
+
+
+def _kernel(region: Region) -> Kernel:
+    """The region's kernel, named by the digest of its source: with its sizes as parameters where
+    FJIT_C_SIZES says so, else as literals.  By default (auto) a region gets literal sizes where
+    that binary exists already (built or queued in this process, or in the kernel cache) or its
+    runtime-size source is new; from the second set of sizes the runtime-size source is generated
+    with, that source, so a new sequence length or batch size builds nothing."""
+    chosen = config.c_sizes()
+    if chosen is config.CSizes.SPECIALIZED:
+        return _named(generate(region, "fused"))
+    symbolic, values = runtime_sizes.symbolic(region)
+    if not values:
+        return _named(generate(region, "fused"))
+    runtime = _named(generate(symbolic, "fused", values))
+    if chosen is config.CSizes.RUNTIME:
+        return runtime
+    specialized = _named(generate(region, "fused"))
+    if specialized.name in _BINARIES or os.path.exists(_so_path(specialized.name)) or \
+            not _SIZES_POLICY.runtime(runtime.name, values):
+        return specialized
+    return runtime
+
+
+def _named(kernel: Kernel) -> Kernel:
     digest = hashlib.sha1((build_key() + kernel.source + entry("fused", kernel.arg_types)).encode()).hexdigest()[:16]
     kernel.name = f"fjit_c_{digest}"
     kernel.source = kernel.source.replace("void fused(", f"void {kernel.name}(")
+    return kernel
+
+
+def _region_bsym(region: Region) -> BoundSymbol:
+    kernel = _kernel(region)
     binary = _binary(kernel)
     fallback = _Fallback(region, binary)
     launch = launcher(region, kernel, binary, fallback)
@@ -199,6 +228,12 @@ _LOCK = threading.Lock()
 _QUEUE: queue.SimpleQueue = queue.SimpleQueue()
 _WORKER: list = []          # [Thread] while one runs
 _WARNED: list = []
+_BUILT = [0]                # kernels compiled from source in this process (benchmarks count them)
+
+
+def builds() -> int:
+    """How many kernels this process has compiled from source (not loaded from the cache)."""
+    return _BUILT[0]
 
 
 def _binary(kernel: Kernel) -> _Binary:
@@ -281,6 +316,7 @@ def _build(binary: _Binary) -> None:
         if not _load_from_disk(binary):
             start = time.perf_counter()
             build_library(HEADER + kernel.source + entry(kernel.name, kernel.arg_types), path, kernel_flags())
+            _BUILT[0] += 1
             _load(binary, path)
             log.debug("C kernel %s built in %.0f ms (%s):\n%s", kernel.name,
                       1e3 * (time.perf_counter() - start), path, kernel.source)

@@ -146,6 +146,10 @@ def launcher(region, kernel, binary, fallback):
         outs.append(f"out{k}")
     objects, pointers = [], []
     for kind, k in kernel.params:
+        if kind == "size":      # a runtime size's value for this region: an integer literal
+            objects.append(str(int(k)))
+            pointers.append(str(int(k)))
+            continue
         tensor = kind == "out" or isinstance(region.inputs[k], TensorVar)
         name = f"out{k}" if kind == "out" else f"a{k}"
         objects.append(name)

@@ -1,0 +1,208 @@
+"""Sizes a C kernel takes at run time, so that one build serves every sequence length and batch size.
+
+A region's sizes and strides are concrete: the generator decides its loop structure from them
+(one flat loop or rows, threads or not, tiles, scratch buffers within budget).  `symbolic(region)`
+gives the same region with every size, stride and view offset of 2 or more replaced by a `Size`:
+an int whose value is the concrete one, which every decision reads, and which renders in the
+source as a kernel parameter (`sz0`, `sz1`, ...) or an expression of them.  The kernel then gets
+the values as int64 arguments.
+
+Why a kernel generated so is right: the source is generated from this region, with this
+region's values deciding; every `Size` renders as an expression that evaluates, with this
+region's values bound to its parameters, to the value it holds (`Size` arithmetic renders only
+operations exact in C's int64 for the operands at hand; anything else falls back to the plain
+int, a literal in the source).  So the source with this region's arguments computes what a
+specialized source would.  Another region shares the binary only when its own source is the
+same text, which by the same argument is right with its own arguments.  Parameters are named in
+the order the values first appear in a fixed walk of the region, so regions that differ only in
+their sizes (and coincide in the same places) produce the same text.
+
+Literal sizes let the C compiler fold divisions and unroll short loops, so the executor keeps a
+specialized kernel for the first sizes a source is generated with and takes the runtime-size
+one from the second (`Policy`, FJIT_C_SIZES).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+
+from fjit.core.ir import BoundSymbol, TensorVar, map_values
+from fjit.passes.fusion import Region
+
+
+class Size(int):
+    """A size known at run time: its value in the region being generated (for every comparison
+    and decision) and its C expression (for every place it is written into the source)."""
+
+    def __new__(cls, value: int, expr: str):
+        self = int.__new__(cls, value)
+        self.expr = expr
+        return self
+
+    def __str__(self):
+        return self.expr
+
+    __repr__ = __str__
+
+    def __format__(self, spec: str) -> str:
+        return self.expr if not spec else format(int(self), spec)
+
+    # exact in C for any int64 operands: +, -, * (the values are sizes and strides, far from
+    # overflow); a neutral operand keeps the other side as it is
+    def __add__(self, other):
+        if not isinstance(other, int):
+            return NotImplemented
+        return self if other == 0 and not isinstance(other, Size) else \
+            Size(int(self) + int(other), f"({self} + {_c(other)})")
+
+    def __radd__(self, other):
+        if not isinstance(other, int):
+            return NotImplemented
+        return self if other == 0 else Size(int(other) + int(self), f"({_c(other)} + {self})")
+
+    def __sub__(self, other):
+        if not isinstance(other, int):
+            return NotImplemented
+        return self if other == 0 and not isinstance(other, Size) else \
+            Size(int(self) - int(other), f"({self} - {_c(other)})")
+
+    def __rsub__(self, other):
+        if not isinstance(other, int):
+            return NotImplemented
+        return Size(int(other) - int(self), f"({_c(other)} - {self})")
+
+    def __mul__(self, other):
+        if not isinstance(other, int):
+            return NotImplemented
+        if not isinstance(other, Size) and other in (0, 1):
+            return self if other == 1 else 0
+        return Size(int(self) * int(other), f"({self} * {_c(other)})")
+
+    def __rmul__(self, other):
+        if not isinstance(other, int):
+            return NotImplemented
+        if other in (0, 1):
+            return self if other == 1 else 0
+        return Size(int(other) * int(self), f"({_c(other)} * {self})")
+
+    def __neg__(self):
+        return Size(-int(self), f"(-{self})")
+
+    # Python's floor division and remainder are C's for a numerator >= 0 and a divisor > 0; a
+    # negative numerator (the ceiling division -(-n // d)) is -((-n + d - 1) / d); otherwise the
+    # value is written as a literal
+    def __floordiv__(self, other):
+        return _floordiv(self, other) if isinstance(other, int) else NotImplemented
+
+    def __rfloordiv__(self, other):
+        return _floordiv(other, self) if isinstance(other, int) else NotImplemented
+
+    def __mod__(self, other):
+        return _mod(self, other) if isinstance(other, int) else NotImplemented
+
+    def __rmod__(self, other):
+        return _mod(other, self) if isinstance(other, int) else NotImplemented
+
+
+def _c(n: int) -> str:
+    return str(n) if isinstance(n, Size) else str(int(n))
+
+
+def _floordiv(a: int, b: int) -> int:
+    value = int(a) // int(b)
+    if int(b) <= 0:
+        return value
+    if not isinstance(b, Size) and b == 1:
+        return a
+    if int(a) >= 0:
+        return Size(value, f"({_c(a)} / {_c(b)})")
+    return Size(value, f"(-((-{_c(a)} + {_c(b)} - 1) / {_c(b)}))")
+
+
+def _mod(a: int, b: int) -> int:
+    value = int(a) % int(b)
+    if int(a) < 0 or int(b) <= 0:
+        return value
+    return Size(value, f"({_c(a)} % {_c(b)})")
+
+
+def symbolic(region: Region) -> tuple[Region, list[int]]:
+    """The region with its sizes, strides and view offsets of 2 or more as `Size`s, and the value
+    of each parameter sz0, sz1, ... in order ([] where the region has none).
+
+    Parameters are taken by role, so that a size equal to another by chance at one length (a
+    sequence length of 64 beside a hidden size of 64) does not change the source: each dim of the
+    region's domain is a parameter of its own; a tensor's dim of the same value as the domain dim
+    it lines up with is that parameter; a stride that is the product of the sizes inside it (a
+    contiguous layout) is that product; any other value is a parameter shared by equal values."""
+    values: list[int] = []
+
+    def parameter(n: int) -> Size:
+        values.append(int(n))
+        return Size(n, f"sz{len(values) - 1}")
+
+    def scalar(n):
+        return n if not isinstance(n, int) or isinstance(n, bool) or n < 2 else parameter(n)
+
+    domain = tuple(map(scalar, region.outer + region.inner))
+    others: dict[int, Size] = {}
+
+    def other(n):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 2:
+            return n
+        if n not in others:
+            others[n] = parameter(n)
+        return others[n]
+
+    variables: dict[str, TensorVar] = {}
+
+    def var(v):
+        if not isinstance(v, TensorVar):
+            return v
+        if v.name not in variables:
+            lead = len(domain) - len(v.shape)
+            shape = tuple(domain[lead + j] if 0 <= lead + j and domain[lead + j] == n else other(n)
+                          for j, n in enumerate(v.shape))
+            strides, inside = [], 1
+            for n, st in zip(reversed(shape), reversed(v.strides)):
+                strides.append(inside if st == inside and st >= 2 else other(st))
+                inside = inside * n
+            variables[v.name] = v.replaced(shape=shape, strides=tuple(reversed(strides)))
+        return variables[v.name]
+
+    inputs, outputs = [var(v) for v in region.inputs], [var(v) for v in region.outputs]
+    bsyms = [_with_vars(b, var) for b in region.bsyms]
+    bases = {k: (var(base), other(offset)) for k, (base, offset) in region.bases.items()}
+    n_outer = len(region.outer)
+    return Region(bsyms, domain[:n_outer], domain[n_outer:], set(region.row_vars),
+                  set(region.keepdim_rows), set(region.columns), inputs, outputs,
+                  set(region.private), bases), values
+
+
+def _with_vars(b: BoundSymbol, var) -> BoundSymbol:
+    """`b` reading and making the symbolic copies of its tensors (its other arguments as they are:
+    dims and numbers are not sizes)."""
+    return b.replace(args=map_values(var, b.args), kwargs=map_values(var, b.kwargs),
+                     output=map_values(var, b.output))
+
+
+class Policy:
+    """Which kernel a region gets: the specialized one for the first sizes its runtime-size source
+    is generated with, the runtime-size one from the second (FJIT_C_SIZES=auto); always one or
+    the other (runtime, specialized).  Remembers the first sizes of the last MEMORY sources."""
+
+    MEMORY = 4096
+
+    def __init__(self):
+        self._first: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def runtime(self, source_key: str, values: list[int]) -> bool:
+        """Whether a region whose runtime-size source has `source_key`, at these sizes, gets the
+        runtime-size kernel (auto mode)."""
+        with self._lock:
+            first = self._first.setdefault(source_key, tuple(values))
+            self._first.move_to_end(source_key)
+            while len(self._first) > self.MEMORY:
+                self._first.popitem(last=False)
+            return first != tuple(values)

@@ -1,0 +1,148 @@
+"""C kernels that take their sizes at run time (fjit/executors/c/runtime_sizes.py): one build
+serves every size of the same structure, with eager's results at each."""
+from __future__ import annotations
+
+import ast
+import operator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fjit
+from fjit.executors.c import executor as c_executor
+from fjit.executors.c.runtime_sizes import Size
+
+pytestmark = [pytest.mark.ckernels, pytest.mark.usefixtures("sync_build")]
+
+
+@pytest.fixture(autouse=True)
+def own_kernel_cache(tmp_path, monkeypatch):
+    """An empty kernel cache directory: a build counted is a build this test made."""
+    monkeypatch.setenv("FJIT_CACHE_DIR", str(tmp_path))
+
+
+def _c_value(expr: str, env: dict) -> int:
+    """A rendered Size expression evaluated with C's int64 semantics (division truncates toward
+    zero, the remainder takes the dividend's sign)."""
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            return env[node.id]
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        if isinstance(node, ast.BinOp):
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Div):
+                q = abs(a) // abs(b)
+                return q if (a >= 0) == (b > 0) else -q
+            if isinstance(node.op, ast.Mod):
+                r = abs(a) % abs(b)
+                return r if a >= 0 else -r
+            return {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}[type(node.op)](a, b)
+        raise AssertionError(f"unexpected C expression {ast.dump(node)}")
+    return ev(ast.parse(expr, mode="eval"))
+
+
+_OPS = [operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
+        lambda a, b: -a, lambda a, b: -(-a // b)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(2, 5000), min_size=1, max_size=3),
+       steps=st.lists(st.tuples(st.integers(0, len(_OPS) - 1), st.integers(0, 5),
+                                st.integers(-70, 9000), st.booleans()), min_size=1, max_size=8))
+def test_a_size_renders_as_an_expression_with_its_value(sizes, steps):
+    """Whatever the generator computes from Sizes, the C expression it writes evaluates, with
+    the parameters bound to the region's values, to the value it decided with."""
+    env = {f"sz{k}": n for k, n in enumerate(sizes)}
+    values = [Size(n, f"sz{k}") for k, n in enumerate(sizes)]
+    for op, pick, literal, use_literal in steps:
+        a = values[pick % len(values)]
+        b = literal if use_literal else values[(pick + 1) % len(values)]
+        if op in (3, 4, 6) and int(b) == 0:
+            continue
+        result = _OPS[op](a, b)
+        assert int(result) == _OPS[op](int(a), int(b))
+        if isinstance(result, Size):
+            assert _c_value(str(result), env) == int(result), str(result)
+            values.append(result)
+
+
+def _builds_over(fn, shapes, make, **env):
+    """fn compiled and called at each shape, compared with eager: the kernels built per shape."""
+    jf = fjit.jit(fn)
+    counts = []
+    for k, shape in enumerate(shapes):
+        args = make(shape, k)
+        before = c_executor.builds()
+        torch.testing.assert_close(jf(*args), fn(*args))
+        counts.append(c_executor.builds() - before)
+    return counts
+
+
+def _rows(shape, k):
+    g = torch.Generator().manual_seed(k)
+    return torch.randn(*shape, generator=g), torch.randn(shape[-1], generator=g)
+
+
+def _norm_softmax(x, w):
+    h = F.layer_norm(x, (x.shape[-1],), w) * 2
+    return torch.softmax(h @ h.transpose(-1, -2) / 8, dim=-1) + 1
+
+
+def _transposed(x, w):
+    return (x.transpose(-1, -2) * 3).exp().contiguous().sum(-1) + w.sum()
+
+
+def _sliced_views(x, w):
+    q, k = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat([torch.tanh(q) * 2, k.sigmoid() - 1], dim=-1) * w
+
+
+@pytest.mark.parametrize("fn", [_norm_softmax, _transposed, _sliced_views], ids=lambda f: f.__name__)
+def test_runtime_sizes_build_once_across_lengths(monkeypatch, fn):
+    """FJIT_C_SIZES=runtime: the lengths after the first build nothing while the structure holds
+    (lengths beside a hidden size of 64, each of them at two batch sizes), each with eager's
+    answer."""
+    monkeypatch.setenv("FJIT_C_SIZES", "runtime")
+    shapes = [(2, n, 64) for n in (40, 45, 51, 37, 60)] + [(3, n, 64) for n in (40, 53)]
+    counts = _builds_over(fn, shapes, _rows)
+    assert counts[0] > 0 and sum(counts[1:]) <= 1, counts     # one size-dependent variant at most
+
+
+def test_auto_keeps_the_first_sizes_specialized_and_builds_nothing_from_the_third(monkeypatch):
+    """FJIT_C_SIZES=auto (the default): a source's first sizes get literal sizes, its second the
+    runtime-size kernel, and later sizes reuse that."""
+    monkeypatch.delenv("FJIT_C_SIZES", raising=False)
+    fn = lambda x, w: torch.tanh(x * w) * 2 + 1   # noqa: E731
+    counts = _builds_over(fn, [(3, 67), (3, 91), (3, 75), (3, 131), (3, 70)], _rows)
+    assert counts == [1, 1, 0, 0, 0]
+    jf = fjit.jit(fn)
+    jf(*_rows((3, 67), 0))
+    assert "int64_t sz" not in "".join(str(t) for t in fjit.last_traces(jf))   # the first: literals
+    jf(*_rows((3, 99), 0))
+    assert "int64_t sz" in str(fjit.last_traces(jf)[-1])
+
+
+def test_specialized_builds_per_size(monkeypatch):
+    monkeypatch.setenv("FJIT_C_SIZES", "specialized")
+    counts = _builds_over(lambda x, w: torch.tanh(x * w) * 2 + 1, [(5, 67), (5, 91), (5, 75)], _rows)
+    assert counts == [1, 1, 1]
+
+
+def test_number_inputs_and_sizes_have_distinct_parameters(monkeypatch):
+    """A float input is parameter s<k> of the kernel; sizes are sz<k>: a kernel with both builds."""
+    monkeypatch.setenv("FJIT_C_SIZES", "runtime")
+    fn = lambda x, w, s: ((x * w + s).sin() * 2).exp()   # noqa: E731
+    for n in (33, 47):
+        x, w = torch.randn(40, n), torch.randn(n)
+        jf = fjit.jit(fn)
+        torch.testing.assert_close(jf(x, w, 0.5), fn(x, w, 0.5))
+        source = str(fjit.last_traces(jf)[-1])
+        assert "double s2" in source and "int64_t sz0" in source
