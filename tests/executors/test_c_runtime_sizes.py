@@ -117,8 +117,8 @@ def test_runtime_sizes_build_once_across_lengths(monkeypatch, fn):
 
 
 def test_auto_keeps_the_first_sizes_specialized_and_builds_nothing_from_the_third(monkeypatch):
-    """FJIT_C_SIZES=auto (the default): a source's first sizes get literal sizes, its second the
-    runtime-size kernel, and later sizes reuse that."""
+    """FJIT_C_SIZES=auto (the default): a family's first sizes get literal sizes; later sizes a
+    kernel with the sizes that changed as parameters, built once."""
     monkeypatch.delenv("FJIT_C_SIZES", raising=False)
     fn = lambda x, w: torch.tanh(x * w) * 2 + 1   # noqa: E731
     counts = _builds_over(fn, [(3, 67), (3, 91), (3, 75), (3, 131), (3, 70)], _rows)
@@ -127,7 +127,9 @@ def test_auto_keeps_the_first_sizes_specialized_and_builds_nothing_from_the_thir
     jf(*_rows((3, 67), 0))
     assert "int64_t sz" not in "".join(str(t) for t in fjit.last_traces(jf))   # the first: literals
     jf(*_rows((3, 99), 0))
-    assert "int64_t sz" in str(fjit.last_traces(jf)[-1])
+    source = str(fjit.last_traces(jf)[-1])
+    # the row length changed, the 3 rows did not: one parameter, the rows a literal
+    assert "int64_t sz0" in source and "int64_t sz1" not in source, source
 
 
 def test_specialized_builds_per_size(monkeypatch):

@@ -138,22 +138,27 @@ def _kernel(region: Region) -> Kernel:
     """The region's kernel, named by the digest of its source: with its sizes as parameters where
     FJIT_C_SIZES says so, else as literals.  By default (auto) a region gets literal sizes where
     that binary exists already (built or queued in this process, or in the kernel cache) or its
-    runtime-size source is new; from the second set of sizes the runtime-size source is generated
-    with, that source, so a new sequence length or batch size builds nothing."""
+    family (its source with every size a parameter) is new; otherwise the sizes that have changed
+    within the family are parameters: a new sequence length or batch size builds nothing."""
     chosen = config.c_sizes()
     if chosen is config.CSizes.SPECIALIZED:
         return _named(generate(region, "fused"))
     symbolic, values = runtime_sizes.symbolic(region)
     if not values:
         return _named(generate(region, "fused"))
-    runtime = _named(generate(symbolic, "fused", values))
+    family = _named(generate(symbolic, "fused", values))
     if chosen is config.CSizes.RUNTIME:
-        return runtime
+        return family
     specialized = _named(generate(region, "fused"))
-    if specialized.name in _BINARIES or os.path.exists(_so_path(specialized.name)) or \
-            not _SIZES_POLICY.runtime(runtime.name, values):
+    if specialized.name in _BINARIES or os.path.exists(_so_path(specialized.name)):
         return specialized
-    return runtime
+    dynamic = _SIZES_POLICY.dynamic(family.name, values)
+    if dynamic is None:
+        return specialized
+    if len(dynamic) == len(values):
+        return family
+    partial, partial_values = runtime_sizes.symbolic(region, frozenset(range(len(values))) - dynamic)
+    return _named(generate(partial, "fused", partial_values))
 
 
 def _named(kernel: Kernel) -> Kernel:

@@ -17,9 +17,8 @@ same text, which by the same argument is right with its own arguments.  Paramete
 the order the values first appear in a fixed walk of the region, so regions that differ only in
 their sizes (and coincide in the same places) produce the same text.
 
-Literal sizes let the C compiler fold divisions and unroll short loops, so the executor keeps a
-specialized kernel for the first sizes a source is generated with and takes the runtime-size
-one from the second (`Policy`, FJIT_C_SIZES).
+Literal sizes let the C compiler fold divisions and unroll short loops, so by default only the
+sizes seen to change are parameters (`Policy`, FJIT_C_SIZES).
 """
 from __future__ import annotations
 
@@ -126,9 +125,10 @@ def _mod(a: int, b: int) -> int:
     return Size(value, f"({_c(a)} % {_c(b)})")
 
 
-def symbolic(region: Region) -> tuple[Region, list[int]]:
+def symbolic(region: Region, literal: frozenset = frozenset()) -> tuple[Region, list[int]]:
     """The region with its sizes, strides and view offsets of 2 or more as `Size`s, and the value
-    of each parameter sz0, sz1, ... in order ([] where the region has none).
+    of each parameter sz0, sz1, ... in order ([] where the region has none).  `literal`: positions
+    (in the order the values are met, as with `literal` empty) kept as literals, not parameters.
 
     Parameters are taken by role, so that a size equal to another by chance at one length (a
     sequence length of 64 beside a hidden size of 64) does not change the source: each dim of the
@@ -136,8 +136,12 @@ def symbolic(region: Region) -> tuple[Region, list[int]]:
     it lines up with is that parameter; a stride that is the product of the sizes inside it (a
     contiguous layout) is that product; any other value is a parameter shared by equal values."""
     values: list[int] = []
+    met = [0]
 
-    def parameter(n: int) -> Size:
+    def parameter(n: int):
+        met[0] += 1
+        if met[0] - 1 in literal:
+            return int(n)
         values.append(int(n))
         return Size(n, f"sz{len(values) - 1}")
 
@@ -145,7 +149,7 @@ def symbolic(region: Region) -> tuple[Region, list[int]]:
         return n if not isinstance(n, int) or isinstance(n, bool) or n < 2 else parameter(n)
 
     domain = tuple(map(scalar, region.outer + region.inner))
-    others: dict[int, Size] = {}
+    others: dict[int, int] = {}
 
     def other(n):
         if not isinstance(n, int) or isinstance(n, bool) or n < 2:
@@ -187,22 +191,28 @@ def _with_vars(b: BoundSymbol, var) -> BoundSymbol:
 
 
 class Policy:
-    """Which kernel a region gets: the specialized one for the first sizes its runtime-size source
-    is generated with, the runtime-size one from the second (FJIT_C_SIZES=auto); always one or
-    the other (runtime, specialized).  Remembers the first sizes of the last MEMORY sources."""
+    """Which sizes of a region are parameters (FJIT_C_SIZES=auto).  A region's runtime-size source
+    (every size a parameter) names its family.  The family's first sizes get literal sizes (the
+    specialized kernel); from then on, the sizes that have differed from the first at some call
+    are parameters and the rest stay literals, as torch.compile's automatic dynamic shapes make a
+    dim symbolic once it changes.  Over sequence lengths, the length is a parameter and the hidden
+    sizes stay literals the C compiler folds.  Remembers the last MEMORY families."""
 
     MEMORY = 4096
 
     def __init__(self):
-        self._first: collections.OrderedDict = collections.OrderedDict()
+        self._families: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def runtime(self, source_key: str, values: list[int]) -> bool:
-        """Whether a region whose runtime-size source has `source_key`, at these sizes, gets the
-        runtime-size kernel (auto mode)."""
+    def dynamic(self, family: str, values: list[int]) -> frozenset | None:
+        """The positions of `values` that are parameters for this call: None for the family's
+        first sizes (every size literal)."""
         with self._lock:
-            first = self._first.setdefault(source_key, tuple(values))
-            self._first.move_to_end(source_key)
-            while len(self._first) > self.MEMORY:
-                self._first.popitem(last=False)
-            return first != tuple(values)
+            first, varied = self._families.get(family, (tuple(values), frozenset()))
+            if len(first) == len(values):
+                varied = varied | {k for k, (a, b) in enumerate(zip(first, values)) if a != b}
+            self._families[family] = (first, varied)
+            self._families.move_to_end(family)
+            while len(self._families) > self.MEMORY:
+                self._families.popitem(last=False)
+            return varied or None
