@@ -11,7 +11,7 @@ test or a notebook may change them between compilations; FJIT_LOGS is read when 
 | FJIT_LOGS | recompiles,traces,kernels (any of them, or all) | turns on fjit's loggers, to stderr |
 | FJIT_CHECK | 1 | check mode: every stage runs and is compared with the first; torch fallbacks' real layouts are checked |
 | FJIT_C_KERNELS | background (default), sync, 0 | when C kernels are built: in a background thread, before the compile returns, or never |
-| FJIT_C_SIZES | auto (default), runtime, specialized | a C kernel's sizes: literals for the first sizes its source is generated with, parameters from the second (one build then serves every sequence length and batch size); always parameters; always literals (fjit/executors/c/runtime_sizes.py) |
+| FJIT_KERNEL_SIZES | auto (default), runtime, specialized | a C or Triton kernel's sizes: literals for a kernel's first sizes, then the sizes that changed as parameters (one build then serves every sequence length and batch size); always parameters; always literals (fjit/executors/runtime_sizes.py) |
 | FJIT_MEASURE | auto (default), 0, all | whether a program times its forms on its second call (or the first after its C kernels are built) and keeps the fastest (fjit/program_choice.py): for training programs of at least 32 ops the joint backward, torch autograd, and (CPU 2-D convolutions) torch autograd over channels-last convolutions; kernels against torch calls for forwards of at least 2^20 input elements; never; or every program |
 | FJIT_VERBOSE | 1 | an fjit error's traceback keeps fjit's own frames (by default it shows the user's and their libraries' frames only) |
 | FJIT_KEEP_FORM | 0, 1, 2 | stress testing: every measured choice still times its forms but keeps the form at that position (0: the joint program or the program with kernels; 1: torch autograd or the torch calls; 2: torch autograd over channels-last convolutions), where it has one (else the fastest) |
@@ -78,8 +78,8 @@ class CKernels(enum.Enum):
     OFF = "0"                   # never: the C executor claims nothing
 
 
-class CSizes(enum.Enum):
-    """FJIT_C_SIZES: whether a C kernel's sizes are literals or parameters (runtime_sizes.py)."""
+class KernelSizes(enum.Enum):
+    """FJIT_KERNEL_SIZES: whether a C kernel's sizes are literals or parameters (runtime_sizes.py)."""
     AUTO = "auto"                 # literals for a source's first sizes, parameters from its second
     RUNTIME = "runtime"           # always parameters (tests: every kernel as a later size gets it)
     SPECIALIZED = "specialized"   # always literals: a build per size
@@ -153,9 +153,9 @@ def c_kernels() -> CKernels:
                  "fjit: FJIT_C_KERNELS")
 
 
-def c_sizes() -> CSizes:
-    """FJIT_C_SIZES: auto (default), runtime or specialized."""
-    return parse(CSizes, os.environ.get("FJIT_C_SIZES", "auto"), "fjit: FJIT_C_SIZES")
+def kernel_sizes() -> KernelSizes:
+    """FJIT_KERNEL_SIZES: auto (default), runtime or specialized."""
+    return parse(KernelSizes, os.environ.get("FJIT_KERNEL_SIZES", "auto"), "fjit: FJIT_KERNEL_SIZES")
 
 
 def measure() -> Measure:

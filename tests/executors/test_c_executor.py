@@ -431,7 +431,7 @@ def test_kernels_take_tensors_through_their_entry_point_and_agree_with_ctypes():
     assert binary.fn is not None and (binary.fast is not None) == bool(launch.PYTHON_FLAGS)
     if binary.fast is None:
         return
-    # x, w, s, out (and, where FJIT_C_SIZES=runtime, the sizes after them)
+    # x, w, s, out (and, where FJIT_KERNEL_SIZES=runtime, the sizes after them)
     assert [p for p in binary.kernel.params if p[0] != "size"] == [("in", 0), ("in", 1), ("in", 2), ("out", 0)]
     sizes = [value for kind, value in binary.kernel.params if kind == "size"]
     for first in (x, x.as_subclass(Marked)):

@@ -1,4 +1,4 @@
-"""C kernels that take their sizes at run time (fjit/executors/c/runtime_sizes.py): one build
+"""C kernels that take their sizes at run time (fjit/executors/runtime_sizes.py): one build
 serves every size of the same structure, with eager's results at each."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import fjit
 from fjit.executors.c import executor as c_executor
-from fjit.executors.c.runtime_sizes import Size
+from fjit.executors.runtime_sizes import Size
 
 pytestmark = [pytest.mark.ckernels, pytest.mark.usefixtures("sync_build")]
 
@@ -107,19 +107,19 @@ def _sliced_views(x, w):
 
 @pytest.mark.parametrize("fn", [_norm_softmax, _transposed, _sliced_views], ids=lambda f: f.__name__)
 def test_runtime_sizes_build_once_across_lengths(monkeypatch, fn):
-    """FJIT_C_SIZES=runtime: the lengths after the first build nothing while the structure holds
+    """FJIT_KERNEL_SIZES=runtime: the lengths after the first build nothing while the structure holds
     (lengths beside a hidden size of 64, each of them at two batch sizes), each with eager's
     answer."""
-    monkeypatch.setenv("FJIT_C_SIZES", "runtime")
+    monkeypatch.setenv("FJIT_KERNEL_SIZES", "runtime")
     shapes = [(2, n, 64) for n in (40, 45, 51, 37, 60)] + [(3, n, 64) for n in (40, 53)]
     counts = _builds_over(fn, shapes, _rows)
     assert counts[0] > 0 and sum(counts[1:]) <= 1, counts     # one size-dependent variant at most
 
 
 def test_auto_keeps_the_first_sizes_specialized_and_builds_nothing_from_the_third(monkeypatch):
-    """FJIT_C_SIZES=auto (the default): a family's first sizes get literal sizes; later sizes a
+    """FJIT_KERNEL_SIZES=auto (the default): a family's first sizes get literal sizes; later sizes a
     kernel with the sizes that changed as parameters, built once."""
-    monkeypatch.delenv("FJIT_C_SIZES", raising=False)
+    monkeypatch.delenv("FJIT_KERNEL_SIZES", raising=False)
     fn = lambda x, w: torch.tanh(x * w) * 2 + 1   # noqa: E731
     counts = _builds_over(fn, [(3, 67), (3, 91), (3, 75), (3, 131), (3, 70)], _rows)
     assert counts == [1, 1, 0, 0, 0]
@@ -133,14 +133,14 @@ def test_auto_keeps_the_first_sizes_specialized_and_builds_nothing_from_the_thir
 
 
 def test_specialized_builds_per_size(monkeypatch):
-    monkeypatch.setenv("FJIT_C_SIZES", "specialized")
+    monkeypatch.setenv("FJIT_KERNEL_SIZES", "specialized")
     counts = _builds_over(lambda x, w: torch.tanh(x * w) * 2 + 1, [(5, 67), (5, 91), (5, 75)], _rows)
     assert counts == [1, 1, 1]
 
 
 def test_number_inputs_and_sizes_have_distinct_parameters(monkeypatch):
     """A float input is parameter s<k> of the kernel; sizes are sz<k>: a kernel with both builds."""
-    monkeypatch.setenv("FJIT_C_SIZES", "runtime")
+    monkeypatch.setenv("FJIT_KERNEL_SIZES", "runtime")
     fn = lambda x, w, s: ((x * w + s).sin() * 2).exp()   # noqa: E731
     for n in (33, 47):
         x, w = torch.randn(40, n), torch.randn(n)

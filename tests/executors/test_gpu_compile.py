@@ -121,6 +121,24 @@ def test_representative_kernels_compile_for_sm90_and_sm80_without_spills():
     assert len({r["arch"] for r in reports}) == 2 and len(reports) >= 2 * 40
 
 
+# Kernels that take their sizes at run time (FJIT_KERNEL_SIZES=runtime: what a later sequence length
+# or batch size runs, fjit/executors/runtime_sizes.py): each mode of the plan, and the dtypes.
+RUNTIME_SWEEP = sorted(
+    {(p, 64, n, F32) for p in ("softmax", "layer_norm", "cross_entropy") for n in (100, 4096, 50000)}
+    | {("rms_norm", 64, 1000, BF16), ("gelu_tanh", 8, 1000, F16), ("transposed", 8, 1000, F32),
+       ("sum_of_squares", 37, 19, F32), ("sum_of_squares", 4096, 4096, F32), ("where_int", 5, 7, F32)},
+    key=str)
+
+
+def test_runtime_size_kernels_compile_for_sm90_and_sm80_without_spills(monkeypatch):
+    monkeypatch.setenv("FJIT_KERNEL_SIZES", "runtime")
+    jobs = _jobs(RUNTIME_SWEEP)
+    assert all(any(t == "i64" for t in job.signature.values()) for _, job in jobs), \
+        "every kernel of the sweep takes its sizes as int64 parameters"
+    reports = _check_all(RUNTIME_SWEEP)
+    assert len({r["arch"] for r in reports}) == 2
+
+
 @pytest.mark.target_full
 @pytest.mark.skipif(os.environ.get("FJIT_TARGET_FULL") != "1", reason="FJIT_TARGET_FULL=1 runs the full sweep")
 def test_full_sweep_compiles_for_sm90_and_sm80_without_spills():

@@ -345,3 +345,26 @@ def test_regions_sharing_one_kernel_source_keep_their_own_output_layouts():
     jf = fjit.jit(f, executors=("triton", "torch"))
     for _ in range(2):
         torch.testing.assert_close(jf(a, b), f(a, b))
+
+
+@pytest.mark.parametrize("sizes", ["auto", "runtime"])
+def test_runtime_sizes_serve_new_lengths_with_one_kernel(monkeypatch, sizes):
+    """Kernels with their sizes as parameters (fjit/executors/runtime_sizes.py): over new lengths,
+    each an elementwise, a persistent and a looped row kernel, eager's results and (after the
+    first length under auto, which is specialized) one kernel per region for every length."""
+    monkeypatch.setenv("FJIT_KERNEL_SIZES", sizes)
+
+    def fn(x, w):     # no mean: a mean divides by its row length, a literal of the trace
+        return torch.softmax(x * w, -1) + torch.tanh(x).sum(-1, keepdim=True)
+
+    jf = fjit.jit(fn)
+    names = []
+    for n, width in ((5, 40), (7, 45), (3, 51), (9, 37), (4, 9000), (6, 9500)):
+        x, w = torch.randn(n, width), torch.randn(width)
+        torch.testing.assert_close(jf(x, w), fn(x, w), atol=1e-5, rtol=1e-4)
+        names.append(set(_kernels(jf)))
+    short, long = names[:4], names[4:]
+    later = short[1:] if sizes == "auto" else short
+    assert all(k == later[0] for k in later), names
+    assert long[-1] == long[0] or sizes == "auto"
+    assert "sz0" in _source(jf)

@@ -1245,17 +1245,17 @@ def test_random_programs_match_eager_with_triton(data):
 @settings(max_examples=max(10, EXAMPLES // 3), **SETTINGS)
 @given(data=st.data())
 def test_random_programs_match_eager_with_runtime_size_kernels(data):
-    """Every C kernel with its sizes as parameters (FJIT_C_SIZES=runtime: what a later sequence
-    length or batch size runs, fjit/executors/c/runtime_sizes.py)."""
-    previous = os.environ.get("FJIT_C_SIZES")
-    os.environ["FJIT_C_SIZES"] = "runtime"
+    """Every C kernel with its sizes as parameters (FJIT_KERNEL_SIZES=runtime: what a later sequence
+    length or batch size runs, fjit/executors/runtime_sizes.py)."""
+    previous = os.environ.get("FJIT_KERNEL_SIZES")
+    os.environ["FJIT_KERNEL_SIZES"] = "runtime"
     try:
         _check_random_program(("c", "torch"), data)
     finally:
         if previous is None:
-            del os.environ["FJIT_C_SIZES"]
+            del os.environ["FJIT_KERNEL_SIZES"]
         else:
-            os.environ["FJIT_C_SIZES"] = previous
+            os.environ["FJIT_KERNEL_SIZES"] = previous
 
 
 def _check_random_program(executors, data):

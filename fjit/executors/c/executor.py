@@ -43,7 +43,8 @@ from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, map_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.trace import Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
-from fjit.executors.c import batch_norm, max_pool, runtime_sizes
+from fjit.executors import runtime_sizes
+from fjit.executors.c import batch_norm, max_pool
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
 from fjit.executors.c.build import build_key, build_library, compiler, kernel_flags
 from fjit.executors.c.launch import HEADER, entry, launcher, python_entry
@@ -135,30 +136,12 @@ _SIZES_POLICY = runtime_sizes.Policy()
 
 
 def _kernel(region: Region) -> Kernel:
-    """The region's kernel, named by the digest of its source: with its sizes as parameters where
-    FJIT_C_SIZES says so, else as literals.  By default (auto) a region gets literal sizes where
-    that binary exists already (built or queued in this process, or in the kernel cache) or its
-    family (its source with every size a parameter) is new; otherwise the sizes that have changed
-    within the family are parameters: a new sequence length or batch size builds nothing."""
-    chosen = config.c_sizes()
-    if chosen is config.CSizes.SPECIALIZED:
-        return _named(generate(region, "fused"))
-    symbolic, values = runtime_sizes.symbolic(region)
-    if not values:
-        return _named(generate(region, "fused"))
-    family = _named(generate(symbolic, "fused", values))
-    if chosen is config.CSizes.RUNTIME:
-        return family
-    specialized = _named(generate(region, "fused"))
-    if specialized.name in _BINARIES or os.path.exists(_so_path(specialized.name)):
-        return specialized
-    dynamic = _SIZES_POLICY.dynamic(family.name, values)
-    if dynamic is None:
-        return specialized
-    if len(dynamic) == len(values):
-        return family
-    partial, partial_values = runtime_sizes.symbolic(region, frozenset(range(len(values))) - dynamic)
-    return _named(generate(partial, "fused", partial_values))
+    """The region's kernel, named by the digest of its source, its sizes literals or parameters
+    as FJIT_KERNEL_SIZES says (runtime_sizes.choose: by default the sizes that changed within its
+    family are parameters, so a new sequence length or batch size builds nothing)."""
+    return runtime_sizes.choose(
+        region, lambda r, sizes: _named(generate(r, "fused", sizes)),
+        lambda k: k.name in _BINARIES or os.path.exists(_so_path(k.name)), _SIZES_POLICY)
 
 
 def _named(kernel: Kernel) -> Kernel:

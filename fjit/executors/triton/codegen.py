@@ -1,8 +1,8 @@
 """Region -> Triton kernel source.
 
 The kernel reads like Triton's vector-add tutorial: program id, offsets, mask, loads, compute,
-stores.  Shapes and strides are literals (a trace is specialized to them), so the source itself is
-the cache key: identical regions over identical layouts share one kernel.  Half-precision values are
+stores.  Shapes and strides are literals, or int64 parameters sz0, sz1, ... (runtime_sizes.py), so
+the source itself is the cache key: identical regions over identical layouts share one kernel.  Half-precision values are
 computed in float32 and rounded after every op, as torch's eager kernels round each op's result.
 
 A region with reductions is a tile of ROWS rows x BLOCK columns: persistent (the whole row in one
@@ -33,8 +33,11 @@ class TritonEmitter(TileEmitter):
     """A region's Triton kernel(s): its tiles in one pass, in loops over the row, or split."""
 
     # -- the kernel ------------------------------------------------------------------------------
-    def generate(self, name: str) -> Kernel:
+    def generate(self, name: str, sizes: list[int] = ()) -> Kernel:
+        """The kernel(s); `sizes` are the values of the region's runtime sizes sz0, sz1, ... (its
+        Sizes, fjit/executors/runtime_sizes.py), int64 parameters of every stage."""
         r, pl = self.r, self.plan
+        self.sizes = list(sizes)
         params, signature = [], {}
         for k, v in enumerate(r.inputs):
             if isinstance(v, NumberVar):
@@ -59,6 +62,9 @@ class TritonEmitter(TileEmitter):
             if not (split and v.name in r.row_vars):
                 params.append(f"out{k}")
                 signature[f"out{k}"] = "*" + PTR_TYPE[v.dtype]
+        for k in range(len(self.sizes)):
+            params.append(f"sz{k}")
+            signature[f"sz{k}"] = "i64"
         constexprs = {"BLOCK": pl.block}
         if pl.mode == "elementwise":
             self.emit_columns(f"{self.pid(0)} * BLOCK")
@@ -97,7 +103,7 @@ class TritonEmitter(TileEmitter):
         if second is not None:
             second.source = source
             kernel.second = second
-            kernel.workspaces = [(self.rows * pl.segments, ct) for _, ct in partials]
+            kernel.workspaces = [(int(self.rows) * pl.segments, ct) for _, ct in partials]
         return kernel
 
     def closure(self, names: list) -> tuple[set, set]:
@@ -238,13 +244,16 @@ class TritonEmitter(TileEmitter):
                 params.append(f"out{k}")
                 signature[f"out{k}"] = "*" + PTR_TYPE[v.dtype]
                 self.store(k, v)
+        for k in range(len(self.sizes)):
+            params.append(f"sz{k}")
+            signature[f"sz{k}"] = "i64"
         constexprs = {"BLOCK": pl.finish_block, "ROWS": 1}
         head = f"@triton.jit\ndef {name}_finish({', '.join(params + ['BLOCK: tl.constexpr', 'ROWS: tl.constexpr'])}):"
         source = f"{head}\n" + "\n".join(self.lines) + "\n"
-        return Kernel(f"{name}_finish", source, (self.rows,), pl.finish_block, pl.finish_warps, literals,
+        return Kernel(f"{name}_finish", source, (int(self.rows),), pl.finish_block, pl.finish_warps, literals,
                       params, {**signature, "BLOCK": "constexpr", "ROWS": "constexpr"}, constexprs,
                       "split-finish")
 
 
-def generate(region: Region, name: str, interpret: bool) -> Kernel:
-    return TritonEmitter(region, interpret).generate(name)
+def generate(region: Region, name: str, interpret: bool, sizes: list[int] = ()) -> Kernel:
+    return TritonEmitter(region, interpret).generate(name, sizes)

@@ -26,7 +26,7 @@ if importlib.util.find_spec("triton") is None:
 import fjit.config as config
 from fjit.core.ir import BoundSymbol
 from fjit.core.trace import Trace
-from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
+from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable, runtime_sizes
 from fjit.executors.triton import target
 from fjit.executors.triton.codegen import Kernel, generate, supported
 from fjit.executors.triton.launch import Stage, compile_for_device, make_launcher
@@ -64,9 +64,20 @@ def decompose(b: BoundSymbol, fused: bool = False) -> bool | int:
     return len(b.subsymbols or (b,)) if fused else True
 
 
+_SIZES_POLICY = runtime_sizes.Policy()
+
+
 def kernel_for(region: Region, interpret: bool) -> Kernel:
-    """The region's kernel, named by a hash of its source (identical regions share one)."""
-    kernel = generate(region, "fused", interpret)
+    """The region's kernel, named by a hash of its source (identical regions share one), its sizes
+    literals or parameters as FJIT_KERNEL_SIZES says (runtime_sizes.choose)."""
+    return runtime_sizes.choose(
+        region, lambda r, sizes: _named(r, interpret, sizes), lambda k: k.name in _KERNELS,
+        _SIZES_POLICY, div="//")
+
+
+def _named(region: Region, interpret: bool, sizes: list[int]) -> Kernel:
+    kernel = generate(region, "fused", interpret, sizes)
+    kernel.sizes = list(sizes)
     digest = hashlib.sha1(kernel.source.encode()).hexdigest()[:12]
     name = f"fjit_kernel_{digest}"
     source = kernel.source.replace("def fused", f"def {name}")
@@ -127,4 +138,5 @@ def _launcher(region: Region, kernel: Kernel, fns: list, interpret: bool):
     stages = [Stage(k, fn, compile_for_device(fn, k, device) if fast else None)
               for k, fn in zip(kernel.stages(), fns)]
     outputs = [(tuple(v.shape), tuple(v.strides), v.dtype) for v in region.outputs]
-    return make_launcher(outputs, stages, list(kernel.scalar_args), kernel.workspaces, device)
+    return make_launcher(outputs, stages, list(kernel.scalar_args) + kernel.sizes, kernel.workspaces,
+                         device)

@@ -19,10 +19,14 @@ from fjit.logs import kernels as log
 
 def argument_order(params: list) -> list[tuple[str, int]]:
     """Kernel parameters as (kind, index): ("in", region input), ("lit", literal),
-    ("out", region output), ("ws", workspace)."""
+    ("out", region output), ("ws", workspace).  Runtime sizes sz<k> are literals after the
+    kernel's own k<j> (the launcher's literals are the kernel's scalar_args, then its sizes)."""
     order = []
+    n_literals = sum(1 for p in params if p[0] == "k")
     for p in params:
-        if p.startswith("ws"):
+        if p.startswith("sz"):
+            order.append(("lit", n_literals + int(p[2:])))
+        elif p.startswith("ws"):
             order.append(("ws", int(p[2:])))
         elif p.startswith("in"):
             order.append(("in", int(p[2:])))

@@ -56,6 +56,7 @@ class Kernel:
     mode: str = "elementwise"
     second: "Kernel | None" = None   # a split reduction's second stage
     workspaces: list = dataclasses.field(default_factory=list)   # (numel, dtype) of ws<j>
+    sizes: list = dataclasses.field(default_factory=list)   # values of its runtime sizes sz<k>
 
     def stages(self) -> list:
         """The kernels one launch of the region runs, in order."""

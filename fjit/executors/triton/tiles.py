@@ -35,7 +35,8 @@ class TileEmitter(render.RegionEmitter):
         self.level = levels(region.bsyms, REDUCE)
         splittable = all(self.level[b.outputs()[0].name] == 1 for b in self.reductions) and all(
             v.name in region.row_vars or self.level[v.name] == 0 for v in region.outputs)
-        self.plan = P.plan(rows, width, region.has_reduction, splittable, interpret)
+        # the launch plan (grid, blocks) is the region's own: its sizes, never parameters
+        self.plan = P.plan(int(rows), int(width), region.has_reduction, splittable, interpret)
         self.online = P.online_sums(region, self.reductions, self.level) if self.plan.mode == "looped" else {}
         if self.online:    # an online sum is reduced in its max's pass
             self.level = levels(region.bsyms, REDUCE, self.online)

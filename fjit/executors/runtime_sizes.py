@@ -18,13 +18,14 @@ the order the values first appear in a fixed walk of the region, so regions that
 their sizes (and coincide in the same places) produce the same text.
 
 Literal sizes let the C compiler fold divisions and unroll short loops, so by default only the
-sizes seen to change are parameters (`Policy`, FJIT_C_SIZES).
+sizes seen to change are parameters (`Policy`, FJIT_KERNEL_SIZES).
 """
 from __future__ import annotations
 
 import collections
 import threading
 
+from fjit import config
 from fjit.core.ir import BoundSymbol, TensorVar, map_values
 from fjit.passes.fusion import Region
 
@@ -33,10 +34,14 @@ class Size(int):
     """A size known at run time: its value in the region being generated (for every comparison
     and decision) and its C expression (for every place it is written into the source)."""
 
-    def __new__(cls, value: int, expr: str):
+    def __new__(cls, value: int, expr: str, div: str = "/"):
         self = int.__new__(cls, value)
         self.expr = expr
+        self.div = div      # the language's integer division: C's "/", Triton's "//"
         return self
+
+    def _make(self, value: int, expr: str) -> "Size":
+        return Size(value, expr, self.div)
 
     def __str__(self):
         return self.expr
@@ -52,40 +57,40 @@ class Size(int):
         if not isinstance(other, int):
             return NotImplemented
         return self if other == 0 and not isinstance(other, Size) else \
-            Size(int(self) + int(other), f"({self} + {_c(other)})")
+            self._make(int(self) + int(other), f"({self} + {_c(other)})")
 
     def __radd__(self, other):
         if not isinstance(other, int):
             return NotImplemented
-        return self if other == 0 else Size(int(other) + int(self), f"({_c(other)} + {self})")
+        return self if other == 0 else self._make(int(other) + int(self), f"({_c(other)} + {self})")
 
     def __sub__(self, other):
         if not isinstance(other, int):
             return NotImplemented
         return self if other == 0 and not isinstance(other, Size) else \
-            Size(int(self) - int(other), f"({self} - {_c(other)})")
+            self._make(int(self) - int(other), f"({self} - {_c(other)})")
 
     def __rsub__(self, other):
         if not isinstance(other, int):
             return NotImplemented
-        return Size(int(other) - int(self), f"({_c(other)} - {self})")
+        return self._make(int(other) - int(self), f"({_c(other)} - {self})")
 
     def __mul__(self, other):
         if not isinstance(other, int):
             return NotImplemented
         if not isinstance(other, Size) and other in (0, 1):
             return self if other == 1 else 0
-        return Size(int(self) * int(other), f"({self} * {_c(other)})")
+        return self._make(int(self) * int(other), f"({self} * {_c(other)})")
 
     def __rmul__(self, other):
         if not isinstance(other, int):
             return NotImplemented
         if other in (0, 1):
             return self if other == 1 else 0
-        return Size(int(other) * int(self), f"({_c(other)} * {self})")
+        return self._make(int(other) * int(self), f"({_c(other)} * {self})")
 
     def __neg__(self):
-        return Size(-int(self), f"(-{self})")
+        return self._make(-int(self), f"(-{self})")
 
     # Python's floor division and remainder are C's for a numerator >= 0 and a divisor > 0; a
     # negative numerator (the ceiling division -(-n // d)) is -((-n + d - 1) / d); otherwise the
@@ -113,22 +118,24 @@ def _floordiv(a: int, b: int) -> int:
         return value
     if not isinstance(b, Size) and b == 1:
         return a
+    div = (a if isinstance(a, Size) else b).div
     if int(a) >= 0:
-        return Size(value, f"({_c(a)} / {_c(b)})")
-    return Size(value, f"(-((-{_c(a)} + {_c(b)} - 1) / {_c(b)}))")
+        return Size(value, f"({_c(a)} {div} {_c(b)})", div)
+    return Size(value, f"(-((-{_c(a)} + {_c(b)} - 1) {div} {_c(b)}))", div)
 
 
 def _mod(a: int, b: int) -> int:
     value = int(a) % int(b)
     if int(a) < 0 or int(b) <= 0:
         return value
-    return Size(value, f"({_c(a)} % {_c(b)})")
+    return Size(value, f"({_c(a)} % {_c(b)})", (a if isinstance(a, Size) else b).div)
 
 
-def symbolic(region: Region, literal: frozenset = frozenset()) -> tuple[Region, list[int]]:
+def symbolic(region: Region, literal: frozenset = frozenset(), div: str = "/") -> tuple[Region, list[int]]:
     """The region with its sizes, strides and view offsets of 2 or more as `Size`s, and the value
     of each parameter sz0, sz1, ... in order ([] where the region has none).  `literal`: positions
     (in the order the values are met, as with `literal` empty) kept as literals, not parameters.
+    `div`: the target language's integer division ("/" in C, "//" in Triton).
 
     Parameters are taken by role, so that a size equal to another by chance at one length (a
     sequence length of 64 beside a hidden size of 64) does not change the source: each dim of the
@@ -143,7 +150,7 @@ def symbolic(region: Region, literal: frozenset = frozenset()) -> tuple[Region, 
         if met[0] - 1 in literal:
             return int(n)
         values.append(int(n))
-        return Size(n, f"sz{len(values) - 1}")
+        return Size(n, f"sz{len(values) - 1}", div)
 
     def scalar(n):
         return n if not isinstance(n, int) or isinstance(n, bool) or n < 2 else parameter(n)
@@ -191,7 +198,7 @@ def _with_vars(b: BoundSymbol, var) -> BoundSymbol:
 
 
 class Policy:
-    """Which sizes of a region are parameters (FJIT_C_SIZES=auto).  A region's runtime-size source
+    """Which sizes of a region are parameters (FJIT_KERNEL_SIZES=auto).  A region's runtime-size source
     (every size a parameter) names its family.  The family's first sizes get literal sizes (the
     specialized kernel); from then on, the sizes that have differed from the first at some call
     are parameters and the rest stay literals, as torch.compile's automatic dynamic shapes make a
@@ -216,3 +223,30 @@ class Policy:
             while len(self._families) > self.MEMORY:
                 self._families.popitem(last=False)
             return varied or None
+
+
+def choose(region: Region, make, exists, policy: Policy, div: str = "/"):
+    """The region's kernel as FJIT_KERNEL_SIZES says: `make(region, sizes)` generates and names a
+    kernel of a region (`sizes`: the values of its parameters), `exists(kernel)` says whether
+    that kernel's binary is built or known already.  auto (the default): the specialized kernel
+    where it exists already or the family is new, else the kernel with the sizes that changed as
+    parameters (Policy); runtime: every size a parameter; specialized: none."""
+    chosen = config.kernel_sizes()
+    if chosen is config.KernelSizes.SPECIALIZED:
+        return make(region, [])
+    every, values = symbolic(region, div=div)
+    if not values:
+        return make(region, [])
+    family = make(every, values)
+    if chosen is config.KernelSizes.RUNTIME:
+        return family
+    specialized = make(region, [])
+    if exists(specialized):
+        return specialized
+    dynamic = policy.dynamic(family.name, values)
+    if dynamic is None:
+        return specialized
+    if len(dynamic) == len(values):
+        return family
+    partial, partial_values = symbolic(region, frozenset(range(len(values))) - dynamic, div)
+    return make(partial, partial_values)
