@@ -45,7 +45,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 SharpEdgesOption = Union[SharpEdges, Literal["error", "warn", "allow"]]
 ExecutorOption = Union[Executor, Literal["triton", "c", "torch"]]
-CacheOption = Union[CacheMode, Literal["metadata"], None]
+CacheOption = Union[CacheMode, Literal["metadata", "static"], None]
 
 _ALL: weakref.WeakSet = weakref.WeakSet()     # every jitted function, for clear_caches()
 
@@ -68,7 +68,7 @@ class JittedFunction(Generic[P, R]):
             executors = (executors,)
         self._executors = tuple(config.parse(Executor, e, "fjit.jit: executors") for e in executors)
         self._cache = ProgramCache(
-            keep=config.parse(CacheMode, cache, "fjit.jit: cache") is CacheMode.METADATA)
+            keep=config.parse(CacheMode, cache, "fjit.jit: cache") is not CacheMode.NONE)
         self._lock = threading.Lock()
         self._last_traces: list[Trace] = []
         self._last_backward_traces: list[Trace] = []
@@ -267,7 +267,8 @@ def jit(fn: Callable[P, R] | None = None, *, sharp_edges: SharpEdgesOption = "er
     """Compile `fn`; usable as `@jit` or `@jit(sharp_edges="warn", ...)`.
 
     sharp_edges: "error" (default), "warn" or "allow".  executors: "triton", "c", "torch", tried
-    in order.  cache: "metadata" (default: one program per input metadata) or None (retrace).
+    in order.  cache: "metadata" (default: one program per input metadata), "static" (one program
+    per shape, which "metadata" is too until sizes are symbolic) or None (retrace).
     With FJIT_DISABLE=1 the function runs eagerly.  An nn.Module gives an nn.Module whose
     parameters and buffers are inputs of the compiled forward (fjit/module.py)."""
     if fn is None:

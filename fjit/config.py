@@ -51,6 +51,8 @@ class Executor(enum.Enum):
 class CacheMode(enum.Enum):
     """`cache=`: when a compiled program is reused."""
     METADATA = "metadata"   # one compiled program per input metadata (floats are runtime values)
+    STATIC = "static"       # one program per shape, never symbolic (today's "metadata" too: traces
+    #                         are specialized until symbolic sizes land, issue 54)
     NONE = None             # retrace on every call
 
 
@@ -111,7 +113,8 @@ _E = TypeVar("_E", bound=enum.Enum)
 # Spellings accepted besides an enum's values (an environment variable cannot say None).
 _ALIASES = {CKernels: {"off": CKernels.OFF}, CacheMode: {"none": CacheMode.NONE},
             Measure: {"off": Measure.NEVER, "never": Measure.NEVER}}
-_NOT_YET = {"symbolic": "'symbolic' is not implemented yet"}
+_NOT_YET = {"symbolic": "'symbolic' is not implemented yet: traces are specialized to their shapes, "
+                        "while C and Triton kernels take their sizes at run time"}
 
 
 def parse(enum_cls: type[_E], value, option: str) -> _E:

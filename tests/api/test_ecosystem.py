@@ -45,6 +45,13 @@ def test_a_bad_option_lists_exactly_the_accepted_values():
     assert "'error', 'warn', 'allow'" in message and "diagnose" not in message
     with pytest.raises(ValueError, match="'symbolic' is not implemented yet"):
         fjit.jit(plain, cache="symbolic")
+
+
+def test_cache_static_keeps_one_program_per_shape():
+    jf = fjit.jit(lambda x: x * 2 + 1, cache="static")
+    for n in (3, 4, 3, 4):
+        torch.testing.assert_close(jf(torch.ones(n)), torch.full((n,), 3.0))
+    assert fjit.cache_info(jf) == (2, 2, 2)
     with pytest.raises(ValueError, match="executors='cuda' is not one of 'triton', 'c', 'torch'"):
         fjit.jit(plain, executors=("cuda",))
 
