@@ -10,6 +10,12 @@ the Triton executor off CPU tensors except in the tests that ask for it
 FJIT_C_KERNELS=sync builds each C kernel before the compile returns, so every test knows what runs:
 the default executors' C kernels for small CPU regions (the background build users get is tested in
 tests/executors/test_c_executor.py).
+
+FJIT_KERNEL_SIZES=specialized gives every kernel literal sizes: by default (auto) whether a kernel
+takes its sizes at run time depends on the sizes its family met before in the process, so in one
+pytest process a test's kernels would depend on which tests ran first.  The tests of runtime
+sizes (tests/executors/test_c_runtime_sizes.py, the Triton ones, the runtime-size property in
+tests/ops/test_properties.py) set the mode they test.
 """
 import os
 
@@ -19,6 +25,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("FJIT_TRITON_CPU", "0")
 os.environ.setdefault("FJIT_C_KERNELS", "sync")
+os.environ.setdefault("FJIT_KERNEL_SIZES", "specialized")
 
 
 def pytest_collection_modifyitems(config, items):

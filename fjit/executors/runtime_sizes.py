@@ -26,7 +26,7 @@ import collections
 import threading
 
 from fjit import config
-from fjit.core.ir import BoundSymbol, TensorVar, map_values
+from fjit.core.ir import BoundSymbol, TensorVar, flatten_values, map_values
 from fjit.passes.fusion import Region
 
 
@@ -225,6 +225,26 @@ class Policy:
             return varied or None
 
 
+def family(every: Region) -> str:
+    """A region's family: what its source with every size a parameter depends on (its ops, their
+    operands' dtypes, shapes and strides as parameters, its loop domain), without generating it.
+    A key only: two regions of one family share no binary unless their own sources are equal."""
+    names: dict[str, int] = {}     # a value's name -> its number in order of appearance
+
+    def var(v):
+        if isinstance(v, TensorVar):
+            return f"%{names.setdefault(v.name, len(names))}:{v.dtype}:{v.shape}:{v.strides}"
+        return f"%{names.setdefault(v.name, len(names))}" if hasattr(v, "name") else repr(v)
+    parts = [str(every.outer), str(every.inner), *map(var, every.inputs), *map(var, every.outputs),
+             *(f"{k}:{var(base)}:{offset}" for k, (base, offset) in sorted(every.bases.items()))]
+    for b in every.bsyms:
+        parts.append(f"{b.sym.qualname}({', '.join(map(var, flatten_values((b.args, b.kwargs))))})"
+                     f"->{', '.join(map(var, b.outputs()))}")
+    for group in (every.row_vars, every.keepdim_rows, every.columns, every.private):
+        parts.append(" ".join(sorted(str(names.get(n, n)) for n in group)))
+    return "\n".join(parts)
+
+
 def choose(region: Region, make, exists, policy: Policy, div: str = "/"):
     """The region's kernel as FJIT_KERNEL_SIZES says: `make(region, sizes)` generates and names a
     kernel of a region (`sizes`: the values of its parameters), `exists(kernel)` says whether
@@ -237,16 +257,15 @@ def choose(region: Region, make, exists, policy: Policy, div: str = "/"):
     every, values = symbolic(region, div=div)
     if not values:
         return make(region, [])
-    family = make(every, values)
     if chosen is config.KernelSizes.RUNTIME:
-        return family
+        return make(every, values)
     specialized = make(region, [])
     if exists(specialized):
         return specialized
-    dynamic = policy.dynamic(family.name, values)
+    dynamic = policy.dynamic(family(every), values)
     if dynamic is None:
         return specialized
     if len(dynamic) == len(values):
-        return family
+        return make(every, values)
     partial, partial_values = symbolic(region, frozenset(range(len(values))) - dynamic, div)
     return make(partial, partial_values)

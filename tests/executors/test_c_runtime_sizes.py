@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import fjit
 from fjit.executors.c import executor as c_executor
+from fjit.executors import runtime_sizes
 from fjit.executors.runtime_sizes import Size
 
 pytestmark = [pytest.mark.ckernels, pytest.mark.usefixtures("sync_build")]
@@ -20,8 +21,10 @@ pytestmark = [pytest.mark.ckernels, pytest.mark.usefixtures("sync_build")]
 
 @pytest.fixture(autouse=True)
 def own_kernel_cache(tmp_path, monkeypatch):
-    """An empty kernel cache directory: a build counted is a build this test made."""
+    """An empty kernel cache directory, and a policy that has met no sizes: a build counted is a
+    build this test made, a family's first sizes are this test's."""
     monkeypatch.setenv("FJIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(c_executor, "_SIZES_POLICY", runtime_sizes.Policy())
 
 
 def _c_value(expr: str, env: dict) -> int:

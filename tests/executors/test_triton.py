@@ -353,6 +353,9 @@ def test_runtime_sizes_serve_new_lengths_with_one_kernel(monkeypatch, sizes):
     each an elementwise, a persistent and a looped row kernel, eager's results and (after the
     first length under auto, which is specialized) one kernel per region for every length."""
     monkeypatch.setenv("FJIT_KERNEL_SIZES", sizes)
+    from fjit.executors import runtime_sizes
+    from fjit.executors.triton import executor as triton_executor
+    monkeypatch.setattr(triton_executor, "_SIZES_POLICY", runtime_sizes.Policy())
 
     def fn(x, w):     # no mean: a mean divides by its row length, a literal of the trace
         return torch.softmax(x * w, -1) + torch.tanh(x).sum(-1, keepdim=True)
