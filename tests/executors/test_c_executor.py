@@ -434,6 +434,7 @@ def test_kernels_take_tensors_through_their_entry_point_and_agree_with_ctypes():
     # x, w, s, out (and, where FJIT_KERNEL_SIZES=runtime, the sizes after them)
     assert [p for p in binary.kernel.params if p[0] != "size"] == [("in", 0), ("in", 1), ("in", 2), ("out", 0)]
     sizes = [value for kind, value in binary.kernel.params if kind == "size"]
+    sizes += [1] if binary.kernel.threaded else []      # and the thread count, last
     for first in (x, x.as_subclass(Marked)):
         out, out2 = torch.empty_like(expected), torch.empty_like(expected)
         binary.fast(first, w, 0.5, out, *sizes)

@@ -39,6 +39,7 @@ from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, CLanguage, lite
     vector_form
 from fjit.executors.render import HALF, contiguous_strides, held, index_decomposition, \
     index_terms, small_power
+from fjit.executors.runtime_sizes import Size
 from fjit.passes.fusion import Region
 
 
@@ -120,9 +121,15 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
         first: dict = {}
         self.pointer = {k: first.setdefault(region.bases[k][0].name if k in region.bases else v.name, k)
                         for k, v in enumerate(region.inputs)}
-        self.parallel = math.prod(region.domain) >= (
-            PARALLEL_MIN_COSTLY_ROWS if region.has_reduction and any(map(self.costly, region.bsyms))
-            else PARALLEL_MIN)
+        numel = math.prod(region.domain)
+        threshold = PARALLEL_MIN_COSTLY_ROWS if region.has_reduction and any(map(self.costly, region.bsyms)) \
+            else PARALLEL_MIN
+        # A kernel whose sizes are parameters (runtime_sizes.py) decides threads at run time, in
+        # the OpenMP loop's if clause, so that one source serves sizes on both sides of the
+        # threshold; not with column sums, whose order of additions is fixed by the chunks
+        self.runtime_threads = isinstance(numel, Size) and not region.columns
+        self.parallel = self.runtime_threads or numel >= threshold
+        self.parallel_if = f" && {numel} >= {threshold}" if self.runtime_threads else ""
         self.columns = ColumnSums(region, self.parallel)
 
     # -- indexing -------------------------------------------------------------------------------
@@ -246,10 +253,11 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
             body, items = self.piece_body(names)
         else:
             body, items = self.reduction_body(passes, names) if r.has_reduction else self.flat_body(names)
-        threaded = self.parallel and items > 1
+        threaded = self.parallel and (self.runtime_threads or items > 1)
         if threaded:
             signature.append("int64_t fj_nt")
-            body = ["#pragma omp parallel for num_threads(fj_nt) schedule(static) if(fj_nt > 1)"] + body
+            body = [f"#pragma omp parallel for num_threads(fj_nt) schedule(static) "
+                    f"if(fj_nt > 1{self.parallel_if})"] + body
         body = before + body + after
         source = vecmath.PRELUDE + f"\nvoid {name}({', '.join(signature)})\n{{\n" + \
             "\n".join(indent(line) for line in body) + "\n}\n"

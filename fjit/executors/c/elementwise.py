@@ -13,6 +13,7 @@ from fjit.executors import render
 from fjit.executors.c.accumulators import indent
 from fjit.executors.c.language import C_TYPE, storage
 from fjit.executors.render import coalesce, held
+from fjit.executors.runtime_sizes import Size
 
 # Elements of a flat loop are handed out in blocks of BLOCK (reductions: accumulators.py).
 BLOCK = 1 << 13
@@ -41,8 +42,9 @@ class ElementLoops:
         lines: list[str] = []
         if rows == 1:
             items = -(-width // BLOCK)
+            # (a kernel of runtime sizes takes blocks at any width: one source either side of BLOCK)
             head = [f"int64_t lo = it * {BLOCK}, hi = lo + {BLOCK} < {width} ? lo + {BLOCK} : {width};"] \
-                if items > 1 else [f"int64_t lo = 0, hi = {width};"]
+                if items > 1 or isinstance(width, Size) else [f"int64_t lo = 0, hi = {width};"]
             bases = {}
         else:
             items = rows
