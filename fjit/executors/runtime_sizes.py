@@ -1,11 +1,12 @@
-"""Sizes a C kernel takes at run time, so that one build serves every sequence length and batch size.
+"""Sizes a C or Triton kernel takes at run time, so that one build serves every sequence length and
+batch size.
 
 A region's sizes and strides are concrete: the generator decides its loop structure from them
 (one flat loop or rows, threads or not, tiles, scratch buffers within budget).  `symbolic(region)`
 gives the same region with every size, stride and view offset of 2 or more replaced by a `Size`:
 an int whose value is the concrete one, which every decision reads, and which renders in the
 source as a kernel parameter (`sz0`, `sz1`, ...) or an expression of them.  The kernel then gets
-the values as int64 arguments.
+the values as int64 arguments (the launcher's literals).
 
 Why a kernel generated so is right: the source is generated from this region, with this
 region's values deciding; every `Size` renders as an expression that evaluates, with this
@@ -13,9 +14,9 @@ region's values bound to its parameters, to the value it holds (`Size` arithmeti
 operations exact in C's int64 for the operands at hand; anything else falls back to the plain
 int, a literal in the source).  So the source with this region's arguments computes what a
 specialized source would.  Another region shares the binary only when its own source is the
-same text, which by the same argument is right with its own arguments.  Parameters are named in
-the order the values first appear in a fixed walk of the region, so regions that differ only in
-their sizes (and coincide in the same places) produce the same text.
+same text, which by the same argument is right with its own arguments.  Parameters are taken by
+role in a fixed walk of the region (`symbolic`), so regions that differ only in their sizes
+produce the same text.
 
 Literal sizes let the C compiler fold divisions and unroll short loops, so by default only the
 sizes seen to change are parameters (`Policy`, FJIT_KERNEL_SIZES).
@@ -198,8 +199,8 @@ def _with_vars(b: BoundSymbol, var) -> BoundSymbol:
 
 
 class Policy:
-    """Which sizes of a region are parameters (FJIT_KERNEL_SIZES=auto).  A region's runtime-size source
-    (every size a parameter) names its family.  The family's first sizes get literal sizes (the
+    """Which sizes of a region are parameters (FJIT_KERNEL_SIZES=auto), per family (`family`: the
+    region with every size a parameter, as a key).  The family's first sizes get literal sizes (the
     specialized kernel); from then on, the sizes that have differed from the first at some call
     are parameters and the rest stay literals, as torch.compile's automatic dynamic shapes make a
     dim symbolic once it changes.  Over sequence lengths, the length is a parameter and the hidden
