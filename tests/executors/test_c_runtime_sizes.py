@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import operator
+import os
 
 import pytest
 import torch
@@ -151,3 +152,32 @@ def test_number_inputs_and_sizes_have_distinct_parameters(monkeypatch):
         torch.testing.assert_close(jf(x, w, 0.5), fn(x, w, 0.5))
         source = str(fjit.last_traces(jf)[-1])
         assert "double s2" in source and "int64_t sz0" in source
+
+
+def _broadcast_rows(x, w):
+    return torch.where(x > 0, x * w[:1], (x - w).exp()) + x.mean(0, keepdim=True)
+
+
+@settings(max_examples=12, deadline=None)
+@given(shapes=st.lists(st.tuples(st.integers(0, 4), st.integers(1, 70), st.sampled_from([1, 16, 40])),
+                       min_size=3, max_size=6),
+       fn=st.sampled_from([_norm_softmax, _transposed, _sliced_views, _broadcast_rows]),
+       mode=st.sampled_from(["auto", "runtime"]))
+def test_kernels_reused_across_random_shapes_give_eagers_answers(shapes, fn, mode):
+    """One jitted function over a sequence of shapes (batch 0 and 1, rows of 1, widths that do
+    and do not broadcast), each call's kernels chosen as the mode says from what the earlier
+    shapes left (the policy starts empty): every result is eager's."""
+    previous = os.environ.get("FJIT_KERNEL_SIZES")
+    os.environ["FJIT_KERNEL_SIZES"] = mode
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(c_executor, "_SIZES_POLICY", runtime_sizes.Policy())
+            jf = fjit.jit(fn)
+            for k, (b, n, h) in enumerate(shapes):
+                x, w = _rows((b, n, h), k)
+                torch.testing.assert_close(jf(x, w), fn(x, w), equal_nan=True)
+    finally:
+        if previous is None:
+            del os.environ["FJIT_KERNEL_SIZES"]
+        else:
+            os.environ["FJIT_KERNEL_SIZES"] = previous
