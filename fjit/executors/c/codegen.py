@@ -124,9 +124,9 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
         numel = math.prod(region.domain)
         threshold = PARALLEL_MIN_COSTLY_ROWS if region.has_reduction and any(map(self.costly, region.bsyms)) \
             else PARALLEL_MIN
-        # A kernel whose sizes are parameters (runtime_sizes.py) decides threads at run time, in
-        # the OpenMP loop's if clause, so that one source serves sizes on both sides of the
-        # threshold; not with column sums, whose order of additions is fixed by the chunks
+        # A kernel whose sizes are parameters (runtime_sizes.py) decides threads at run time, so
+        # that one source serves sizes on both sides of the threshold; not with column sums,
+        # whose order of additions is fixed by the chunks
         self.runtime_threads = isinstance(numel, Size) and not region.columns
         self.parallel = self.runtime_threads or numel >= threshold
         self.parallel_if = f" && {numel} >= {threshold}" if self.runtime_threads else ""
@@ -256,8 +256,14 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
         threaded = self.parallel and (self.runtime_threads or items > 1)
         if threaded:
             signature.append("int64_t fj_nt")
-            body = [f"#pragma omp parallel for num_threads(fj_nt) schedule(static) "
-                    f"if(fj_nt > 1{self.parallel_if})"] + body
+            pragma = "#pragma omp parallel for num_threads(fj_nt) schedule(static)"
+            if self.runtime_threads:
+                # a branch, not the pragma's if clause: entering OpenMP's runtime with if(0)
+                # still costs about a microsecond, which a small kernel notices
+                inner = [indent(x) for x in body]
+                body = [f"if (fj_nt > 1{self.parallel_if}) {{", pragma] + inner + ["} else {"] + inner + ["}"]
+            else:
+                body = [pragma + " if(fj_nt > 1)"] + body
         body = before + body + after
         source = vecmath.PRELUDE + f"\nvoid {name}({', '.join(signature)})\n{{\n" + \
             "\n".join(indent(line) for line in body) + "\n}\n"
