@@ -13,8 +13,9 @@ until timed:
   interleaved rounds.
 Also the function of issue 54 (linear, tanh-GELU, a softmax over h h^T, layer norm).
 
-Entries: `fjit.jit`, `torch.compile(backend="fjit", dynamic=True)`, `torch.compile(dynamic=True)`
-(Inductor).
+Entries: `fjit.jit`, `jit_specialized` (fjit.jit with FJIT_KERNEL_SIZES=specialized: a kernel
+build per size, the yardstick of the runtime-size kernels' steady time),
+`torch.compile(backend="fjit", dynamic=True)`, `torch.compile(dynamic=True)` (Inductor).
 
     python benchmarks/bench_shapes.py [--models gpt2 bert llama fn] [--modes infer train]
         [--lengths 20] [--batches 1 2 3] [--entries jit backend inductor] [--rounds 3]
@@ -106,7 +107,7 @@ def _entry(entry: str, name: str):
     target = _function()[0] if name == "fn" else _model(name)
     if entry == "eager":
         return target, lambda: 0
-    if entry == "jit":
+    if entry in ("jit", "jit_specialized"):
         jitted = fjit.jit(target)
         return jitted, lambda: fjit.cache_info(jitted).misses
     compiled = torch.compile(target, backend="fjit" if entry == "backend" else "inductor", dynamic=True)
@@ -118,9 +119,11 @@ def run(name: str, mode: str, entries: list[str], shapes: list[tuple[int, int]],
     data = [_inputs(name, b, n, k) for k, (b, n) in enumerate(shapes)]
     eager_fn, _ = _entry("eager", name)
     eager = _step(name, mode, eager_fn)
+    sizes = os.environ.get("FJIT_KERNEL_SIZES", "auto")      # what the fjit entries run with
     for entry in entries:
         with tempfile.TemporaryDirectory() as kernels:
             os.environ["FJIT_CACHE_DIR"] = kernels
+            os.environ["FJIT_KERNEL_SIZES"] = "specialized" if entry == "jit_specialized" else sizes
             built_before = c_executor.builds()
             fn, compiles = _entry(entry, name)
             call = _step(name, mode, fn)
@@ -146,11 +149,12 @@ def run(name: str, mode: str, entries: list[str], shapes: list[tuple[int, int]],
             warm = firsts[2:] or firsts
             first_ratio = statistics.median(f / c for f, c in zip(firsts[2:], cached[2:])) if len(firsts) > 2 else None
             rows.append([name, mode, entry, str(compiles()),
-                         str(c_executor.builds() - built_before) if entry in ("jit", "backend") else "-",
+                         str(c_executor.builds() - built_before) if entry != "inductor" else "-",
                          fmt(1e3 * statistics.median(warm), ".1f"), fmt(first_ratio, ".1f"),
                          fmt(math.exp(statistics.fmean(math.log(r) for r in ratios)))])
             print(" | ".join(rows[-1]), flush=True)
             os.environ.pop("FJIT_CACHE_DIR", None)
+    os.environ["FJIT_KERNEL_SIZES"] = sizes
     return rows
 
 
@@ -160,8 +164,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
     parser.add_argument("--lengths", type=int, default=20, help="sequence lengths, spread over 8..160")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--entries", nargs="+", default=["jit", "backend", "inductor"],
-                        choices=["jit", "backend", "inductor"])
+    parser.add_argument("--entries", nargs="+", default=["jit", "jit_specialized", "backend", "inductor"],
+                        choices=["jit", "jit_specialized", "backend", "inductor"])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     lengths = sorted({round(8 + k * (160 - 8) / max(1, args.lengths - 1)) for k in range(args.lengths)})
