@@ -246,12 +246,11 @@ def family(every: Region) -> str:
     return "\n".join(parts)
 
 
-def choose(region: Region, make, exists, policy: Policy, div: str = "/"):
+def choose(region: Region, make, policy: Policy, div: str = "/"):
     """The region's kernel as FJIT_KERNEL_SIZES says: `make(region, sizes)` generates and names a
-    kernel of a region (`sizes`: the values of its parameters), `exists(kernel)` says whether
-    that kernel's binary is built or known already.  auto (the default): the specialized kernel
-    where it exists already or the family is new, else the kernel with the sizes that changed as
-    parameters (Policy); runtime: every size a parameter; specialized: none."""
+    kernel of a region (`sizes`: the values of its parameters).  auto (the default): literal
+    sizes for the family's first sizes, then the sizes that changed as parameters (Policy), each
+    source generated once; runtime: every size a parameter; specialized: none."""
     chosen = config.kernel_sizes()
     if chosen is config.KernelSizes.SPECIALIZED:
         return make(region, [])
@@ -260,12 +259,9 @@ def choose(region: Region, make, exists, policy: Policy, div: str = "/"):
         return make(region, [])
     if chosen is config.KernelSizes.RUNTIME:
         return make(every, values)
-    specialized = make(region, [])
-    if exists(specialized):
-        return specialized
     dynamic = policy.dynamic(family(every), values)
     if dynamic is None:
-        return specialized
+        return make(region, [])
     if len(dynamic) == len(values):
         return make(every, values)
     partial, partial_values = symbolic(region, frozenset(range(len(values))) - dynamic, div)

@@ -127,6 +127,7 @@ def test_auto_keeps_the_first_sizes_specialized_and_builds_nothing_from_the_thir
     fn = lambda x, w: torch.tanh(x * w) * 2 + 1   # noqa: E731
     counts = _builds_over(fn, [(3, 67), (3, 91), (3, 75), (3, 131), (3, 70)], _rows)
     assert counts == [1, 1, 0, 0, 0]
+    monkeypatch.setattr(c_executor, "_SIZES_POLICY", runtime_sizes.Policy())   # a new family
     jf = fjit.jit(fn)
     jf(*_rows((3, 67), 0))
     assert "int64_t sz" not in "".join(str(t) for t in fjit.last_traces(jf))   # the first: literals

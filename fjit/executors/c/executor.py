@@ -139,9 +139,8 @@ def _kernel(region: Region) -> Kernel:
     """The region's kernel, named by the digest of its source, its sizes literals or parameters
     as FJIT_KERNEL_SIZES says (runtime_sizes.choose: by default the sizes that changed within its
     family are parameters, so a new sequence length or batch size builds nothing)."""
-    return runtime_sizes.choose(
-        region, lambda r, sizes: _named(generate(r, "fused", sizes)),
-        lambda k: k.name in _BINARIES or os.path.exists(_so_path(k.name)), _SIZES_POLICY)
+    return runtime_sizes.choose(region, lambda r, sizes: _named(generate(r, "fused", sizes)),
+                                _SIZES_POLICY)
 
 
 def _named(kernel: Kernel) -> Kernel:

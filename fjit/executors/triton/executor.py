@@ -70,9 +70,8 @@ _SIZES_POLICY = runtime_sizes.Policy()
 def kernel_for(region: Region, interpret: bool) -> Kernel:
     """The region's kernel, named by a hash of its source (identical regions share one), its sizes
     literals or parameters as FJIT_KERNEL_SIZES says (runtime_sizes.choose)."""
-    return runtime_sizes.choose(
-        region, lambda r, sizes: _named(r, interpret, sizes), lambda k: k.name in _KERNELS,
-        _SIZES_POLICY, div="//")
+    return runtime_sizes.choose(region, lambda r, sizes: _named(r, interpret, sizes), _SIZES_POLICY,
+                                div="//")
 
 
 def _named(region: Region, interpret: bool, sizes: list[int]) -> Kernel:
