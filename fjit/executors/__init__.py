@@ -116,8 +116,9 @@ def kernel_bsym(region, name: str, launch: Callable, comment: str) -> BoundSymbo
     source, but a launcher is the region's own: it allocates the region's output shapes and
     strides and falls back to the region's prims.  Two regions with one source can differ there
     (an elementwise kernel over 57624 values is one loop for [16, 6, 49, 49] and [4, 24, 49, 49]),
-    so the launcher's name carries a digest of the region's layouts and prims: a program never
-    binds another region's launcher, which would hand it tensors of another shape."""
+    so the launcher's name carries a digest of the region's layouts, views and prims: a program
+    never binds another region's launcher, which would hand it tensors of another shape or read
+    another slice of a value."""
     name = f"{name}_{_region_digest(region)}"
     register_kernel(name, launch)
     outs = tuple(region.outputs)
@@ -142,6 +143,9 @@ def _region_digest(region) -> str:
     parts += [(b.sym.name, repr(map_values(term, (b.args, b.kwargs))), term(b.outputs()[0]))
               for b in region.bsyms]
     parts.append(tuple(term(v) for v in region.outputs))
+    # inputs read through the value they view, at an offset: a kernel taking its sizes at run time
+    # takes the offset as an argument, so two slices of one value share a source and layouts
+    parts.append(tuple((k, term(base), int(offset)) for k, (base, offset) in sorted(region.bases.items())))
     return hashlib.sha1(repr(parts).encode()).hexdigest()[:8]
 
 

@@ -182,3 +182,25 @@ def test_kernels_reused_across_random_shapes_give_eagers_answers(shapes, fn, mod
             del os.environ["FJIT_KERNEL_SIZES"]
         else:
             os.environ["FJIT_KERNEL_SIZES"] = previous
+
+
+def test_slices_at_other_offsets_through_one_kernel_keep_their_offsets(monkeypatch):
+    """Two regions reading slices at different offsets, through the same ops and layouts: with
+    runtime sizes they share one source (the offset is a parameter), and each launcher must pass
+    its own offset.  A launcher named by source and layouts alone was one launcher for both, and
+    the second region read the first one's slice (GoogLeNet's concatenation backward: wrong
+    gradients)."""
+    monkeypatch.setenv("FJIT_KERNEL_SIZES", "runtime")
+
+    def fn(x, w):
+        a = torch.tanh(x[:, 32:64]) * 2 + 1
+        h = torch.cat([a, a, a], 1) @ w            # a matmul between: two regions
+        return a, torch.tanh(h[:, 64:96]) * 2 + 1
+    x, w = torch.randn(6, 96), torch.randn(96, 96)
+    jf = fjit.jit(fn)
+    for _ in range(2):
+        for got, want in zip(jf(x, w), fn(x, w)):
+            torch.testing.assert_close(got, want)
+    kernels = [line for line in str(fjit.last_traces(jf)[-1]).splitlines() if "= fjit_c_" in line]
+    assert len(kernels) == 2 and len({k.split("= ")[1].split("(")[0].rsplit("_", 1)[0] for k in kernels}) == 1, \
+        kernels      # one source for both, each with a launcher of its own
