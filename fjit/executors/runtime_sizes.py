@@ -122,7 +122,9 @@ def _floordiv(a: int, b: int) -> int:
     div = (a if isinstance(a, Size) else b).div
     if int(a) >= 0:
         return Size(value, f"({_c(a)} {div} {_c(b)})", div)
-    return Size(value, f"(-((-{_c(a)} + {_c(b)} - 1) {div} {_c(b)}))", div)
+    # (the negation in parentheses: a literal numerator is negative, and C reads "--5" as a
+    # decrement)
+    return Size(value, f"(-((-({_c(a)}) + {_c(b)} - 1) {div} {_c(b)}))", div)
 
 
 def _mod(a: int, b: int) -> int:
