@@ -42,8 +42,7 @@ import fjit.config as config
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, map_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.trace import Trace
-from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable
-from fjit.executors import runtime_sizes
+from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable, runtime_sizes
 from fjit.executors.c import batch_norm, max_pool
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
 from fjit.executors.c.build import build_key, build_library, compiler, kernel_flags

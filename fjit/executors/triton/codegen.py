@@ -99,7 +99,8 @@ class TritonEmitter(TileEmitter):
             body += "\n\n" + second.source
         source = f"{prelude}{helpers}\n\n{body}"
         kernel = Kernel(name, source, pl.grid, pl.block, pl.num_warps, literals, params,
-                        {**signature, **{c: "constexpr" for c in constexprs}}, constexprs, pl.mode)
+                        {**signature, **{c: "constexpr" for c in constexprs}}, constexprs, pl.mode,
+                        sizes=self.sizes)
         if second is not None:
             second.source = source
             kernel.second = second

@@ -76,7 +76,6 @@ def kernel_for(region: Region, interpret: bool) -> Kernel:
 
 def _named(region: Region, interpret: bool, sizes: list[int]) -> Kernel:
     kernel = generate(region, "fused", interpret, sizes)
-    kernel.sizes = list(sizes)
     digest = hashlib.sha1(kernel.source.encode()).hexdigest()[:12]
     name = f"fjit_kernel_{digest}"
     source = kernel.source.replace("def fused", f"def {name}")
