@@ -7,6 +7,7 @@ expects one: `functools.wraps` metadata, pickling by reference, deep-copying to 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import sys
@@ -23,7 +24,7 @@ from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
 import fjit.config as config
 import fjit.logs as logs
 import fjit.pipeline as pipeline
-from fjit.cache import CacheInfo, ProgramCache
+from fjit.cache import SYMBOLIC_TRIES, CacheInfo, ProgramCache
 from fjit.capture import captured
 from fjit.config import DEFAULT_EXECUTORS, CacheMode, Executor, SharpEdges, TraceMode
 from fjit.core.ir import Binding
@@ -45,7 +46,10 @@ P = ParamSpec("P")
 R = TypeVar("R")
 SharpEdgesOption = Union[SharpEdges, Literal["error", "warn", "allow"]]
 ExecutorOption = Union[Executor, Literal["triton", "c", "torch"]]
-CacheOption = Union[CacheMode, Literal["metadata", "static"], None]
+CacheOption = Union[CacheMode, Literal["metadata", "static", "symbolic"], None]
+# cache= -> when the program cache makes sizes symbolic (cache.ProgramCache.dims_to_make_symbolic)
+_SIZES = {CacheMode.METADATA: "auto", CacheMode.STATIC: "static", CacheMode.SYMBOLIC: "symbolic",
+          CacheMode.NONE: "static"}
 
 _ALL: weakref.WeakSet = weakref.WeakSet()     # every jitted function, for clear_caches()
 
@@ -67,8 +71,8 @@ class JittedFunction(Generic[P, R]):
         if isinstance(executors, (str, Executor)):
             executors = (executors,)
         self._executors = tuple(config.parse(Executor, e, "fjit.jit: executors") for e in executors)
-        self._cache = ProgramCache(
-            keep=config.parse(CacheMode, cache, "fjit.jit: cache") is not CacheMode.NONE)
+        mode = config.parse(CacheMode, cache, "fjit.jit: cache")
+        self._cache = ProgramCache(keep=mode is not CacheMode.NONE, sizes=_SIZES[mode])
         self._lock = threading.Lock()
         self._last_traces: list[Trace] = []
         self._last_backward_traces: list[Trace] = []
@@ -105,6 +109,8 @@ class JittedFunction(Generic[P, R]):
         cache = self._cache
         key, leaves = cache.key_and_leaves(args, kwargs)
         program = cache.get(key)
+        if program is None:
+            program = cache.symbolic_program(key, leaves)
         compiled = None
         if program is None:
             program, compiled = self._compile(key, args, kwargs, leaves)
@@ -166,22 +172,47 @@ class JittedFunction(Generic[P, R]):
         """(the program for `key`, its Compilation, or None where another thread compiled it)."""
         cache = self._cache
         with self._lock:
-            program = cache.get(key)
+            program = cache.get(key) or cache.symbolic_program(key, leaves)
             if program is not None:
                 cache.hits += 1
                 return program, None
             cache.misses += 1
-            self._history.add(self.__qualname__, cache.explain_miss(
-                key, key_labels(args, kwargs, _parameter_names(self._fn)),
-                cache.hits + cache.misses))
-            compiled = pipeline.compile_call(self._fn, args, kwargs, leaves, self._mode,
-                                             self._executors)
+            failed = cache.failed_guard(key, leaves)
+            miss = logs.Compilation(cache.hits + cache.misses, f"the symbolic program's guard {failed} fails") \
+                if failed is not None else cache.explain_miss(
+                    key, key_labels(args, kwargs, _parameter_names(self._fn)), cache.hits + cache.misses)
+            compiled, outcome = self._compile_symbolic(key, args, kwargs, leaves)
+            if compiled is None:
+                compiled = pipeline.compile_call(self._fn, args, kwargs, leaves, self._mode,
+                                                 self._executors)
+            self._history.add(self.__qualname__, dataclasses.replace(miss, outcome=outcome))
             self._last_traces = compiled.traces
             self._last_backward_traces = compiled.backward_traces
             cache.last_compiled = (compiled.traces, compiled.backward_traces)
             logs.log_traces(self.__qualname__, compiled.traces)
-            cache.store(args, kwargs, key, compiled.program, compiled.specialized)
+            if compiled.guards is None:
+                cache.store(args, kwargs, key, compiled.program, compiled.specialized)
             return compiled.program, compiled
+
+    def _compile_symbolic(self, key, args, kwargs, leaves) -> tuple[pipeline.Compilation | None, str]:
+        """(the call compiled with symbolic sizes, or None; what happened, for fjit.explain): the
+        dims the cache asks for are symbols (ProgramCache.dims_to_make_symbolic).  Where that
+        fails, this and every later compile of the function specialize, and why is said."""
+        cache = self._cache
+        dynamic = cache.dims_to_make_symbolic(key, leaves)
+        if not dynamic:
+            return None, ""
+        try:
+            compiled = pipeline.compile_symbolic(self._fn, args, kwargs, leaves, self._mode, dynamic)
+        except Exception as e:          # noqa: BLE001 -- the specialized compile says the user's errors
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            cache.symbolic_declined = reason
+            cache.symbolic_declines += 1
+            logs.recompiles.info("%s: symbolic sizes declined (%d of %d tries): %s", self.__qualname__,
+                                 cache.symbolic_declines, SYMBOLIC_TRIES, reason)
+            return None, f"specialized sizes (symbolic sizes declined: {reason})"
+        cache.store_symbolic(key, dynamic, compiled.guards, compiled.program)
+        return compiled, f"symbolic program: {compiled.traces[-1].stage.split(': ', 1)[-1]}"
 
     def __repr__(self):
         return f"<fjit.jit of {self._fn!r}>"

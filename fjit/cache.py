@@ -22,6 +22,11 @@ from fjit import config
 from fjit.frontend.inputs import MISS, TENSOR_KEY_FIELDS, call_key, fast_path
 from fjit.logs import Change, Compilation
 
+# Symbolic compiles that may fall back to specialized ones before a function stops trying: one that
+# failed because a new size met a static one (a length equal to the head size, so a shape rule
+# equated them) may well work at the next size; one that failed for what the function does fails
+# again, at the cost of a trace.
+SYMBOLIC_TRIES = 2
 CacheInfo = collections.namedtuple("CacheInfo", ["hits", "misses", "entries"])
 # The fast path generated for one arity of all-tensor calls (cache.fast_path): its key and guard
 # functions, and its cache of programs by key.
@@ -33,8 +38,16 @@ def _no_fast_path(*args):
 
 
 class ProgramCache:
-    def __init__(self, keep: bool):
+    def __init__(self, keep: bool, sizes: str = "auto"):
         self.keep = keep                      # False: cache="none", every call retraces
+        # Symbolic sizes: "auto" (a dim whose value changes between calls becomes a symbol on the
+        # next compile), "symbolic" (every dim of size 2 or more, from the first call) or "static".
+        self.sizes = sizes
+        self.dynamic: dict[int, frozenset] = {}   # flat input position -> dims made symbolic
+        # family key (the call key with those dims masked) -> [(guards, program)], newest last
+        self.families: dict[tuple, list] = {}
+        self.symbolic_declined: str | None = None    # why the last symbolic compile fell back
+        self.symbolic_declines = 0                   # how many did: after SYMBOLIC_TRIES, no more
         self.programs: collections.OrderedDict = collections.OrderedDict()   # oldest use first
         # Float positions some trace specialized on (their values join the key from then on).
         self.specialized: frozenset = frozenset()
@@ -62,6 +75,69 @@ class ProgramCache:
             except KeyError:             # evicted by another thread meanwhile: still a program
                 pass
         return program
+
+    # -- symbolic programs (core/symbolic.py) ----------------------------------------------------
+    def family_key(self, key: tuple, dynamic: dict[int, frozenset] | None = None) -> tuple:
+        """`key` with the sizes and strides of the dims in `dynamic` (default: this cache's)
+        masked: the key every call a symbolic program may serve shares (its guards decide)."""
+        dynamic = self.dynamic if dynamic is None else dynamic
+        parts, position = [], 0
+        for part in key:
+            if _is_tensor(part):
+                dims = dynamic.get(position)
+                if dims:
+                    shape = tuple(None if d in dims else n for d, n in enumerate(part[0]))
+                    part = (shape, None) + part[2:]
+                position += 1
+            elif _is_float(part):
+                position += 1
+            parts.append(part)
+        return tuple(parts)
+
+    def symbolic_program(self, key: tuple, leaves: list):
+        """The symbolic program whose guards this call meets, or None."""
+        if not self.families:
+            return None
+        for guards, program in reversed(self.families.get(self.family_key(key), ())):
+            if guards(leaves):
+                return program
+        return None
+
+    def dims_to_make_symbolic(self, key: tuple, leaves: list) -> dict[int, frozenset]:
+        """The dims this call's compile makes symbolic: with cache="symbolic", every dim of 2 or
+        more of a contiguous tensor input; automatically, those already symbolic plus each dim
+        whose value differs from a cached program's key that is otherwise this call's (the
+        nearest), where this call's value is 2 or more (0 and 1 stay specialized).  Empty: the
+        compile specializes every size."""
+        if not self.keep or self.sizes == "static" or self.symbolic_declines >= SYMBOLIC_TRIES:
+            return {}
+        tensors = [(i, x) for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        if self.sizes == "symbolic":
+            return {i: frozenset(d for d, n in enumerate(x.shape) if n >= 2)
+                    for i, x in tensors if x.is_contiguous() and any(n >= 2 for n in x.shape)}
+        changed: dict[int, set] = {}
+        for cached in list(self.programs) + list(self.families):
+            dims = _changed_dims(cached, key, leaves)
+            if dims:
+                for i, ds in dims.items():
+                    changed.setdefault(i, set()).update(ds)
+        dynamic = dict(self.dynamic)
+        for i, ds in changed.items():
+            dynamic[i] = dynamic.get(i, frozenset()) | frozenset(ds)
+        # a dim made symbolic before is symbolic in this compile only where this call can have it
+        return {i: ds for i, ds in dynamic.items()
+                if i < len(leaves) and isinstance(leaves[i], torch.Tensor) and leaves[i].is_contiguous()
+                and all(d < leaves[i].ndim and leaves[i].shape[d] >= 2 for d in ds)}
+
+    def store_symbolic(self, key: tuple, dynamic: dict[int, frozenset], guards, program) -> None:
+        """File a program compiled with the dims `dynamic` symbolic, valid where `guards` hold."""
+        if not self.keep:
+            return
+        self.dynamic = dynamic
+        entries = self.families.setdefault(self.family_key(key, dynamic), [])
+        entries.append((guards, program))
+        while len(entries) > config.cache_size():
+            entries.pop(0)
 
     def store(self, args: tuple, kwargs: dict, key, program, specialized: frozenset) -> None:
         """File `program`, compiled for this call, whose trace specialized on the floats at the
@@ -123,6 +199,10 @@ class ProgramCache:
     def clear(self, statistics: bool = False) -> None:
         """Forget every program (and with `statistics`, the hit and miss counts too)."""
         self.programs.clear()
+        self.families.clear()
+        self.dynamic = {}
+        self.symbolic_declined = None
+        self.symbolic_declines = 0
         self.last_compiled = ([], [])
         self.specialized = frozenset()
         self._drop_fast_path()
@@ -130,7 +210,13 @@ class ProgramCache:
             self.hits = self.misses = 0
 
     def info(self) -> CacheInfo:
-        return CacheInfo(self.hits, self.misses, len(self.programs))
+        return CacheInfo(self.hits, self.misses, len(self.programs) + sum(map(len, self.families.values())))
+
+    def failed_guard(self, key: tuple, leaves: list) -> str | None:
+        """The guard of the newest symbolic program for this call's family that the call fails, as
+        printed, or None where there is none."""
+        entries = self.families.get(self.family_key(key)) if self.families else None
+        return entries[-1][0].failed(leaves) if entries else None
 
     def explain_miss(self, key: tuple, labels: list, call: int) -> Compilation:
         """Why `key` missed: its differences from the nearest cached key.  `labels` says what each
@@ -172,6 +258,47 @@ def _changes(label: tuple[str, str], old, new) -> list[Change]:
     what = "keyword names" if kind == "names" else "container structure" \
         if kind == "structure" else "type"
     return [Change(where, what, _described(old), _described(new))]
+
+
+def _changed_dims(cached: tuple, key: tuple, leaves: list) -> dict[int, set] | None:
+    """{flat input position: dims} where `key` differs from the cached key `cached` only in the
+    sizes (and so the contiguous strides) of tensors of the same rank, each such new size 2 or
+    more; None where they differ otherwise (or not at all)."""
+    if len(cached) != len(key):
+        return None
+    changed: dict[int, set] = {}
+    position = 0
+    for old, new in zip(cached, key):
+        if _is_tensor(new):
+            if not _is_tensor(old):
+                return None
+            if old != new:
+                shape_old, shape_new = old[0], new[0]
+                if old[2:] != new[2:] or len(shape_old) != len(shape_new) or \
+                        not leaves[position].is_contiguous():
+                    return None
+                if old[1] is not None and tuple(old[1]) != _contiguous(shape_old):
+                    return None
+                dims = {d for d, (a, b) in enumerate(zip(shape_old, shape_new)) if a != b}
+                if any(shape_new[d] < 2 for d in dims):
+                    return None
+                changed[position] = dims
+            position += 1
+        elif _is_float(new):
+            if old != new and not (old is float and new is float):
+                return None
+            position += 1
+        elif old != new:
+            return None
+    return changed or None
+
+
+def _contiguous(shape) -> tuple:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def _is_tensor(part) -> bool:

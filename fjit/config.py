@@ -50,9 +50,10 @@ class Executor(enum.Enum):
 
 class CacheMode(enum.Enum):
     """`cache=`: when a compiled program is reused."""
-    METADATA = "metadata"   # one compiled program per input metadata (floats are runtime values)
-    STATIC = "static"       # one program per shape, never symbolic (today's "metadata" too: traces
-    #                         are specialized until symbolic sizes land, issue 54)
+    METADATA = "metadata"   # one program per input metadata, floats runtime values, and a dim whose
+    #                         value changes between calls a symbol from the next compile on
+    STATIC = "static"       # one program per shape: sizes never symbolic
+    SYMBOLIC = "symbolic"   # every dim of size 2 or more symbolic from the first compile
     NONE = None             # retrace on every call
 
 
@@ -113,8 +114,7 @@ _E = TypeVar("_E", bound=enum.Enum)
 # Spellings accepted besides an enum's values (an environment variable cannot say None).
 _ALIASES = {CKernels: {"off": CKernels.OFF}, CacheMode: {"none": CacheMode.NONE},
             Measure: {"off": Measure.NEVER, "never": Measure.NEVER}}
-_NOT_YET = {"symbolic": "'symbolic' is not implemented yet: traces are specialized to their shapes, "
-                        "while C and Triton kernels take their sizes at run time"}
+_NOT_YET: dict = {}
 
 
 def parse(enum_cls: type[_E], value, option: str) -> _E:

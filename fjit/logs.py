@@ -48,10 +48,12 @@ class Compilation:
     call: int                   # which call of the function (1-based) compiled
     reason: str                 # "first call", "N key fields changed", ...
     changes: tuple = ()         # Change records against the nearest cached entry
+    outcome: str = ""           # what was compiled, where it was not one program per shape
 
     def __str__(self) -> str:
         head = f"call {self.call}: {self.reason}"
-        return "\n".join([head] + [f"    {c}" for c in self.changes])
+        tail = [f"    -> {self.outcome}"] if self.outcome else []
+        return "\n".join([head] + [f"    {c}" for c in self.changes] + tail)
 
 
 class History:

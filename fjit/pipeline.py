@@ -24,6 +24,7 @@ import fjit.program_choice as program_choice
 from fjit.config import Executor, TraceMode
 from fjit.core.ir import Tag, TensorVar
 from fjit.core.meta import relaid_channels_last, same_layout
+from fjit.core.symbolic import SymbolicSizes, SymbolicUnsupported, symbolic
 from fjit.core.trace import Trace
 from fjit.executors import fusing_executor, kernel_executor, torch_executor
 from fjit.executors.c import frame_stack
@@ -52,6 +53,7 @@ class Compilation:
     backward_traces: list[Trace]     # every stage of the compiled backward (or torch autograd's)
     specialized: frozenset           # float input positions the trace depends on the values of
     first: object = _NOT_RUN         # the compiling call's result, where the layout check ran it
+    guards: object = None            # a symbolic program's guards (core/symbolic.py Guards)
 
     def result(self, leaves: list):
         """The compiling call's result: the layout check's run, else the program's."""
@@ -103,6 +105,72 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
         return Compilation(program, traces, backward, result.specialized, first)
 
 
+def compile_symbolic(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: TraceMode,
+                     dynamic: dict[int, frozenset]) -> Compilation:
+    """Trace `fn` with the input dims `dynamic` ({flat input position: dims}) symbolic and compile
+    it to a program valid wherever its guards hold (core/symbolic.py).  Its ops are torch calls,
+    which take any sizes, differentiated by torch autograd: no kernel, no joint program, no
+    measured choice, each of which would decide on sizes.  SymbolicUnsupported (or any error of
+    fjit's own machinery on symbols) where something cannot compute with a symbol: the caller
+    compiles with specialized sizes, which raises the user's own errors as ever."""
+    sizes = SymbolicSizes(dynamic)
+    with symbolic(sizes), light_imports():
+        observed: dict = {}
+        for _ in range(3):     # as _trace_with_real_layouts, with the layouts seen made symbolic
+            result = trace_function(fn, args, kwargs, leaves, mode, TRACE_NAMESPACE, observed)
+            if result.trace.checkpointed:
+                raise SymbolicUnsupported("activation checkpointing is honoured by the specialized joint program")
+            traces = lower(result.trace, (Executor.TORCH,), leaves)
+            first = _NOT_RUN
+            if not torch_executor.has_opaque_ops(traces[0]):
+                break
+            rewind = rng_snapshot(traces[0].bsyms)
+            first, wrong = _restoring_modes_on_error(torch_executor.run_observing_layouts)(traces[0], leaves)
+            if not wrong:
+                break
+            rewind()
+            observed.update(result.observed(_symbolic_layouts(traces[0], wrong)))
+        else:
+            raise SymbolicUnsupported(f"the real layout of {', '.join(sorted(wrong))} is not its shape rule's")
+        program = torch_executor.compile_trace(traces[-1])
+        joint = autodiff.compile_with_backward(traces[len(CLEANUP)], leaves,
+                                               _lowering(traces[len(CLEANUP)], leaves, (Executor.TORCH,)))
+        if isinstance(joint, autodiff.Compiled):
+            raise SymbolicUnsupported("a compiled joint program")
+        backward = [] if joint is None else [autodiff.autograd_stage(traces[-1], joint)]
+        if any(b.sym.has(Tag.MODE) for b in traces[-1].bsyms):
+            program = _restoring_modes_on_error(program)
+        if config.check_mode():
+            check_traces(traces, leaves)
+        guards = sizes.guards()
+    traces[-1] = traces[-1].with_stage(f"{traces[-1].stage}: symbolic sizes {sizes.described()}; "
+                                       f"valid where {' and '.join(guards.shown) or 'always'}")
+    return Compilation(program, traces, backward, result.specialized, first, guards)
+
+
+def _symbolic_layouts(trace: Trace, wrong: dict) -> dict:
+    """`wrong` (name -> (real shape, real strides), run_observing_layouts') with each layout as
+    the symbolic strides of the value's symbolic shape: a dense layout is its order of dims, which
+    holds at every size.  SymbolicUnsupported for a layout that is not dense."""
+    recorded = {v.name: v for b in trace.bsyms for v in b.outputs() if isinstance(v, TensorVar)}
+    out = {}
+    for name, (shape, strides) in wrong.items():
+        v = recorded[name]
+        order = sorted(range(len(shape)), key=lambda d: (-strides[d], -shape[d]))   # outermost first
+        step, dense = 1, {}
+        for d in reversed(order):
+            if strides[d] != step and shape[d] != 1:
+                raise SymbolicUnsupported(f"the real layout of {name}, {tuple(strides)}, is not dense")
+            dense[d] = step
+            step *= shape[d]
+        symbolic_step, symbolic_strides = 1, {}
+        for d in reversed(order):
+            symbolic_strides[d] = symbolic_step
+            symbolic_step = symbolic_step * v.shape[d]
+        out[name] = (tuple(v.shape), tuple(symbolic_strides[d] for d in range(len(shape))))
+    return out
+
+
 def lower(trace: Trace, executors: tuple, leaves: list, cleanup: bool = True,
           untracked: bool = False) -> list[Trace]:
     """Every stage from `trace` to the one the generated function runs: the cleanup passes, then
@@ -143,7 +211,8 @@ def finalize(trace: Trace, untracked: bool = False) -> Trace:
     views become one reinterpretation of their start, elementwise ops write into operands nothing
     reads later, and each intermediate is deleted after its last use."""
     tracked = not untracked and autograd_may_record(trace)
-    trace = torch_executor.conform_prim_layouts(choose_gemms(trace, tracked))
+    # the GEMM forms are timed per shape: a symbolic program keeps torch's own
+    trace = torch_executor.conform_prim_layouts(trace if trace.sizes is not None else choose_gemms(trace, tracked))
     if not tracked:
         trace = dce(torch_executor.reinterpret_views(trace))
     return free_dead_values(reuse_buffers(trace)).with_stage("torch_executor")

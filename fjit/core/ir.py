@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 import torch
 
+from fjit.core.symbolic import size_text
+
 
 class Tag(enum.Enum):
     """Properties of a symbol.  Behaviour is looked up by tag in tables, not by subclass."""
@@ -78,7 +80,7 @@ class TensorVar:
 
     def type_string(self) -> str:
         dt = DTYPE_SHORT.get(self.dtype, str(self.dtype).replace("torch.", ""))
-        dims = ", ".join(str(s) for s in self.shape)
+        dims = ", ".join(size_text(s) for s in self.shape)
         bits = " conj" * self.conj_bit + " neg" * self.neg_bit
         return f"{self.device.type} {dt}[{dims}]{bits}"
 

@@ -8,12 +8,18 @@ An op's meta result depends only on its arguments' metadata and Python values, a
 meta kernels cost 0.1-0.5 ms a call; so each result is remembered as a recipe per (func, argument
 metadata) -- a new tensor, one of the inputs, or a view of one -- and rebuilt for the next call
 alike, in this trace or any other.  Callers disable torch-function tracing around these calls.
+
+Under symbolic sizes (core/symbolic.py) the meta tensors are fake tensors of that environment,
+whose shape rules compute with the symbols and record the guards they take; nothing is memoized.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
 from fjit.core.ir import TensorVar, flatten_values, map_values
+from fjit.core.symbolic import active, hint, is_symbolic
 
 
 def meta_tensor(v: TensorVar) -> torch.Tensor:
@@ -21,8 +27,10 @@ def meta_tensor(v: TensorVar) -> torch.Tensor:
     answers to `is_conj()`, `resolve_conj()`, `view_as_real` and the rest are eager's).  (A
     complex value requires grad as a float one does: the real part of an FFT's requires grad in
     eager, and dropping it dropped the gradient there.)"""
-    m = torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta",
-                            requires_grad=v.requires_grad and (v.dtype.is_floating_point or v.dtype.is_complex))
+    sizes = active()
+    with contextlib.nullcontext() if sizes is None else sizes.fake:
+        m = torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta",
+                                requires_grad=v.requires_grad and (v.dtype.is_floating_point or v.dtype.is_complex))
     return _with_bits(m, v.conj_bit, v.neg_bit)
 
 
@@ -75,6 +83,10 @@ def _key_of(x):
 
 def run_meta(func, margs, mkwargs):
     """func(*margs, **mkwargs) on meta tensors, from the memo when an equal call was seen."""
+    sizes = active()
+    if sizes is not None:       # symbolic sizes: torch's shape rules in their environment, no memo
+        with sizes.fake:
+            return func(*margs, **mkwargs)
     try:
         # grad mode decides the outputs' requires_grad (what the compiled backward differentiates)
         key = (func, torch.is_grad_enabled(), _key_of(margs), _key_of(mkwargs))
@@ -166,9 +178,24 @@ def attention_backend(q: TensorVar, k: TensorVar, v: TensorVar, mask: TensorVar 
                       is_causal: bool = False, scale: float | None = None) -> int:
     """torch's backend choice (a torch.nn.attention.SDPBackend value) for F.scaled_dot_product_attention
     of CPU operands shaped, laid out and needing gradients as these are, under the current grad
-    mode: the choice reads all of that."""
+    mode: the choice reads all of that.
+
+    With symbolic sizes the choice is asked at the compiling call's sizes.  On the CPU it reads of
+    the sizes only whether the operands agree in batch, heads and head size, whether a sequence
+    is empty (a symbol never is: 0 is specialized) and whether the last dim's stride is 1: those
+    relations are compared below, which takes them as guards."""
+    operands = [t for t in (q, k, v, mask) if t is not None]
+    if any(is_symbolic(t.shape) or is_symbolic(t.strides) for t in operands):
+        for a, b in ((q, k), (q, v), (k, v)):
+            for d in (0, 1, -1):
+                if a.ndim == b.ndim == 4:
+                    bool(a.shape[d] == b.shape[d])
+        for a in operands:
+            if a.ndim:
+                bool(a.strides[-1] == 1)
+
     def probe(t: TensorVar) -> torch.Tensor:
-        x = torch.empty_strided(t.shape, t.strides, dtype=t.dtype)
+        x = torch.empty_strided(tuple(map(hint, t.shape)), tuple(map(hint, t.strides)), dtype=t.dtype)
         return x.requires_grad_() if t.requires_grad else x
     with torch._C.DisableTorchFunction():
         return torch._fused_sdp_choice(probe(q), probe(k), probe(v), attn_mask=None if mask is None else probe(mask),

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from fjit.core.ir import BoundSymbol, Tag, Var, is_structseq
+from fjit.core.symbolic import SymbolicUnsupported, sizes_of
 
 
 @dataclasses.dataclass
@@ -37,6 +38,9 @@ class Trace:
     # program recomputes those its region alone reads in the backward instead of saving them, as
     # eager's checkpoint does (autodiff/joint.py).
     checkpointed: dict = dataclasses.field(default_factory=dict)
+    # The symbolic sizes the trace's shapes and arguments are expressions of (core/symbolic.py),
+    # bound from its inputs' dims at the top of the printed program; None: every size is a number.
+    sizes: Any = None
 
     def with_stage(self, stage: str, bsyms=None, **changes) -> "Trace":
         return dataclasses.replace(self, stage=stage, bsyms=list(self.bsyms if bsyms is None else bsyms),
@@ -221,6 +225,10 @@ class TracePrinter:
             return str(x)    # "torch.channels_last"
         if isinstance(x, torch.device):
             return f"torch.device({x.type!r}{'' if x.index is None else ', ' + str(x.index)})"
+        if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            if self.trace.sizes is None or sizes_of(x) is not self.trace.sizes:
+                raise SymbolicUnsupported(f"a symbolic value {x} of another trace")
+            return self.trace.sizes.text(x)
         if t is slice:
             return f"slice({self.value(x.start)}, {self.value(x.stop)}, {self.value(x.step)})"
         if t is tuple or t is torch.Size:
@@ -292,6 +300,8 @@ class TracePrinter:
         lines = [f"# fjit trace of {t.name!r}, stage: {t.stage}", f"def computation({params}):"]
         if t.inputs:
             lines.append("  # " + "  ".join(f"{v.name}: \"{v.type_string()}\"" for v in t.inputs))
+        if t.sizes is not None:
+            lines += [f"  {line}" for line in t.sizes.bindings(t.inputs)]
         for b in t.bsyms:
             lines += self.bsym_lines(b, "  ")
         if t.rebuild is None:

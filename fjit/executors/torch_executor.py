@@ -16,6 +16,7 @@ import torch
 
 import fjit.config as config
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Var, flatten_values, map_values
+from fjit.core.symbolic import same
 from fjit.core.trace import Trace
 from fjit.core.prims import Prim, prim_of
 from fjit.core.meta import meta_tensor, run_meta, same_layout
@@ -43,12 +44,14 @@ def run_observing_layouts(trace: Trace, leaves: list) -> tuple[object, dict]:
     once; where a layout differs, it retraces with the observed one."""
     env = dict(trace.consts)
     env.update((v.name, x) for v, x in zip(trace.inputs, leaves))
+    # a symbolic trace's sizes, as this call's values (no guard taken)
+    size = trace.sizes.concrete(leaves) if trace.sizes is not None else lambda x: x
     last_use: dict[str, int] = {}
     for i, b in enumerate(trace.bsyms):
         for v in b.inputs():
             last_use[v.name] = i
     keep = {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}
-    value = lambda x: env[x.name] if isinstance(x, Var) else x  # noqa: E731
+    value = lambda x: env[x.name] if isinstance(x, Var) else size(x)  # noqa: E731
     wrong: dict = {}
     for i, b in enumerate(trace.bsyms):
         args, kwargs = map_values(value, (b.args, b.kwargs))
@@ -61,7 +64,7 @@ def run_observing_layouts(trace: Trace, leaves: list) -> tuple[object, dict]:
             if isinstance(var, Var):
                 env[var.name] = real
                 if (isinstance(var, TensorVar) and isinstance(real, torch.Tensor) and
-                        real.stride() != var.strides):
+                        real.stride() != tuple(map(size, var.strides))):
                     wrong[var.name] = (tuple(real.shape), real.stride())
         for v in b.inputs():       # free what nothing later reads (a first call's peak memory)
             if last_use.get(v.name) == i and v.name not in keep and v.name not in trace.consts:
@@ -141,7 +144,7 @@ def reinterpret_views(trace: Trace) -> Trace:
         except Exception:       # noqa: BLE001 -- not replayable on meta: it stays as it is
             made = None
         if not (isinstance(made, torch.Tensor) and made is not meta and made._base is root and
-                (tuple(made.shape), tuple(made.stride())) == (tuple(v.shape), v.strides) and
+                same((tuple(made.shape), tuple(made.stride())), (tuple(v.shape), v.strides)) and
                 (made.is_conj(), made.is_neg()) == (root.is_conj(), root.is_neg())):
             out.append(b)
             continue

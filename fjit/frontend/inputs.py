@@ -20,6 +20,7 @@ import torch.autograd.forward_ad as _forward_ad
 import torch.utils._pytree as pytree
 
 from fjit.core.ir import NumberVar, TensorVar
+from fjit.core.symbolic import active
 from fjit.core.trace import compile_function
 from fjit.errors import UnsupportedInputError, catalog_fix, catalog_ref, hint_for, located
 from fjit.frontend.context import autocast_key
@@ -361,12 +362,15 @@ def make_proxies(ctx, params: list[tuple[str, object]], leaves: list, concrete_f
     specializes on their values)."""
     used: set = set()
     counter = iter(range(len(leaves)))
+    sizes = active()      # symbolic sizes: the dims they ask for are symbols
 
     def build(x, label):
         t = type(x)
         if t in _TENSOR_TYPES:
             i = next(counter)
-            var = TensorVar(_var_name(label, used), x.shape, x.dtype, x.device, x.stride(),
+            name = _var_name(label, used)
+            shape, strides = (x.shape, x.stride()) if sizes is None else sizes.shape_of(x, i, name)
+            var = TensorVar(name, shape, x.dtype, x.device, strides,
                             x.requires_grad, x.is_conj(), x.is_neg())
             ctx.inputs.append(var)
             p = TensorProxy(var, is_input=True)

@@ -14,6 +14,7 @@ from fjit.core.ir import (BoundSymbol, GeneratorVar, Symbol, Tag, TensorVar, fla
 from fjit.core.prims import VIEW_OPS, set_recorder
 from fjit.errors import UnsupportedOpError, catalog_fix, located
 from fjit.core.meta import meta_tensor, run_meta
+from fjit.core.symbolic import same
 from fjit.frontend.callables import accepts, op_name, qualified_name
 from fjit.frontend.context import TraceContext, current
 from fjit.frontend.proxies import NumberProxy, TensorProxy
@@ -72,7 +73,7 @@ def observed_strides(ctx: TraceContext, key: tuple, shape) -> tuple | None:
     (TraceContext.layout_keys), if that value had this shape: a retrace that takes another path
     can give the key to another value, whose layout the observation says nothing about."""
     seen = ctx.observed_strides.get(key)
-    return seen[1] if seen is not None and seen[0] == tuple(shape) else None
+    return seen[1] if seen is not None and same(seen[0], tuple(shape)) else None
 
 
 def _meta_arguments(func, sym: Symbol, args, kwargs, to_meta) -> tuple[tuple, dict]:

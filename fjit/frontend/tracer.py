@@ -18,6 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from fjit.core.ir import TensorVar, flatten_values, map_values
 from fjit.core.meta import same_layout
+from fjit.core.symbolic import active
 from fjit.core.trace import Trace
 from fjit.errors import error_for
 from fjit.frontend.context import Mode, TraceContext
@@ -97,7 +98,7 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
                 output = _laid_out_as(output, channels_last_of.output)
         trace = Trace(ctx.fn_name, list(ctx.inputs), list(ctx.scopes[0]), output, dict(ctx.consts),
                       stage="traced", bindings=bindings, namespace=namespace, rebuild=rebuild,
-                      checkpointed=dict(ctx.checkpointed))
+                      checkpointed=dict(ctx.checkpointed), sizes=active())
     return TraceResult(trace, frozenset(ctx.specialized), list(ctx.edges), dict(ctx.layout_keys))
 
 

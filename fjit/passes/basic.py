@@ -8,6 +8,7 @@ import torch
 
 from fjit.core.prims import COMMUTATIVE, INPLACE_TWIN, Prim, prim_of
 from fjit.core.ir import DEL, BoundSymbol, Symbol, Tag, TensorVar, Var, flatten_values, map_values
+from fjit.core.symbolic import is_symbolic, same
 from fjit.core.trace import Trace
 
 
@@ -68,7 +69,7 @@ def simplify_views(trace: Trace) -> Trace:
             order = tuple(first[i] for i in b.args[1])
             b = b.replace(args=(root, order))
             x = root
-        if p in _VIEWS and (tuple(x.shape), x.strides, x.dtype) == (tuple(y.shape), y.strides, y.dtype):
+        if p in _VIEWS and x.dtype == y.dtype and same((x.shape, x.strides), (y.shape, y.strides)):
             mapping[y.name] = x
             continue
         if p is Prim.PERMUTE:
@@ -153,7 +154,10 @@ def constant_fold(trace: Trace) -> Trace:
                                      for s in (b, *steps))
                     and all(v.name in folded for v in ins) and not any(v.name in captured for v in ins)
                     and not any(v.name in aliasable for v in outs)
-                    and all(isinstance(v, TensorVar) and v.numel() <= 1 << 20 for v in outs)
+                    # a value made from sizes that are symbols is not one constant
+                    and not any(is_symbolic(x) for s in steps for x in flatten_values((s.args, s.kwargs)))
+                    and all(isinstance(v, TensorVar) and not is_symbolic(v.shape) and v.numel() <= 1 << 20
+                            for v in outs)
                     and {v.name for v in outs} <= {v.name for s in steps for v in s.outputs()})
         if not foldable:
             kept.append(b)
@@ -231,8 +235,8 @@ def reuse_buffers(trace: Trace) -> Trace:
     def reusable(v, i: int, result) -> bool:
         return (isinstance(v, TensorVar) and v.name in fresh and v.name not in shared
                 and v.name not in keep and last_use.get(v.name) == i
-                and (result.shape, result.dtype, result.strides, result.device) ==
-                    (v.shape, v.dtype, v.strides, v.device))
+                and (result.dtype, result.device) == (v.dtype, v.device)
+                and same((result.shape, result.strides), (v.shape, v.strides)))
 
     out = []
     for i, b in enumerate(trace.bsyms):

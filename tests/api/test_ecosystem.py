@@ -43,8 +43,8 @@ def test_a_bad_option_lists_exactly_the_accepted_values():
         fjit.jit(plain, sharp_edges="wrn")
     message = str(info.value)
     assert "'error', 'warn', 'allow'" in message and "diagnose" not in message
-    with pytest.raises(ValueError, match="'symbolic' is not implemented yet"):
-        fjit.jit(plain, cache="symbolic")
+    with pytest.raises(ValueError, match="'metadata', 'static', 'symbolic'"):
+        fjit.jit(plain, cache="symbol")
 
 
 def test_cache_static_keeps_one_program_per_shape():

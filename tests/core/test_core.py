@@ -144,7 +144,7 @@ def test_ints_and_strings_are_constants_in_the_key():
 
 def test_cache_is_bounded():
     from fjit.config import cache_size
-    jf = fjit.jit(lambda x: x + 1)
+    jf = fjit.jit(lambda x: x + 1, cache="static")     # one program per shape
     for n in range(cache_size() + 5):
         jf(torch.ones(n + 1))
     assert fjit.cache_info(jf).entries == cache_size()
@@ -154,7 +154,7 @@ def test_cache_is_bounded():
 def test_cache_evicts_the_least_recently_used_program(monkeypatch, path):
     # the general path: a list argument, which the generated fast path does not take
     monkeypatch.setenv("FJIT_CACHE_SIZE", "4")
-    jf = fjit.jit(lambda x: x[0] * 2 if isinstance(x, list) else x * 2)
+    jf = fjit.jit(lambda x: x[0] * 2 if isinstance(x, list) else x * 2, cache="static")
     call = (lambda n: jf([torch.ones(n)])) if path == "general" else (lambda n: jf(torch.ones(n)))
     for n in (1, 2, 3, 4, 1):          # 1 used again: 2 is now the least recently used
         call(n)
@@ -169,7 +169,7 @@ def test_cache_evicts_the_least_recently_used_program(monkeypatch, path):
 
 def test_cache_size_is_configurable_and_checked(monkeypatch):
     monkeypatch.setenv("FJIT_CACHE_SIZE", "100")
-    jf = fjit.jit(lambda x: x + 1)
+    jf = fjit.jit(lambda x: x + 1, cache="static")
     for n in range(1, 90):
         jf(torch.ones(n))
     for n in range(1, 90):             # the second pass hits every program

@@ -83,7 +83,7 @@ def test_a_size_renders_as_an_expression_with_its_value(sizes, steps):
 
 def _builds_over(fn, shapes, make, **env):
     """fn compiled and called at each shape, compared with eager: the kernels built per shape."""
-    jf = fjit.jit(fn)
+    jf = fjit.jit(fn, cache="static")
     counts = []
     for k, shape in enumerate(shapes):
         args = make(shape, k)
@@ -131,7 +131,7 @@ def test_auto_keeps_the_first_sizes_specialized_and_builds_nothing_from_the_thir
     counts = _builds_over(fn, [(3, 67), (3, 91), (3, 75), (3, 131), (3, 70)], _rows)
     assert counts == [1, 1, 0, 0, 0]
     monkeypatch.setattr(c_executor, "_SIZES_POLICY", runtime_sizes.Policy())   # a new family
-    jf = fjit.jit(fn)
+    jf = fjit.jit(fn, cache="static")
     jf(*_rows((3, 67), 0))
     assert "int64_t sz" not in "".join(str(t) for t in fjit.last_traces(jf))   # the first: literals
     jf(*_rows((3, 99), 0))
@@ -152,7 +152,7 @@ def test_number_inputs_and_sizes_have_distinct_parameters(monkeypatch):
     fn = lambda x, w, s: ((x * w + s).sin() * 2).exp()   # noqa: E731
     for n in (33, 47):
         x, w = torch.randn(40, n), torch.randn(n)
-        jf = fjit.jit(fn)
+        jf = fjit.jit(fn, cache="static")
         torch.testing.assert_close(jf(x, w, 0.5), fn(x, w, 0.5))
         source = str(fjit.last_traces(jf)[-1])
         assert "double s2" in source and "int64_t sz0" in source
@@ -176,7 +176,7 @@ def test_kernels_reused_across_random_shapes_give_eagers_answers(shapes, fn, mod
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(c_executor, "_SIZES_POLICY", runtime_sizes.Policy())
-            jf = fjit.jit(fn)
+            jf = fjit.jit(fn, cache="static")
             for k, (b, n, h) in enumerate(shapes):
                 x, w = _rows((b, n, h), k)
                 torch.testing.assert_close(jf(x, w), fn(x, w), equal_nan=True)
@@ -200,7 +200,7 @@ def test_slices_at_other_offsets_through_one_kernel_keep_their_offsets(monkeypat
         h = torch.cat([a, a, a], 1) @ w            # a matmul between: two regions
         return a, torch.tanh(h[:, 64:96]) * 2 + 1
     x, w = torch.randn(6, 96), torch.randn(96, 96)
-    jf = fjit.jit(fn)
+    jf = fjit.jit(fn, cache="static")
     for _ in range(2):
         for got, want in zip(jf(x, w), fn(x, w)):
             torch.testing.assert_close(got, want)

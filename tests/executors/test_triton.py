@@ -25,7 +25,7 @@ def _kernels(jf) -> list[str]:
 
 
 def _check(fn, *args, kernels=None, **tol):
-    jf = fjit.jit(fn)
+    jf = fjit.jit(fn, cache="static")
     torch.testing.assert_close(jf(*args), fn(*args), equal_nan=True, **tol)
     if kernels is not None:
         assert len(_kernels(jf)) == kernels, str(fjit.last_traces(jf)[-1])
@@ -360,7 +360,7 @@ def test_runtime_sizes_serve_new_lengths_with_one_kernel(monkeypatch, sizes):
     def fn(x, w):     # no mean: a mean divides by its row length, a literal of the trace
         return torch.softmax(x * w, -1) + torch.tanh(x).sum(-1, keepdim=True)
 
-    jf = fjit.jit(fn)
+    jf = fjit.jit(fn, cache="static")
     names = []
     for n, width in ((5, 40), (7, 45), (3, 51), (9, 37), (4, 9000), (6, 9500)):
         x, w = torch.randn(n, width), torch.randn(width)

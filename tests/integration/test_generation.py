@@ -111,7 +111,7 @@ def test_a_users_method_calling_self_runs_the_compiled_forward():
     ids = torch.randint(0, 50, (3, 4))
     jm = fjit.jit(model)
     torch.testing.assert_close(jm.sample(ids, 5), model.sample(ids, 5))
-    assert jm.cache_info().misses == 5          # one program per length
+    assert jm.cache_info().misses == 2          # the first length, then every length (symbolic)
     model(ids)                                  # the module itself, called directly, stays eager
     assert jm.cache_info().misses + jm.cache_info().hits == 5
 

@@ -1,0 +1,284 @@
+"""Symbolic sizes: a trace whose input dims are symbols, so that one program serves every value.
+
+A compilation that makes some input dims symbolic (fjit/cache.py decides which: the dims whose
+value changed between calls that would otherwise share a program) traces under a `SymbolicSizes`:
+torch's own `ShapeEnv` holds the symbols, each with the value of the compiling call as its hint,
+and meta runs become fake-tensor runs in that environment, so torch's shape rules compute the
+outputs' sizes as expressions of the symbols.  Every decision taken on a symbolic size -- a
+comparison in the user's code, in a shape rule or in one of fjit's passes, `int()` of one -- is
+decided by its hint and recorded by the environment as a guard.  The program is valid exactly
+where the guards hold: a call checks them on its inputs' sizes (`Guards`), and one that fails
+them compiles again.
+
+Sizes 0 and 1 are never symbolic (the environment specializes them, as torch.compile does): a
+broadcast against a dim of size 1 is another program.  The printed program binds each symbol
+from the input dim it stands for (`s0 = x.shape[1]`) and computes every size from them.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import weakref
+from typing import Callable
+
+import torch
+
+_ACTIVE = threading.local()
+_BY_ENV: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # ShapeEnv -> ref to its SymbolicSizes
+
+
+class SymbolicUnsupported(Exception):
+    """A symbolic size reached something that cannot compute with it: the call is compiled with
+    specialized sizes instead, this as the reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where a symbol's value comes from: dim `dim` of the flat input at `position`, named `name`
+    in the program."""
+    position: int
+    name: str
+    dim: int
+
+
+class SymbolicSizes:
+    """The symbols of one compilation, where they come from, and the guards taken on them."""
+
+    def __init__(self, dynamic: dict[int, frozenset]):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+        self.dynamic = dynamic          # flat input position -> the dims made symbolic
+        # No duck sizing: two dims equal at this call are two symbols until something equates them
+        # (a guard then says so); 0 and 1 are specialized.
+        self.env = ShapeEnv(duck_shape=False)
+        self.fake = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
+        self.sources: dict = {}        # the environment's symbol -> its Source
+        self.names: dict = {}          # the environment's symbol -> s0, s1, ... (sympy symbols)
+        self.specialized: list[tuple[Source, int]] = []       # dims asked for that are 0 or 1
+        self._inputs: dict[int, tuple] = {}     # flat position -> (shape, strides) made for it
+        _BY_ENV[self.env] = weakref.ref(self)     # not the object: a value must not hold its key
+
+    def shape_of(self, x: torch.Tensor, position: int, name: str) -> tuple[tuple, tuple]:
+        """(shape, strides) of the input `x` at flat `position`: its dynamic dims symbolic, its
+        strides the contiguous ones of that shape (an input with dynamic dims is contiguous)."""
+        dims = self.dynamic.get(position)
+        if not dims:
+            return tuple(x.shape), x.stride()
+        made = self._inputs.get(position)
+        if made is not None:         # a retrace of the same call: the same symbols
+            return made
+        if not x.is_contiguous():
+            raise SymbolicUnsupported(f"input {name} is not contiguous")
+        shape = tuple(self.size(n, position, name, d) if d in dims else n for d, n in enumerate(x.shape))
+        strides, step = [], 1
+        for n in reversed(shape):
+            strides.append(step)
+            step = step * n
+        made = self._inputs[position] = (shape, tuple(reversed(strides)))
+        return made
+
+    def size(self, hint: int, position: int, name: str, dim: int):
+        """A symbolic size for dim `dim` of input `name` (flat position `position`) whose value at
+        this call is `hint` (a plain int where the environment specializes it: 0 or 1)."""
+        from torch._dynamo.source import ConstantSource
+        from torch.fx.experimental.symbolic_shapes import DimDynamic
+        import sympy
+        symbol = self.env.create_symbol(hint, ConstantSource(f"{name}.shape[{dim}]"),
+                                        dynamic_dim=DimDynamic.DYNAMIC)
+        if not isinstance(symbol, sympy.Symbol):
+            self.specialized.append((Source(position, name, dim), hint))
+            return hint
+        self.sources[symbol] = Source(position, name, dim)
+        self.names[symbol] = sympy.Symbol(f"s{len(self.names)}", integer=True, positive=True)
+        return self.env.create_symintnode(symbol, hint=hint)
+
+    # -- printing ------------------------------------------------------------------------------
+    def text(self, value) -> str:
+        """A symbolic int as a Python expression of the program's size names (s0, s1, ...)."""
+        expr = self.env.simplify(value.node.expr)
+        if not expr.free_symbols <= set(self.names):
+            raise SymbolicUnsupported(f"a size {expr} of no input dim")
+        return _PRINTER.doprint(expr.xreplace(self.names))
+
+    def bindings(self, inputs: list) -> list[str]:
+        """The program's lines binding each size name from the input dim it stands for."""
+        names = {v.name for v in inputs}
+        lines = []
+        for symbol, source in self.sources.items():
+            if source.name not in names:
+                raise SymbolicUnsupported(f"size {self.names[symbol]} of {source.name}, not an input here")
+            lines.append(f"{self.names[symbol]} = {source.name}.shape[{source.dim}]")
+        return lines
+
+    def described(self) -> str:
+        """'s0 = x.shape[1], s1 = y.shape[0]' (what the symbols stand for)."""
+        return ", ".join(f"{self.names[s]} = {src.name}.shape[{src.dim}]" for s, src in self.sources.items())
+
+    # -- guards --------------------------------------------------------------------------------
+    def guards(self) -> "Guards":
+        """The conditions under which the compiled program is valid, as a check on a call's flat
+        inputs."""
+        import sympy
+        conditions: list[str] = []
+        shown: list[str] = []
+        for source, value in self.specialized:
+            conditions.append(f"L[{source.position}].shape[{source.dim}] == {value}")
+            shown.append(f"{source.name}.shape[{source.dim}] == {value}")
+        # the program computes an input's strides from its sizes as contiguous ones (shape_of)
+        for position in sorted({src.position for src in self.sources.values()}):
+            name = next(src.name for src in self.sources.values() if src.position == position)
+            conditions.append(f"L[{position}].is_contiguous()")
+            shown.append(f"{name} is contiguous")
+        by_source = {s: sympy.Symbol(f"L[{src.position}].shape[{src.dim}]") for s, src in self.sources.items()}
+        for symbol, source in self.sources.items():
+            bounds = self.env.var_to_range.get(symbol)
+            lower = int(bounds.lower) if bounds is not None and bounds.lower.is_Integer else 2
+            conditions.append(f"L[{source.position}].shape[{source.dim}] >= {lower}")
+            shown.append(f"{self.names[symbol]} >= {lower}")
+            if bounds is not None and bounds.upper.is_Integer:
+                conditions.append(f"L[{source.position}].shape[{source.dim}] <= {int(bounds.upper)}")
+                shown.append(f"{self.names[symbol]} <= {int(bounds.upper)}")
+        for guard in self.env.guards:
+            expr = guard.expr
+            if expr in (sympy.true, True):
+                continue
+            if not expr.free_symbols <= set(self.sources):
+                raise SymbolicUnsupported(f"a guard {expr} on a size of no input dim")
+            conditions.append(_PRINTER.doprint(expr.xreplace(by_source)))
+            shown.append(_PRINTER.doprint(expr.xreplace(self.names)))
+        specialized = [self.names[s] for s in self.sources if self._constant(s)]
+        if specialized:
+            raise SymbolicUnsupported(f"size{'s' if len(specialized) > 1 else ''} "
+                                      f"{', '.join(map(str, specialized))} ended up specialized "
+                                      f"(something read its value): no gain over one program per shape")
+        return Guards(conditions, shown)
+
+    def _constant(self, symbol) -> bool:
+        """Whether the guards pin `symbol` to one value (an int() of it, an equality with a constant)."""
+        replaced = self.env.replacements.get(symbol)
+        if replaced is not None and replaced.is_number:
+            return True
+        bounds = self.env.var_to_range.get(symbol)
+        return bounds is not None and bounds.lower == bounds.upper
+
+    def concrete(self, leaves: list) -> Callable:
+        """A function giving any symbolic int (or a plain one) its value at the call with flat
+        inputs `leaves`, taking no guard."""
+        values = {s: int(leaves[src.position].shape[src.dim]) for s, src in self.sources.items()}
+
+        def value(x):
+            if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                v = self.env.simplify(x.node.expr).xreplace(values)
+                return int(v) if isinstance(x, torch.SymInt) else float(v) if isinstance(x, torch.SymFloat) else bool(v)
+            return x
+        return value
+
+
+class Guards:
+    """A compiled check of the guards on a call's flat inputs `L`: `conditions` are Python
+    expressions of `L` (fjit's own text: sizes, integers and operators), `shown` the same
+    conditions as the program prints them (of s0, s1, ... and input names)."""
+
+    def __init__(self, conditions: list[str], shown: list[str]):
+        self.conditions, self.shown = conditions, shown
+        source = "lambda L: " + (" and ".join(f"({c})" for c in conditions) if conditions else "True")
+        self.check: Callable[[list], bool] = eval(source, {})      # noqa: S307 - our own text
+
+    def __call__(self, leaves: list) -> bool:
+        try:
+            return bool(self.check(leaves))
+        except (IndexError, AttributeError, ZeroDivisionError):    # another rank, a zero divisor
+            return False
+
+    def failed(self, leaves: list) -> str:
+        """The first condition `leaves` fails, as the program prints it (for fjit.explain)."""
+        for condition, shown in zip(self.conditions, self.shown):
+            try:
+                if eval("lambda L: " + condition, {})(leaves):     # noqa: S307
+                    continue
+            except (IndexError, AttributeError, ZeroDivisionError):
+                pass
+            return shown
+        return "no guard"
+
+
+class _Printer:
+    """torch's Python printer of sympy expressions, made on first use (sympy's printers are not
+    imported with fjit)."""
+
+    def doprint(self, expr) -> str:
+        from torch.utils._sympy.printers import PythonPrinter
+        global _PRINTER
+        _PRINTER = PythonPrinter()
+        return _PRINTER.doprint(expr)
+
+
+_PRINTER = _Printer()
+
+
+def active() -> SymbolicSizes | None:
+    """The symbolic sizes of the compilation this thread is tracing, if any."""
+    return getattr(_ACTIVE, "sizes", None)
+
+
+@contextlib.contextmanager
+def symbolic(sizes: SymbolicSizes | None):
+    """Trace and compile under `sizes` (None: sizes stay concrete)."""
+    old = active()
+    _ACTIVE.sizes = sizes
+    try:
+        yield sizes
+    finally:
+        _ACTIVE.sizes = old
+
+
+def is_symbolic(x) -> bool:
+    """Whether `x` (a size, or a tuple of them) holds a symbolic int."""
+    if isinstance(x, (tuple, list, torch.Size)):
+        return any(isinstance(s, torch.SymInt) for s in x)
+    return isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def hint(x):
+    """A size's value at the compiling call (a plain int as itself), taking no guard: for questions
+    whose answer the caller has made hold at every size by guards of its own."""
+    if isinstance(x, torch.SymInt):
+        return int(x.node.shape_env.optimization_hint(x.node.expr))
+    return x
+
+
+def same(a, b) -> bool:
+    """`a == b` (sizes, or tuples of them, or any values) decided without taking a guard: a
+    symbolic size is the same as another only where their expressions are identical.  For the
+    choices of passes that are optional (reuse a buffer, drop a view that changes nothing), whose
+    "no" is always right: a guard there would make the program one of fewer sizes for nothing."""
+    if isinstance(a, (tuple, list, torch.Size)) and isinstance(b, (tuple, list, torch.Size)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    symbolic_a, symbolic_b = is_symbolic(a), is_symbolic(b)
+    if not symbolic_a and not symbolic_b:
+        return a == b
+    ea = a.node.expr if symbolic_a else a
+    eb = b.node.expr if symbolic_b else b
+    sizes = sizes_of(a if symbolic_a else b)
+    if sizes is not None:
+        ea, eb = sizes.env.simplify(ea) if symbolic_a else ea, sizes.env.simplify(eb) if symbolic_b else eb
+    return bool(ea == eb) if not (isinstance(ea, int) and isinstance(eb, int)) else ea == eb
+
+
+def sizes_of(x) -> SymbolicSizes | None:
+    """The SymbolicSizes a symbolic int belongs to (None for a plain one)."""
+    node = getattr(x, "node", None)
+    ref = None if node is None else _BY_ENV.get(node.shape_env)
+    return None if ref is None else ref()
+
+
+def size_text(s) -> str:
+    """A size as printed: its value, or a symbolic one's expression of the size names."""
+    sizes = sizes_of(s)
+    if sizes is not None:
+        try:
+            return sizes.text(s)
+        except SymbolicUnsupported:
+            pass
+    return str(s)

@@ -1,0 +1,192 @@
+"""Symbolic sizes (fjit/core/symbolic.py, fjit/cache.py): a dim whose value changes between calls
+becomes a symbol on the next compile, one program then serves every value its guards admit, a
+failed guard compiles again (and fjit.explain says which guard), and every call equals eager --
+sizes 0 and 1, broadcasting against 1 and empty tensors included."""
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+
+import fjit
+
+
+def attention_block(x, w):
+    h = F.gelu(x @ w, approximate="tanh")
+    a = (h @ h.transpose(-1, -2) / h.shape[-1] ** 0.5).softmax(-1)
+    return F.layer_norm(a @ h, (h.shape[-1],))
+
+
+def test_a_length_that_changes_becomes_a_symbol_and_later_lengths_compile_nothing():
+    jf = fjit.jit(attention_block)
+    w = torch.randn(16, 16)
+    for n in (5, 7, 9, 12, 33, 7):
+        x = torch.randn(2, n, 16)
+        torch.testing.assert_close(jf(x, w), attention_block(x, w))
+    info = fjit.cache_info(jf)
+    assert (info.misses, info.hits) == (2, 4), info
+    text = str(fjit.explain(jf))
+    assert "symbolic program: symbolic sizes s0 = x.shape[1]" in text, text
+    source = str(fjit.last_traces(jf)[-1])
+    assert "s0 = x.shape[1]" in source and 'f32[2, s0, 16]' in source, source
+
+
+def test_the_printed_symbolic_program_runs_at_other_sizes():
+    jf = fjit.jit(attention_block, cache="symbolic")
+    w = torch.randn(16, 16)
+    jf(torch.randn(3, 6, 16), w)
+    ns: dict = {}
+    exec(str(fjit.last_traces(jf)[-1]), ns)                    # noqa: S102 - fjit's own printed trace
+    x = torch.randn(4, 11, 16)
+    torch.testing.assert_close(ns["computation"](x, w), attention_block(x, w))
+
+
+def test_cache_symbolic_compiles_once_and_static_once_per_shape():
+    def f(x, y):
+        return (x * y.sum(0)).relu().mean(-1)
+    shapes = [(3, 4), (5, 4), (6, 9), (2, 2), (3, 4)]
+    symbolic, static = fjit.jit(f, cache="symbolic"), fjit.jit(f, cache="static")
+    for m, n in shapes:
+        x, y = torch.randn(m, n), torch.randn(7, n)
+        torch.testing.assert_close(symbolic(x, y), f(x, y))
+        torch.testing.assert_close(static(x, y), f(x, y))
+    assert fjit.cache_info(symbolic).misses == 1
+    assert fjit.cache_info(static).misses == 4
+
+
+def test_a_failed_guard_compiles_again_and_explain_names_it():
+    def branchy(x):
+        if x.shape[0] > 8:          # Python control flow on a size: a guard either way
+            return x * 2
+        return x - 1
+    jf = fjit.jit(branchy)
+    for n in (3, 4, 6):
+        torch.testing.assert_close(jf(torch.ones(n, 2)), branchy(torch.ones(n, 2)))
+    assert fjit.cache_info(jf).misses == 2
+    torch.testing.assert_close(jf(torch.ones(12, 2)), torch.full((12, 2), 2.0))
+    assert fjit.cache_info(jf).misses == 3
+    last = str(fjit.explain(jf)).split("call ")[-1]
+    assert "the symbolic program's guard s0 <= 8 fails" in last, last
+    torch.testing.assert_close(jf(torch.ones(20, 2)), torch.full((20, 2), 2.0))
+    torch.testing.assert_close(jf(torch.ones(5, 2)), torch.zeros(5, 2))
+    assert fjit.cache_info(jf).misses == 3
+
+
+def test_sizes_zero_and_one_and_broadcasting_against_one_equal_eager():
+    def f(x, y):
+        return (x + y).exp().sum(-1, keepdim=True) * x.shape[0]
+    jf = fjit.jit(f, cache="symbolic")
+    for (a, b), (c, d) in [((4, 5), (1, 5)), ((4, 5), (4, 1)), ((1, 5), (4, 5)), ((4, 5), (4, 5)),
+                           ((0, 5), (1, 5)), ((3, 1), (1, 6)), ((6, 6), (6, 6)), ((2, 0), (2, 1))]:
+        x, y = torch.randn(a, b), torch.randn(c, d)
+        torch.testing.assert_close(jf(x, y), f(x, y))
+
+
+def test_a_reshape_to_a_size_not_dividing_raises_as_eager():
+    def f(x):
+        return x.reshape(-1, 4).sum(1)
+    jf = fjit.jit(f)
+    for n in (8, 12, 16):
+        torch.testing.assert_close(jf(torch.arange(float(n))), f(torch.arange(float(n))))
+    with pytest.raises(RuntimeError, match="invalid for input of size 10"):
+        jf(torch.arange(10.0))
+
+
+def test_a_symbolic_program_trains_as_eager():
+    def loss(x, w):
+        return (x @ w).tanh().pow(2).mean()
+    jf = fjit.jit(loss)
+    for n in (3, 5, 8):
+        x = torch.randn(n, 6)
+        w1, w2 = torch.randn(6, 4, requires_grad=True), None
+        w2 = w1.detach().clone().requires_grad_()
+        jf(x, w1).backward()
+        loss(x, w2).backward()
+        torch.testing.assert_close(w1.grad, w2.grad)
+    assert fjit.cache_info(jf).misses == 2
+
+
+def test_a_size_read_as_a_plain_int_specializes_and_says_why():
+    def f(x):
+        n = int(x.shape[0])            # the value itself: a program per value
+        return x * n
+    jf = fjit.jit(f)
+    for n in (3, 4, 5):
+        torch.testing.assert_close(jf(torch.ones(n)), torch.full((n,), float(n)))
+    assert fjit.cache_info(jf).misses == 3
+    assert "symbolic sizes declined" in str(fjit.explain(jf))
+
+
+def test_a_module_over_sequence_lengths_compiles_twice():
+    layer = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True).eval()
+    jm = fjit.jit(layer)
+    with torch.no_grad():
+        for n in (4, 6, 9, 13):
+            x = torch.randn(2, n, 16)
+            torch.testing.assert_close(jm(x), layer(x), rtol=1e-4, atol=1e-5)
+    assert fjit.cache_info(jm).misses == 2
+
+
+# -- random shape-polymorphic programs at random shapes -----------------------------------------
+
+_UNARY = ["torch.tanh({})", "({}).relu()", "({}).exp().clamp(max=50.0)", "torch.sigmoid({})", "({}) * 0.5 + 1"]
+_BINARY = ["({}) + ({})", "({}) * ({})", "torch.maximum({}, {})", "({}) - ({})"]
+_SHAPE = ["({0}).sum(-1, keepdim=True)", "({0}).softmax(-1)", "({0}).mean(0, keepdim=True)",
+          "({0}).transpose(0, 1).contiguous().transpose(0, 1)", "({0})[:, : ({0}).shape[1] // 2 + 1]",
+          "torch.cat([{0}, {0}], 0)[: ({0}).shape[0]]", "({0}).flip(0)", "({0}).reshape(({0}).shape[0], -1)",
+          "(({0}) @ ({0}).transpose(0, 1)).sum(0, keepdim=True).transpose(0, 1).expand(-1, ({0}).shape[1])"]
+
+
+@st.composite
+def shape_polymorphic_programs(draw):
+    """Source of `def program(x, y)` over x [m, n] and y [m or 1, n or 1]: every intermediate
+    stays [m, n] or broadcasts to it, whatever m and n are."""
+    lines, vals = [], ["x", "(y + x * 0)"]
+    for i in range(draw(st.integers(2, 6))):
+        kind = draw(st.sampled_from(["unary", "binary", "shape"]))
+        a = draw(st.sampled_from(vals))
+        if kind == "unary":
+            expr = draw(st.sampled_from(_UNARY)).format(a)
+        elif kind == "binary":
+            expr = draw(st.sampled_from(_BINARY)).format(a, draw(st.sampled_from(vals + ["y"])))
+        else:
+            expr = draw(st.sampled_from(_SHAPE)).format(a)
+            expr = f"(({expr}) + x * 0)"     # back to [m, n] by broadcasting
+        lines.append(f"    v{i} = {expr}")
+        vals.append(f"v{i}")
+    return "def program(x, y):\n" + "\n".join(lines) + f"\n    return {vals[-1]}\n"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(source=shape_polymorphic_programs(),
+       shapes=st.lists(st.tuples(st.integers(0, 7), st.integers(1, 7), st.booleans(), st.booleans()),
+                       min_size=2, max_size=5),
+       mode=st.sampled_from(["metadata", "symbolic"]))
+def test_random_programs_at_random_shapes_equal_eager_forward_and_backward(source, shapes, mode):
+    ns: dict = {"torch": torch}
+    exec(source, ns)                                           # noqa: S102 - the test's own source
+    fn = ns["program"]
+    jf = fjit.jit(fn, cache=mode)
+    for m, n, y_rows, y_cols in shapes:
+        x = torch.randn(m, n, dtype=torch.float64)
+        y = torch.randn(m if y_rows else 1, n if y_cols else 1, dtype=torch.float64)
+        xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
+        expected_x, expected_y = x.clone().requires_grad_(), y.clone().requires_grad_()
+        try:
+            expected = fn(expected_x, expected_y)
+        except RuntimeError:                 # e.g. reshape(0, -1): fjit raises as eager does
+            with pytest.raises(RuntimeError):
+                jf(xs, ys)
+            continue
+        out = jf(xs, ys)
+        torch.testing.assert_close(out, expected, msg=lambda msg: f"{source}\nat {m}x{n}: {msg}")
+        if expected.requires_grad and expected.numel():
+            cotangent = torch.randn_like(expected)
+            grads = torch.autograd.grad(out, (xs, ys), cotangent, allow_unused=True)
+            wanted = torch.autograd.grad(expected, (expected_x, expected_y), cotangent, allow_unused=True)
+            for g, e in zip(grads, wanted):
+                if e is None:
+                    continue
+                torch.testing.assert_close(g, e, msg=lambda msg: f"{source}\ngrad at {m}x{n}: {msg}")
