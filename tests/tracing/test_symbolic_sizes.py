@@ -38,7 +38,7 @@ def test_the_printed_symbolic_program_runs_at_other_sizes():
     w = torch.randn(16, 16)
     jf(torch.randn(3, 6, 16), w)
     ns: dict = {}
-    exec(str(fjit.last_traces(jf)[-1]), ns)                    # noqa: S102 - fjit's own printed trace
+    exec(str(fjit.last_traces(jf)[-1]), ns)
     x = torch.randn(4, 11, 16)
     torch.testing.assert_close(ns["computation"](x, w), attention_block(x, w))
 
@@ -166,7 +166,7 @@ def shape_polymorphic_programs(draw):
        mode=st.sampled_from(["metadata", "symbolic"]))
 def test_random_programs_at_random_shapes_equal_eager_forward_and_backward(source, shapes, mode):
     ns: dict = {"torch": torch}
-    exec(source, ns)                                           # noqa: S102 - the test's own source
+    exec(source, ns)
     fn = ns["program"]
     jf = fjit.jit(fn, cache=mode)
     for m, n, y_rows, y_cols in shapes:
