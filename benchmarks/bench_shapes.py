@@ -13,8 +13,10 @@ until timed:
   interleaved rounds.
 Also the function of issue 54 (linear, tanh-GELU, a softmax over h h^T, layer norm).
 
-Entries: `fjit.jit`, `jit_specialized` (fjit.jit with FJIT_KERNEL_SIZES=specialized: a kernel
-build per size, the yardstick of the runtime-size kernels' steady time),
+Entries: `fjit.jit` (automatic symbolic sizes: the second shape compiles a program with symbolic
+sizes that serves the rest), `jit_static` (fjit.jit with cache="static": a program per shape, each
+specialized, the yardstick of the symbolic program's steady time), `jit_specialized` (cache="static"
+and FJIT_KERNEL_SIZES=specialized: also a kernel build per size),
 `torch.compile(backend="fjit", dynamic=True)`, `torch.compile(dynamic=True)` (Inductor).
 
     python benchmarks/bench_shapes.py [--models gpt2 bert llama fn] [--modes infer train]
@@ -107,8 +109,8 @@ def _entry(entry: str, name: str):
     target = _function()[0] if name == "fn" else _model(name)
     if entry == "eager":
         return target, lambda: 0
-    if entry in ("jit", "jit_specialized"):
-        jitted = fjit.jit(target)
+    if entry in ("jit", "jit_static", "jit_specialized"):
+        jitted = fjit.jit(target, cache="metadata" if entry == "jit" else "static")
         return jitted, lambda: fjit.cache_info(jitted).misses
     compiled = torch.compile(target, backend="fjit" if entry == "backend" else "inductor", dynamic=True)
     return compiled, lambda: torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -164,8 +166,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
     parser.add_argument("--lengths", type=int, default=20, help="sequence lengths, spread over 8..160")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--entries", nargs="+", default=["jit", "jit_specialized", "backend", "inductor"],
-                        choices=["jit", "jit_specialized", "backend", "inductor"])
+    parser.add_argument("--entries", nargs="+", default=["jit", "jit_static", "backend", "inductor"],
+                        choices=["jit", "jit_static", "jit_specialized", "backend", "inductor"])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     lengths = sorted({round(8 + k * (160 - 8) / max(1, args.lengths - 1)) for k in range(args.lengths)})

@@ -203,7 +203,8 @@ class JittedFunction(Generic[P, R]):
         if not dynamic:
             return None, ""
         try:
-            compiled = pipeline.compile_symbolic(self._fn, args, kwargs, leaves, self._mode, dynamic)
+            compiled = pipeline.compile_symbolic(self._fn, args, kwargs, leaves, self._mode, self._executors,
+                                                dynamic)
         except Exception as e:          # noqa: BLE001 -- the specialized compile says the user's errors
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             cache.symbolic_declined = reason

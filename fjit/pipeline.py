@@ -106,7 +106,7 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
 
 
 def compile_symbolic(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: TraceMode,
-                     dynamic: dict[int, frozenset]) -> Compilation:
+                     executors: tuple, dynamic: dict[int, frozenset]) -> Compilation:
     """Trace `fn` with the input dims `dynamic` ({flat input position: dims}) symbolic and compile
     it to a program valid wherever its guards hold (core/symbolic.py).  Its ops are torch calls,
     which take any sizes, differentiated by torch autograd: no kernel, no joint program, no
@@ -120,7 +120,7 @@ def compile_symbolic(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode
             result = trace_function(fn, args, kwargs, leaves, mode, TRACE_NAMESPACE, observed)
             if result.trace.checkpointed:
                 raise SymbolicUnsupported("activation checkpointing is honoured by the specialized joint program")
-            traces = lower(result.trace, (Executor.TORCH,), leaves)
+            traces = lower(result.trace, executors, leaves)
             first = _NOT_RUN
             if not torch_executor.has_opaque_ops(traces[0]):
                 break

@@ -10,8 +10,6 @@ from typing import Any, Callable
 
 import torch
 
-from fjit.core.symbolic import size_text
-
 
 class Tag(enum.Enum):
     """Properties of a symbol.  Behaviour is looked up by tag in tables, not by subclass."""
@@ -78,7 +76,9 @@ class TensorVar:
     def numel(self) -> int:
         return math.prod(self.shape)
 
-    def type_string(self) -> str:
+    def type_string(self, size_text: Callable = str) -> str:
+        """'cpu f32[2, s0, 16]': `size_text` prints a size (a symbolic trace's printer passes its
+        own, which names the symbols as the program binds them)."""
         dt = DTYPE_SHORT.get(self.dtype, str(self.dtype).replace("torch.", ""))
         dims = ", ".join(size_text(s) for s in self.shape)
         bits = " conj" * self.conj_bit + " neg" * self.neg_bit
@@ -97,7 +97,7 @@ class NumberVar:
         self.name = name
         self.pytype = pytype
 
-    def type_string(self) -> str:
+    def type_string(self, size_text: Callable = str) -> str:
         return self.pytype.__name__
 
     def __repr__(self):
@@ -114,7 +114,7 @@ class GeneratorVar:
         self.name = name
         self.device = device
 
-    def type_string(self) -> str:
+    def type_string(self, size_text: Callable = str) -> str:
         return f"generator {self.device.type}"
 
     def __repr__(self):

@@ -28,7 +28,7 @@ def meta_tensor(v: TensorVar) -> torch.Tensor:
     complex value requires grad as a float one does: the real part of an FFT's requires grad in
     eager, and dropping it dropped the gradient there.)"""
     sizes = active()
-    with contextlib.nullcontext() if sizes is None else sizes.fake:
+    with contextlib.nullcontext() if sizes is None else sizes.shape_rules():
         m = torch.empty_strided(v.shape, v.strides, dtype=v.dtype, device="meta",
                                 requires_grad=v.requires_grad and (v.dtype.is_floating_point or v.dtype.is_complex))
     return _with_bits(m, v.conj_bit, v.neg_bit)
@@ -85,7 +85,7 @@ def run_meta(func, margs, mkwargs):
     """func(*margs, **mkwargs) on meta tensors, from the memo when an equal call was seen."""
     sizes = active()
     if sizes is not None:       # symbolic sizes: torch's shape rules in their environment, no memo
-        with sizes.fake:
+        with sizes.shape_rules():
             return func(*margs, **mkwargs)
     try:
         # grad mode decides the outputs' requires_grad (what the compiled backward differentiates)

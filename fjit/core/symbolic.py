@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import threading
 import weakref
 from typing import Callable
 
 import torch
+
+from fjit.core.ir import BoundSymbol, TensorVar
 
 _ACTIVE = threading.local()
 _BY_ENV: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # ShapeEnv -> ref to its SymbolicSizes
@@ -57,7 +60,18 @@ class SymbolicSizes:
         self.names: dict = {}          # the environment's symbol -> s0, s1, ... (sympy symbols)
         self.specialized: list[tuple[Source, int]] = []       # dims asked for that are 0 or 1
         self._inputs: dict[int, tuple] = {}     # flat position -> (shape, strides) made for it
+        self.symints: dict = {}                  # the environment's symbol -> its SymInt
         _BY_ENV[self.env] = weakref.ref(self)     # not the object: a value must not hold its key
+
+    @contextlib.contextmanager
+    def shape_rules(self):
+        """Where meta runs take torch's symbolic shape rules: fake tensors of this environment, with
+        the Python dispatcher on (as Dynamo runs them), so that an op whose C++ meta kernel wants
+        concrete sizes (F.pad's constant_pad_nd) takes its Python decomposition, which computes with
+        the symbols, instead of pinning them."""
+        from torch._dispatch.python import enable_python_dispatcher
+        with self.fake, enable_python_dispatcher():
+            yield
 
     def shape_of(self, x: torch.Tensor, position: int, name: str) -> tuple[tuple, tuple]:
         """(shape, strides) of the input `x` at flat `position`: its dynamic dims symbolic, its
@@ -91,7 +105,29 @@ class SymbolicSizes:
             return hint
         self.sources[symbol] = Source(position, name, dim)
         self.names[symbol] = sympy.Symbol(f"s{len(self.names)}", integer=True, positive=True)
-        return self.env.create_symintnode(symbol, hint=hint)
+        made = self.symints[symbol] = self.env.create_symintnode(symbol, hint=hint)
+        return made
+
+    # -- kernels of symbolic regions -------------------------------------------------------------
+    def symbols_of(self, x) -> list:
+        """The symbols (as SymInts, in the order they were made) that the sizes in `x` (any nesting
+        of values, variables, bound symbols and dataclasses of them) are expressions of."""
+        found: set = set()
+        _walk_sizes(x, lambda v: found.update(self.env.simplify(v.node.expr).free_symbols))
+        return [self.symints[s] for s in self.sources if s in found]
+
+    def concretizer(self, symbols: list, values: tuple) -> Callable:
+        """A function giving `x` (as symbols_of takes it) with every size evaluated where the
+        symbols `symbols` have the values `values`: a region of a symbolic program, instantiated
+        for one call's sizes (what a kernel is generated from)."""
+        table = {s.node.expr: v for s, v in zip(symbols, values)}
+        memo: dict = {}
+
+        def size(v):
+            value = self.env.simplify(v.node.expr).xreplace(table)
+            return int(value) if isinstance(v, torch.SymInt) else float(value) \
+                if isinstance(v, torch.SymFloat) else bool(value)
+        return lambda x: _concrete(x, size, memo)
 
     # -- printing ------------------------------------------------------------------------------
     def text(self, value) -> str:
@@ -175,15 +211,70 @@ class SymbolicSizes:
         return value
 
 
+def _walk_sizes(x, visit) -> None:
+    """Call `visit` on every symbolic int inside `x` (see SymbolicSizes.symbols_of)."""
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        visit(x)
+    elif isinstance(x, TensorVar):
+        for s in (*x.shape, *x.strides):
+            if isinstance(s, torch.SymInt):
+                visit(s)
+    elif isinstance(x, BoundSymbol):
+        _walk_sizes((x.args, x.kwargs, x.output, x.subsymbols), visit)
+    elif isinstance(x, (tuple, list, set, frozenset)):
+        for y in x:
+            _walk_sizes(y, visit)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _walk_sizes(y, visit)
+    elif isinstance(x, slice):
+        _walk_sizes((x.start, x.stop, x.step), visit)
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        for f in dataclasses.fields(x):
+            _walk_sizes(getattr(x, f.name), visit)
+
+
+def _concrete(x, size, memo: dict):
+    """`x` with every symbolic int replaced by size(it) (variables made once per name: `memo`)."""
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return size(x)
+    if isinstance(x, TensorVar):
+        made = memo.get(x.name)
+        if made is None:
+            made = memo[x.name] = x.replaced(shape=tuple(size(s) if isinstance(s, torch.SymInt) else s for s in x.shape),
+                                             strides=tuple(size(s) if isinstance(s, torch.SymInt) else s
+                                                           for s in x.strides))
+        return made
+    if isinstance(x, BoundSymbol):
+        return x.replace(args=_concrete(x.args, size, memo), kwargs=_concrete(x.kwargs, size, memo),
+                         output=_concrete(x.output, size, memo), subsymbols=_concrete(x.subsymbols, size, memo))
+    if isinstance(x, (tuple, list, set, frozenset)) and not hasattr(x, "_fields"):
+        return type(x)(_concrete(y, size, memo) for y in x)
+    if isinstance(x, dict):
+        return {k: _concrete(v, size, memo) for k, v in x.items()}
+    if isinstance(x, slice):
+        return slice(*(_concrete(y, size, memo) for y in (x.start, x.stop, x.step)))
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: _concrete(getattr(x, f.name), size, memo)
+                                         for f in dataclasses.fields(x) if f.init})
+    return x
+
+
+# What torch's Python printer of sympy may name in a condition (torch.sym_float, math.floor, ...)
+_GUARD_NAMES = {"torch": torch, "math": math}
+
+
 class Guards:
     """A compiled check of the guards on a call's flat inputs `L`: `conditions` are Python
     expressions of `L` (fjit's own text: sizes, integers and operators), `shown` the same
     conditions as the program prints them (of s0, s1, ... and input names)."""
 
     def __init__(self, conditions: list[str], shown: list[str]):
+        kept = dict.fromkeys(zip(conditions, shown))        # each condition once, in order
+        conditions, shown = [c for c, _ in kept], [s for _, s in kept]
         self.conditions, self.shown = conditions, shown
         source = "lambda L: " + (" and ".join(f"({c})" for c in conditions) if conditions else "True")
-        self.check: Callable[[list], bool] = eval(source, {})      # noqa: S307 - our own text
+        self.check: Callable[[list], bool] = eval(source, _GUARD_NAMES)      # noqa: S307 - our own text
 
     def __call__(self, leaves: list) -> bool:
         try:
@@ -195,7 +286,7 @@ class Guards:
         """The first condition `leaves` fails, as the program prints it (for fjit.explain)."""
         for condition, shown in zip(self.conditions, self.shown):
             try:
-                if eval("lambda L: " + condition, {})(leaves):     # noqa: S307
+                if eval("lambda L: " + condition, _GUARD_NAMES)(leaves):     # noqa: S307
                     continue
             except (IndexError, AttributeError, ZeroDivisionError):
                 pass
@@ -238,6 +329,16 @@ def is_symbolic(x) -> bool:
     if isinstance(x, (tuple, list, torch.Size)):
         return any(isinstance(s, torch.SymInt) for s in x)
     return isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def known(condition) -> bool:
+    """Whether `condition` (a bool, or a comparison of symbolic sizes) holds at every size,
+    taking no guard: for optional rewrites whose "no" is always right, which a guard would only
+    split into programs per size class."""
+    if isinstance(condition, torch.SymBool):
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+        return statically_known_true(condition)
+    return bool(condition)
 
 
 def hint(x):

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 
 from fjit.core.ir import BoundSymbol, Tag, Var, is_structseq
-from fjit.core.symbolic import SymbolicUnsupported, sizes_of
+from fjit.core.symbolic import SymbolicUnsupported, size_text, sizes_of
 
 
 @dataclasses.dataclass
@@ -268,7 +268,7 @@ class TracePrinter:
             lines += [f"{indent}# {line}".rstrip() for line in b.comment.splitlines()]
         if b.sym.qualname == "del":
             return lines + [f"{indent}del {', '.join(v.name for v in b.args)}"]
-        types = "  ".join(f"{v.name}: \"{v.type_string()}\"" for v in b.outputs())
+        types = "  ".join(f"{v.name}: \"{v.type_string(size_text)}\"" for v in b.outputs())
         note = "  # torch fallback" if b.sym.has(Tag.FALLBACK) else ""
         lines.append(f"{indent}{self.target(b.output)} = {self.call(b)}" +
                      (f"  # {types}" if types else "") + note)
@@ -299,7 +299,7 @@ class TracePrinter:
         params = ", ".join(v.name for v in t.inputs)
         lines = [f"# fjit trace of {t.name!r}, stage: {t.stage}", f"def computation({params}):"]
         if t.inputs:
-            lines.append("  # " + "  ".join(f"{v.name}: \"{v.type_string()}\"" for v in t.inputs))
+            lines.append("  # " + "  ".join(f"{v.name}: \"{v.type_string(size_text)}\"" for v in t.inputs))
         if t.sizes is not None:
             lines += [f"  {line}" for line in t.sizes.bindings(t.inputs)]
         for b in t.bsyms:

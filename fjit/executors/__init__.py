@@ -145,7 +145,7 @@ def _region_digest(region) -> str:
     parts.append(tuple(term(v) for v in region.outputs))
     # inputs read through the value they view, at an offset: a kernel taking its sizes at run time
     # takes the offset as an argument, so two slices of one value share a source and layouts
-    parts.append(tuple((k, term(base), int(offset)) for k, (base, offset) in sorted(region.bases.items())))
+    parts.append(tuple((k, term(base), str(offset)) for k, (base, offset) in sorted(region.bases.items())))
     return hashlib.sha1(repr(parts).encode()).hexdigest()[:8]
 
 

@@ -19,6 +19,7 @@ import fjit.config as config
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar
 from fjit.core.prims import Prim, prim_of
 from fjit.core.prims.layout import reshape_copies
+from fjit.core.symbolic import is_symbolic, known
 from fjit.core.trace import Trace
 from fjit.runtime import (convolution_vjp, convolution_vjp_by_gemm, linear_as_conv, matmul_as_conv,
                           matmul_as_input_grad, matmul_as_weight_grad)
@@ -113,6 +114,8 @@ def _unrolled(m: BoundSymbol) -> tuple | None:
     unroll_thin_matmuls says, or None."""
     a, w = m.args[:2] if len(m.args) >= 2 and not m.kwargs else (None, None)
     z = m.outputs()[0]
+    if any(isinstance(v, TensorVar) and is_symbolic(v.shape) for v in (a, w, z)):
+        return None      # unrolled for a thin K: a choice per size, not made for a symbolic program
     if not (isinstance(a, TensorVar) and isinstance(w, TensorVar) and a.ndim >= 2
             and (w.ndim == 2 or w.ndim == a.ndim and tuple(w.shape[:-2]) == tuple(a.shape[:-2]))
             and 0 < w.shape[-2] <= THIN_MATMUL_K and a.shape[-1] == w.shape[-2] and z.ndim == a.ndim
@@ -169,7 +172,7 @@ def copies_in_kernels(flat: list, supported: Callable[[BoundSymbol], bool], dens
             out.append(b)
             # an op's own copy (torch.matmul's recorded with the operand it copies) goes apart
             changed |= p is Prim.CONTIGUOUS and len(flat) > 1 and supported(b) and \
-                math.prod(b.outputs()[0].shape) >= COPY_MIN_NUMEL
+                known(math.prod(b.outputs()[0].shape) >= COPY_MIN_NUMEL)
         else:
             out += new
             changed = True
@@ -191,7 +194,7 @@ def _dense(x: TensorVar, name: str, supported, dense: dict) -> tuple:
 
 def _reshape_copy(r: BoundSymbol, supported, dense: dict) -> list | None:
     x, z = r.args[0], r.outputs()[0]
-    if not isinstance(x, TensorVar) or math.prod(x.shape) < COPY_MIN_NUMEL or len(r.outputs()) != 1 \
+    if not isinstance(x, TensorVar) or not known(math.prod(x.shape) >= COPY_MIN_NUMEL) or len(r.outputs()) != 1 \
             or tuple(z.strides) != tuple(contiguous_strides(tuple(z.shape))) or not reshape_copies(x, tuple(z.shape)):
         return None
     c, copies = _dense(x, f"{z.name}_dense", supported, dense)
@@ -206,7 +209,7 @@ def _matmul_copies(m: BoundSymbol, supported, dense: dict) -> list | None:
     copies, args = [], []
     for k, x in enumerate((a, b)):
         c, made = _dense(x, f"{m.outputs()[0].name}_in{k}", supported, dense) if x.ndim >= 3 and \
-            math.prod(x.shape) >= COPY_MIN_NUMEL and reshape_copies(x, (-1, *x.shape[-2:])) else (None, [])
+            known(math.prod(x.shape) >= COPY_MIN_NUMEL) and reshape_copies(x, (-1, *x.shape[-2:])) else (None, [])
         copies += made
         args.append(c if c is not None else x)
     return copies + [m.replace(args=(*args, *m.args[2:]))] if args[0] is not a or args[1] is not b else None

@@ -22,6 +22,7 @@ inputs require grad under grad mode stays with the torch executor.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import hashlib
 import math
@@ -41,6 +42,7 @@ import torch
 import fjit.config as config
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, map_values
 from fjit.core.prims import Prim, prim_of
+from fjit.core.symbolic import hint, is_symbolic, known
 from fjit.core.trace import Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable, runtime_sizes
 from fjit.executors.c import batch_norm, max_pool
@@ -68,9 +70,18 @@ def mode() -> str:
 def _claimable(b: BoundSymbol) -> bool:
     """Whether a C kernel takes the prim `b`: the generator supports it, and a prim calling a
     scalar libm function touches at most MAX_NUMEL_LIBM elements per tensor."""
-    limit = MAX_NUMEL_LIBM if calls_libm(b) else MAX_NUMEL
-    return supported(b) and all(math.prod(v.shape) <= limit
+    libm = calls_libm(b)
+    return supported(b) and all(_fits(math.prod(v.shape), libm)
                                 for v in b.inputs() + b.outputs() if isinstance(v, TensorVar))
+
+
+def _fits(numel, libm: bool) -> bool:
+    """numel within the kernels' limit.  Symbolic, decided without a guard: MAX_NUMEL holds for
+    any tensor that can exist, and a scalar libm prim is a torch call unless MAX_NUMEL_LIBM holds
+    at every size (a guard would split the program by size class for a crossover)."""
+    if is_symbolic(numel):
+        return known(numel <= MAX_NUMEL_LIBM) if libm else True
+    return numel <= (MAX_NUMEL_LIBM if libm else MAX_NUMEL)
 
 
 # gelu stays one torch call: eager's vectorized CPU kernel gives nan at +-inf (AVX512 here), where
@@ -94,6 +105,9 @@ def claim(trace: Trace, leaves: list) -> Trace | None:
         return None
     # a region of one prim stays a torch call: that costs what a kernel call does; but a copy of
     # a permuted value is twice as fast in a kernel as ATen's strided copy_
+    if trace.sizes is not None:      # a symbolic program: kernels made per call's sizes
+        return _PARTITIONER.fuse(trace, "c_fusion", lambda r: _symbolic_region_bsym(r, trace.sizes),
+                                 worth=lambda r: len(r.bsyms) > 1)
     fused = _PARTITIONER.fuse(trace, "c_fusion", _region_bsym, worth=lambda r: len(r.bsyms) > 1 or (
         prim_of(r.bsyms[0]) is Prim.CONTIGUOUS and math.prod(r.domain) >= COPY_MIN_NUMEL))
     for written in (batch_norm, max_pool):
@@ -156,6 +170,55 @@ def _region_bsym(region: Region) -> BoundSymbol:
     launch = launcher(region, kernel, binary, fallback)
     comment = f"C kernel {kernel.name}\n{kernel.source[kernel.source.index(f'void {kernel.name}('):]}"
     return kernel_bsym(region, kernel.name, launch, comment)
+
+
+def _symbolic_region_bsym(region: Region, sizes) -> BoundSymbol:
+    """A region of a symbolic program (core/symbolic.py) as one call of a _SymbolicRegion, which
+    takes the region's inputs and the values of the symbols its sizes are expressions of."""
+    symbols = sizes.symbols_of(region)
+    made = _SymbolicRegion(region, sizes, symbols)
+    kernel = made.kernel_at([hint(s) for s in symbols])
+    comment = (f"C kernel per call's sizes ({', '.join(map(str, (sizes.text(s) for s in symbols)))}); "
+               f"at this call's, {kernel.name}\n{kernel.source[kernel.source.index(f'void {kernel.name}('):]}")
+    b = kernel_bsym(region, f"fjit_c_sym_{kernel.name[len('fjit_c_'):]}", made, comment)
+    return b.replace(args=b.args + tuple(symbols))
+
+
+class _SymbolicRegion:
+    """The launcher of a symbolic program's region: for each set of values of its symbols, the
+    region instantiated at those sizes (SymbolicSizes.concretizer) and launched as any region is.
+    Each instance is generated for its concrete sizes, so what the generator decides on a size is
+    right for it; its kernel's source is named by digest, and runtime_sizes makes the sizes that
+    vary parameters of one source, so a new length generates a launcher and builds nothing."""
+
+    def __init__(self, region: Region, sizes, symbols: list):
+        self.region, self.sizes, self.symbols = region, sizes, symbols
+        self.arity = len(region.inputs)
+        # sizes -> launcher, the least recently made first: as many as a function keeps programs
+        # (FJIT_CACHE_SIZE), since each may hold a kernel binary of its own
+        self.launchers: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def _instance(self, values: tuple):
+        concrete = self.sizes.concretizer(self.symbols, values)(self.region)
+        kernel = _kernel(concrete)
+        binary = _binary(kernel)
+        return kernel, launcher(concrete, kernel, binary, _Fallback(concrete, binary))
+
+    def kernel_at(self, values: list) -> Kernel:
+        kernel, launch = self._instance(tuple(values))
+        self.launchers[tuple(values)] = launch
+        return kernel
+
+    def __call__(self, *args):
+        values = args[self.arity:]
+        launch = self.launchers.get(values)
+        if launch is None:
+            with self._lock:
+                while len(self.launchers) >= config.cache_size():
+                    self.launchers.popitem(last=False)
+                launch = self.launchers[values] = self._instance(tuple(map(int, values)))[1]
+        return launch(*args[:self.arity])
 
 
 class _Fallback:

@@ -53,7 +53,7 @@ def fuses_on(device: torch.device) -> bool:
 
 def claim(trace: Trace, leaves: list) -> Trace | None:
     """The trace with each fusion region replaced by one kernel launch, or None if not applicable."""
-    if not kernel_inputs_usable(trace, fuses_on):
+    if not kernel_inputs_usable(trace, fuses_on) or trace.sizes is not None:   # symbolic: not yet
         return None
     return _PARTITIONER.fuse(trace, "triton_fusion", _region_bsym)
 
