@@ -134,10 +134,11 @@ def compile_symbolic(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode
             raise SymbolicUnsupported(f"the real layout of {', '.join(sorted(wrong))} is not its shape rule's")
         program = torch_executor.compile_trace(traces[-1])
         joint = autodiff.compile_with_backward(traces[len(CLEANUP)], leaves,
-                                               _lowering(traces[len(CLEANUP)], leaves, (Executor.TORCH,)))
+                                               _lowering(traces[len(CLEANUP)], leaves, executors))
         if isinstance(joint, autodiff.Compiled):
-            raise SymbolicUnsupported("a compiled joint program")
-        backward = [] if joint is None else [autodiff.autograd_stage(traces[-1], joint)]
+            traces, program, backward = joint.forward_traces, joint.program, joint.backward_traces
+        else:
+            backward = [] if joint is None else [autodiff.autograd_stage(traces[-1], joint)]
         if any(b.sym.has(Tag.MODE) for b in traces[-1].bsyms):
             program = _restoring_modes_on_error(program)
         if config.check_mode():

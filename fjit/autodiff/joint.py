@@ -338,7 +338,8 @@ class _Backward:
                 grads.append(full(g, v).ir if g is not None else None)
             ctx.inputs.extend(cotangents)      # saved values first, then the cotangents
             trace = Trace(b.trace.name, list(ctx.inputs), list(ctx.scopes[0]), tuple(grads),
-                          dict(ctx.consts), stage="autodiff_backward", namespace=b.trace.namespace)
+                          dict(ctx.consts), stage="autodiff_backward", namespace=b.trace.namespace,
+                          sizes=b.trace.sizes)
         return trace, self.saved
 
     def _pullback(self, s: BoundSymbol) -> None:

@@ -23,6 +23,7 @@ from fjit.core.ir import BoundSymbol, Tag, TensorVar
 from fjit.core.prims import ROWS, Prim, apply, prim_of
 from fjit.core.prims.layout import pad_back, reshape_copies
 from fjit.core.prims.toolkit import full  # noqa: F401  (joint.py's full-shape cotangents)
+from fjit.core.symbolic import known
 
 VJP: dict = {p: b.vjp for p, b in ROWS.items() if b.vjp is not None}
 NONDIFF = frozenset(p for p, b in ROWS.items() if b.nondiff)
@@ -56,8 +57,10 @@ def recomputable(b: BoundSymbol | None) -> bool:
     copy = p is Prim.RESHAPE and reshape_copies(b.args[0], b.args[1])
     if b.sym.has(Tag.SHAPE) and not copy:
         return True
+    # of symbolic sizes: recomputed where that holds at every size (either choice is right; a
+    # guard would split the program by size class)
     return (b.sym.has(Tag.ELEMENTWISE) or copy or p in (Prim.FULL, Prim.IOTA, Prim.CONTIGUOUS)) and \
-        all(v.numel() >= RECOMPUTE_FROM for v in b.outputs() if isinstance(v, TensorVar))
+        all(known(v.numel() >= RECOMPUTE_FROM) for v in b.outputs() if isinstance(v, TensorVar))
 
 
 

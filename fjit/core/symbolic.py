@@ -137,14 +137,26 @@ class SymbolicSizes:
             raise SymbolicUnsupported(f"a size {expr} of no input dim")
         return _PRINTER.doprint(expr.xreplace(self.names))
 
-    def bindings(self, inputs: list) -> list[str]:
-        """The program's lines binding each size name from the input dim it stands for."""
+    def bindings(self, inputs: list, used) -> list[str]:
+        """The program's lines binding each size name that `used` (the program's ops and output)
+        refers to: from the input dim it stands for, else (a compiled backward, whose inputs are
+        saved values and cotangents) from any input with a dim that is exactly that symbol."""
+        needed = {s.node.expr for s in self.symbols_of(used)}
         names = {v.name for v in inputs}
         lines = []
         for symbol, source in self.sources.items():
-            if source.name not in names:
-                raise SymbolicUnsupported(f"size {self.names[symbol]} of {source.name}, not an input here")
-            lines.append(f"{self.names[symbol]} = {source.name}.shape[{source.dim}]")
+            name = self.names[symbol]
+            if symbol not in needed:
+                continue
+            if source.name in names:
+                lines.append(f"{name} = {source.name}.shape[{source.dim}]")
+                continue
+            carrier = next(((v, d) for v in inputs if isinstance(v, TensorVar)
+                            for d, n in enumerate(v.shape)
+                            if isinstance(n, torch.SymInt) and self.env.simplify(n.node.expr) == symbol), None)
+            if carrier is None:
+                raise SymbolicUnsupported(f"size {name} is of no input of this program")
+            lines.append(f"{name} = {carrier[0].name}.shape[{carrier[1]}]")
         return lines
 
     def described(self) -> str:

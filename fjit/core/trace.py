@@ -301,7 +301,7 @@ class TracePrinter:
         if t.inputs:
             lines.append("  # " + "  ".join(f"{v.name}: \"{v.type_string(size_text)}\"" for v in t.inputs))
         if t.sizes is not None:
-            lines += [f"  {line}" for line in t.sizes.bindings(t.inputs)]
+            lines += [f"  {line}" for line in t.sizes.bindings(t.inputs, (t.bsyms, t.output))]
         for b in t.bsyms:
             lines += self.bsym_lines(b, "  ")
         if t.rebuild is None:

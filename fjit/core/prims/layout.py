@@ -5,9 +5,12 @@ their decompositions live in ops/shape_ops.py and ops/math_ops.py, as each block
 none but convert is elementwise, so kernels never take them (a kernel converts in code)."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from fjit.core.prims.registry import Kind, Prim, apply, define
+from fjit.core.symbolic import active, is_symbolic
 from fjit.core.prims.toolkit import full, identity, is_tensor, zeros_like
 
 S, D = Kind.SHAPE, Kind.DATA
@@ -74,18 +77,35 @@ def undo_index(index, shape: tuple) -> tuple | None:
         if not (isinstance(i, slice) and i.step in (None, 1) and
                 all(v is None or type(v) is int for v in (i.start, i.stop))):
             return None
-        start, stop, _ = i.indices(size)
-        stop = max(stop, start)
+        start, stop = _slice_bounds(i, size)
         sizes.append(stop - start)
         pads.append((start, size - stop))
     return tuple(sizes), tuple(v for pair in reversed(pads) for v in pair)
 
 
+def _slice_bounds(i: slice, size) -> tuple:
+    """(start, stop) of the step-1 slice `i` of a dim of `size`, clamped as Python's slice.indices
+    clamps them (stop never before start); of a symbolic size, as min/max expressions of it, which
+    take no guard (slice.indices would read the size's value)."""
+    if not is_symbolic(size):
+        start, stop, _ = i.indices(size)
+        return start, max(stop, start)
+
+    def bound(v, default):
+        if v is None:
+            return default
+        return torch.sym_max(size + v, 0) if v < 0 else torch.sym_min(v, size)
+    start = bound(i.start, 0)
+    return start, torch.sym_max(bound(i.stop, size), start)
+
+
 def reshape_copies(x, shape) -> bool:
     """Whether reshaping the TensorVar x to `shape` copies (an expanded or transposed x: a
     grouped-query attention's repeated keys) rather than viewing it."""
+    sizes = active()
     try:
-        torch.empty_strided(x.shape, x.strides, dtype=x.dtype, device="meta").view(shape)
+        with sizes.shape_rules() if sizes is not None else contextlib.nullcontext():
+            torch.empty_strided(x.shape, x.strides, dtype=x.dtype, device="meta").view(shape)
     except RuntimeError:
         return True
     except Exception:       # noqa: BLE001 -- a shape of traced numbers: taken for a view, as before
