@@ -43,9 +43,11 @@ class ProgramCache:
         # Symbolic sizes: "auto" (a dim whose value changes between calls becomes a symbol on the
         # next compile), "symbolic" (every dim of size 2 or more, from the first call) or "static".
         self.sizes = sizes
-        self.dynamic: dict[int, frozenset] = {}   # flat input position -> dims made symbolic
-        # family key (the call key with those dims masked) -> [(guards, program)], newest last
+        self.varying: set[int] = set()     # flat input positions whose sizes varied between calls
+        # family key (the call key with its symbolic dims masked) -> [(guards, program)], newest
+        # last; the sets of symbolic dims the families were compiled with
         self.families: dict[tuple, list] = {}
+        self.family_dims: list[dict] = []
         self.symbolic_declined: str | None = None    # why the last symbolic compile fell back
         self.symbolic_declines = 0                   # how many did: after SYMBOLIC_TRIES, no more
         self.programs: collections.OrderedDict = collections.OrderedDict()   # oldest use first
@@ -77,10 +79,10 @@ class ProgramCache:
         return program
 
     # -- symbolic programs (core/symbolic.py) ----------------------------------------------------
-    def family_key(self, key: tuple, dynamic: dict[int, frozenset] | None = None) -> tuple:
-        """`key` with the sizes and strides of the dims in `dynamic` (default: this cache's)
-        masked: the key every call a symbolic program may serve shares (its guards decide)."""
-        dynamic = self.dynamic if dynamic is None else dynamic
+    @staticmethod
+    def family_key(key: tuple, dynamic: dict[int, frozenset]) -> tuple:
+        """`key` with the sizes and strides of the dims in `dynamic` masked: the key every call a
+        program compiled with those dims symbolic may serve shares (its guards decide)."""
         parts, position = [], 0
         for part in key:
             if _is_tensor(part):
@@ -94,46 +96,54 @@ class ProgramCache:
             parts.append(part)
         return tuple(parts)
 
+    def _candidates(self, key: tuple) -> list:
+        """[(guards, program)] of the symbolic programs whose family this call's key is in, the
+        newest first."""
+        found = []
+        for dynamic in self.family_dims:
+            found += reversed(self.families.get(self.family_key(key, dynamic), ()))
+        return found
+
     def symbolic_program(self, key: tuple, leaves: list):
         """The symbolic program whose guards this call meets, or None."""
         if not self.families:
             return None
-        for guards, program in reversed(self.families.get(self.family_key(key), ())):
+        for guards, program in self._candidates(key):
             if guards(leaves):
                 return program
         return None
 
     def dims_to_make_symbolic(self, key: tuple, leaves: list) -> dict[int, frozenset]:
         """The dims this call's compile makes symbolic: with cache="symbolic", every dim of 2 or
-        more of a contiguous tensor input; automatically, those already symbolic plus each dim
-        whose value differs from a cached program's key that is otherwise this call's (the
-        nearest), where this call's value is 2 or more (0 and 1 stay specialized).  Empty: the
-        compile specializes every size."""
+        more of a contiguous tensor input.  Automatically: every dim of 2 or more of each input
+        that has had another size than this call's in a cached program whose key is otherwise this
+        call's, or in an earlier symbolic compile -- the whole input, not only the dims that
+        changed so far, so that a batch size and a length that both vary take one symbolic compile,
+        not one per dim.  0 and 1 stay specialized.  Empty: the compile specializes every size."""
         if not self.keep or self.sizes == "static" or self.symbolic_declines >= SYMBOLIC_TRIES:
             return {}
-        tensors = [(i, x) for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         if self.sizes == "symbolic":
-            return {i: frozenset(d for d, n in enumerate(x.shape) if n >= 2)
-                    for i, x in tensors if x.is_contiguous() and any(n >= 2 for n in x.shape)}
-        changed: dict[int, set] = {}
-        for cached in list(self.programs) + list(self.families):
-            dims = _changed_dims(cached, key, leaves)
-            if dims:
-                for i, ds in dims.items():
-                    changed.setdefault(i, set()).update(ds)
-        dynamic = dict(self.dynamic)
-        for i, ds in changed.items():
-            dynamic[i] = dynamic.get(i, frozenset()) | frozenset(ds)
-        # a dim made symbolic before is symbolic in this compile only where this call can have it
-        return {i: ds for i, ds in dynamic.items()
-                if i < len(leaves) and isinstance(leaves[i], torch.Tensor) and leaves[i].is_contiguous()
-                and all(d < leaves[i].ndim and leaves[i].shape[d] >= 2 for d in ds)}
+            varying = {i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)}
+        else:
+            varying = set(self.varying)
+            for cached in self.programs:
+                varying.update(_changed_dims(cached, key, leaves) or ())
+        dynamic = {}
+        for i in sorted(varying):
+            x = leaves[i] if i < len(leaves) else None
+            if isinstance(x, torch.Tensor) and x.is_contiguous():
+                dims = frozenset(d for d, n in enumerate(x.shape) if n >= 2)
+                if dims:
+                    dynamic[i] = dims
+        return dynamic
 
     def store_symbolic(self, key: tuple, dynamic: dict[int, frozenset], guards, program) -> None:
         """File a program compiled with the dims `dynamic` symbolic, valid where `guards` hold."""
         if not self.keep:
             return
-        self.dynamic = dynamic
+        self.varying.update(dynamic)
+        if dynamic not in self.family_dims:
+            self.family_dims.append(dynamic)
         entries = self.families.setdefault(self.family_key(key, dynamic), [])
         entries.append((guards, program))
         while len(entries) > config.cache_size():
@@ -200,7 +210,8 @@ class ProgramCache:
         """Forget every program (and with `statistics`, the hit and miss counts too)."""
         self.programs.clear()
         self.families.clear()
-        self.dynamic = {}
+        self.family_dims = []
+        self.varying = set()
         self.symbolic_declined = None
         self.symbolic_declines = 0
         self.last_compiled = ([], [])
@@ -215,8 +226,8 @@ class ProgramCache:
     def failed_guard(self, key: tuple, leaves: list) -> str | None:
         """The guard of the newest symbolic program for this call's family that the call fails, as
         printed, or None where there is none."""
-        entries = self.families.get(self.family_key(key)) if self.families else None
-        return entries[-1][0].failed(leaves) if entries else None
+        entries = self._candidates(key) if self.families else None
+        return entries[0][0].failed(leaves) if entries else None
 
     def explain_miss(self, key: tuple, labels: list, call: int) -> Compilation:
         """Why `key` missed: its differences from the nearest cached key.  `labels` says what each

@@ -114,7 +114,9 @@ def compile_symbolic(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode
     fjit's own machinery on symbols) where something cannot compute with a symbol: the caller
     compiles with specialized sizes, which raises the user's own errors as ever."""
     sizes = SymbolicSizes(dynamic)
-    with symbolic(sizes), light_imports():
+    # (no light_imports: the shape environment has loaded sympy and Dynamo, which import lazily
+    # on every call, and the import hook would see each of those statements)
+    with symbolic(sizes):
         observed: dict = {}
         for _ in range(3):     # as _trace_with_real_layouts, with the layouts seen made symbolic
             result = trace_function(fn, args, kwargs, leaves, mode, TRACE_NAMESPACE, observed)

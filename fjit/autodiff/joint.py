@@ -176,12 +176,28 @@ class _Builder:
     def build(self) -> Joint:
         with torch.no_grad():
             backward, saved = _Backward(self).trace()
-        forward = self._forward(saved)
+        backward, sizes = self._sizes_passed(backward, len(saved))
+        forward = self._forward(saved, sizes)
         diff = [differentiable(v) for v in self.outputs]
         kept = tuple(sorted({self.producer[v.name][0].sym.qualname for v in saved if v.name in self.checkpointed}))
-        return Joint(forward, backward, self.outputs, diff, len(saved), kept)
+        return Joint(forward, backward, self.outputs, diff, len(saved) + len(sizes), kept)
 
-    def _forward(self, saved: list) -> Trace:
+    def _sizes_passed(self, backward: Trace, n_saved: int) -> tuple[Trace, tuple]:
+        """A symbolic program's backward with the values of the symbols it uses as number inputs
+        after its saved values (named as the symbols, so that they need no binding), and those
+        symbols, which the forward returns after its saved values: the backward's inputs need not
+        show every size (a flattened loss has the batch size and length only as a product)."""
+        sizes = self.trace.sizes
+        if sizes is None:
+            return backward, ()
+        used = sizes.symbols_of((backward.bsyms, backward.output))
+        if not used:
+            return backward, ()
+        numbers = [NumberVar(str(sizes.names[s.node.expr]), int) for s in used]
+        inputs = backward.inputs[:n_saved] + numbers + backward.inputs[n_saved:]
+        return backward.with_stage(backward.stage, inputs=inputs), tuple(used)
+
+    def _forward(self, saved: list, sizes: tuple = ()) -> Trace:
         internal = {v.name for v in saved if v.name not in self.top_level}
         bsyms = []
         for i, (b, kind) in enumerate(zip(self.trace.bsyms, self.kinds)):
@@ -204,7 +220,7 @@ class _Builder:
                 bsyms.extend(b.subsymbols)     # a value inside the op is saved: run its prims
             else:
                 bsyms.append(b)
-        out = tuple(self.outputs) + tuple(saved)
+        out = tuple(self.outputs) + tuple(saved) + sizes
         return self.trace.with_stage("autodiff_forward", bsyms, output=out, rebuild=None)
 
 

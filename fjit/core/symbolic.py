@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import sys
 import threading
 import weakref
 from typing import Callable
@@ -70,8 +71,15 @@ class SymbolicSizes:
         concrete sizes (F.pad's constant_pad_nd) takes its Python decomposition, which computes with
         the symbols, instead of pinning them."""
         from torch._dispatch.python import enable_python_dispatcher
-        with self.fake, enable_python_dispatcher():
-            yield
+        # The sharp-edge observer's profile hook (strict/observer.py) watches user code; torch's
+        # Python shape rules and sympy run no user code and make ~10^6 calls per model: unwatched.
+        hook = sys.getprofile()
+        sys.setprofile(None)
+        try:
+            with self.fake, enable_python_dispatcher():
+                yield
+        finally:
+            sys.setprofile(hook)
 
     def shape_of(self, x: torch.Tensor, position: int, name: str) -> tuple[tuple, tuple]:
         """(shape, strides) of the input `x` at flat `position`: its dynamic dims symbolic, its
@@ -140,24 +148,63 @@ class SymbolicSizes:
     def bindings(self, inputs: list, used) -> list[str]:
         """The program's lines binding each size name that `used` (the program's ops and output)
         refers to: from the input dim it stands for, else (a compiled backward, whose inputs are
-        saved values and cotangents) from any input with a dim that is exactly that symbol."""
-        needed = {s.node.expr for s in self.symbols_of(used)}
+        saved values and cotangents) solved from a dim of an input that is linear in it, given
+        the names bound already (`t.shape[0] // s0` for a dim `s0*s2`)."""
+        needed = [s for s in self.sources if s in {x.node.expr for x in self.symbols_of(used)}]
         names = {v.name for v in inputs}
-        lines = []
-        for symbol, source in self.sources.items():
-            name = self.names[symbol]
-            if symbol not in needed:
-                continue
-            if source.name in names:
-                lines.append(f"{name} = {source.name}.shape[{source.dim}]")
-                continue
-            carrier = next(((v, d) for v in inputs if isinstance(v, TensorVar)
-                            for d, n in enumerate(v.shape)
-                            if isinstance(n, torch.SymInt) and self.env.simplify(n.node.expr) == symbol), None)
-            if carrier is None:
-                raise SymbolicUnsupported(f"size {name} is of no input of this program")
-            lines.append(f"{name} = {carrier[0].name}.shape[{carrier[1]}]")
+        numbers = {v.name for v in inputs if not isinstance(v, TensorVar)}
+        clash = names & {str(n) for n in self.names.values()} - numbers
+        if clash:
+            raise SymbolicUnsupported(f"an input is named as a size ({', '.join(sorted(clash))})")
+        lines, bound = [], set()
+        for symbol in needed:
+            source = self.sources[symbol]
+            if str(self.names[symbol]) in numbers:      # passed in (a compiled backward)
+                bound.add(symbol)
+            elif source.name in names:
+                lines.append(f"{self.names[symbol]} = {source.name}.shape[{source.dim}]")
+                bound.add(symbol)
+        progress = True
+        while progress and len(bound) < len(needed):
+            progress = False
+            for symbol in needed:
+                if symbol not in bound:
+                    line = self._solved(symbol, bound, inputs)
+                    if line is not None:
+                        lines.append(line)
+                        bound.add(symbol)
+                        progress = True
+        missing = [str(self.names[s]) for s in needed if s not in bound]
+        if missing:
+            raise SymbolicUnsupported(f"size{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                                      f"of no input of this program")
         return lines
+
+    def _solved(self, symbol, bound: set, inputs: list) -> str | None:
+        """`name = ...` computing `symbol` from a dim of one of `inputs` that is `a*symbol + b`,
+        a and b expressions of the symbols `bound` (a dim of a compiled backward's saved value),
+        or None."""
+        import sympy
+        for v in inputs:
+            if not isinstance(v, TensorVar):
+                continue
+            for d, n in enumerate(v.shape):
+                if not isinstance(n, torch.SymInt):
+                    continue
+                expr = self.env.simplify(n.node.expr)
+                if symbol not in expr.free_symbols or not expr.free_symbols <= bound | {symbol}:
+                    continue
+                expanded = sympy.expand(expr)
+                a, b = expanded.coeff(symbol, 1), expanded.coeff(symbol, 0)
+                if a == 0 or symbol in a.free_symbols or symbol in b.free_symbols or \
+                        sympy.expand(a * symbol + b - expanded) != 0:
+                    continue
+                dim = f"{v.name}.shape[{d}]"
+                rest = "" if b == 0 else f" - ({_PRINTER.doprint(b.xreplace(self.names))})"
+                value = f"({dim}{rest})" if rest else dim
+                divisor = "" if a == 1 else f" // ({_PRINTER.doprint(a.xreplace(self.names))})"
+                return f"{self.names[symbol]} = {value}{divisor}"
+        return None
 
     def described(self) -> str:
         """'s0 = x.shape[1], s1 = y.shape[0]' (what the symbols stand for)."""
@@ -196,7 +243,7 @@ class SymbolicSizes:
             conditions.append(_PRINTER.doprint(expr.xreplace(by_source)))
             shown.append(_PRINTER.doprint(expr.xreplace(self.names)))
         specialized = [self.names[s] for s in self.sources if self._constant(s)]
-        if specialized:
+        if specialized and len(specialized) == len(self.sources):
             raise SymbolicUnsupported(f"size{'s' if len(specialized) > 1 else ''} "
                                       f"{', '.join(map(str, specialized))} ended up specialized "
                                       f"(something read its value): no gain over one program per shape")
