@@ -177,10 +177,11 @@ class JittedFunction(Generic[P, R]):
                 cache.hits += 1
                 return program, None
             cache.misses += 1
+            miss = cache.explain_miss(key, key_labels(args, kwargs, _parameter_names(self._fn)),
+                                      cache.hits + cache.misses)
             failed = cache.failed_guard(key, leaves)
-            miss = logs.Compilation(cache.hits + cache.misses, f"the symbolic program's guard {failed} fails") \
-                if failed is not None else cache.explain_miss(
-                    key, key_labels(args, kwargs, _parameter_names(self._fn)), cache.hits + cache.misses)
+            if failed is not None:      # the key fields that changed, and the guard that failed
+                miss = dataclasses.replace(miss, reason=f"the symbolic program's guard {failed} fails")
             compiled, outcome = self._compile_symbolic(key, args, kwargs, leaves)
             if compiled is None:
                 compiled = pipeline.compile_call(self._fn, args, kwargs, leaves, self._mode,

@@ -177,7 +177,9 @@ class _Builder:
         with torch.no_grad():
             backward, saved = _Backward(self).trace()
         backward, sizes = self._sizes_passed(backward, len(saved))
-        forward = self._forward(saved, sizes)
+        forward = self._forward(saved)
+        if sizes:
+            forward = forward.with_stage(forward.stage, output=forward.output + sizes)
         diff = [differentiable(v) for v in self.outputs]
         kept = tuple(sorted({self.producer[v.name][0].sym.qualname for v in saved if v.name in self.checkpointed}))
         return Joint(forward, backward, self.outputs, diff, len(saved) + len(sizes), kept)
@@ -197,7 +199,7 @@ class _Builder:
         inputs = backward.inputs[:n_saved] + numbers + backward.inputs[n_saved:]
         return backward.with_stage(backward.stage, inputs=inputs), tuple(used)
 
-    def _forward(self, saved: list, sizes: tuple = ()) -> Trace:
+    def _forward(self, saved: list) -> Trace:
         internal = {v.name for v in saved if v.name not in self.top_level}
         bsyms = []
         for i, (b, kind) in enumerate(zip(self.trace.bsyms, self.kinds)):
@@ -220,7 +222,7 @@ class _Builder:
                 bsyms.extend(b.subsymbols)     # a value inside the op is saved: run its prims
             else:
                 bsyms.append(b)
-        out = tuple(self.outputs) + tuple(saved) + sizes
+        out = tuple(self.outputs) + tuple(saved)
         return self.trace.with_stage("autodiff_forward", bsyms, output=out, rebuild=None)
 
 

@@ -85,6 +85,8 @@ def run_meta(func, margs, mkwargs):
     """func(*margs, **mkwargs) on meta tensors, from the memo when an equal call was seen."""
     sizes = active()
     if sizes is not None:       # symbolic sizes: torch's shape rules in their environment, no memo
+        if _dropout_returning_its_input(func, margs, mkwargs):
+            return margs[0]
         with sizes.shape_rules():
             return func(*margs, **mkwargs)
     try:
@@ -105,6 +107,23 @@ def run_meta(func, margs, mkwargs):
         _META_RESULTS.clear()
     _META_RESULTS[key] = recipe
     return mout
+
+
+_DROPOUTS = (torch.dropout, torch.nn.functional.dropout, torch.nn.functional.dropout1d,
+             torch.nn.functional.dropout2d, torch.nn.functional.dropout3d)
+
+
+def _dropout_returning_its_input(func, args, kwargs) -> bool:
+    """A dropout that eager returns its input itself from (p == 0 or training off: ATen's
+    dropout and feature_dropout return the input), which the meta kernel says too.  The Python
+    decomposition symbolic shape rules take (`SymbolicSizes.shape_rules`) makes a new tensor,
+    which would leave a no-op dropout in a symbolic program."""
+    if func not in _DROPOUTS or not args:
+        return False
+    p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+    training = args[2] if len(args) > 2 else kwargs.get("train" if func is torch.dropout else "training", True)
+    inplace = args[3] if len(args) > 3 else kwargs.get("inplace", False)
+    return type(p) in (int, float) and type(training) is bool and not inplace and (p == 0 or not training)
 
 
 def _recipe(m: torch.Tensor, inputs: list) -> _Out:

@@ -124,18 +124,36 @@ class SymbolicSizes:
         _walk_sizes(x, lambda v: found.update(self.env.simplify(v.node.expr).free_symbols))
         return [self.symints[s] for s in self.sources if s in found]
 
-    def concretizer(self, symbols: list, values: tuple) -> Callable:
-        """A function giving `x` (as symbols_of takes it) with every size evaluated where the
-        symbols `symbols` have the values `values`: a region of a symbolic program, instantiated
-        for one call's sizes (what a kernel is generated from)."""
-        table = {s.node.expr: v for s, v in zip(symbols, values)}
-        memo: dict = {}
+    def instantiator(self, x, symbols: list) -> Callable:
+        """A function of values of the symbols `symbols` (SymInts) giving `x` (as symbols_of
+        takes it) with every size evaluated at them: a region of a symbolic program instantiated
+        for one call's sizes (what a kernel is generated from).  The sizes' expressions are
+        compiled once, into one Python function of the symbols (sympy costs ~30 us an expression;
+        a region holds hundreds of sizes, and a new length instantiates every region)."""
+        nodes: dict[int, int] = {}          # id(SymNode) -> its expression's index
+        exprs: dict = {}                    # simplified expression -> index
 
-        def size(v):
-            value = self.env.simplify(v.node.expr).xreplace(table)
-            return int(value) if isinstance(v, torch.SymInt) else float(value) \
-                if isinstance(v, torch.SymFloat) else bool(value)
-        return lambda x: _concrete(x, size, memo)
+        def visit(v):
+            if id(v.node) not in nodes:
+                expr = self.env.simplify(v.node.expr)
+                nodes[id(v.node)] = exprs.setdefault(expr, len(exprs))
+        _walk_sizes(x, visit)
+        params = [str(self.names[s.node.expr]) for s in symbols]
+        names = {s.node.expr: self.names[s.node.expr] for s in symbols}
+        if not all(e.free_symbols <= set(names) for e in exprs):
+            raise SymbolicUnsupported("a size of symbols the region is not given")
+        body = ", ".join(_PRINTER.doprint(e.xreplace(names)) for e in exprs)
+        evaluate = eval(f"lambda {', '.join(params)}: ({body},)", dict(_GUARD_NAMES))  # noqa: S307
+
+        def instance(values: tuple):
+            results = evaluate(*values)
+
+            def size(v):
+                value = results[nodes[id(v.node)]]
+                return int(value) if isinstance(v, torch.SymInt) else float(value) \
+                    if isinstance(v, torch.SymFloat) else bool(value)
+            return _concrete(x, size, {})
+        return instance
 
     # -- printing ------------------------------------------------------------------------------
     def text(self, value) -> str:

@@ -106,7 +106,7 @@ def reshape_copies(x, shape) -> bool:
     try:
         with sizes.shape_rules() if sizes is not None else contextlib.nullcontext():
             torch.empty_strided(x.shape, x.strides, dtype=x.dtype, device="meta").view(shape)
-    except RuntimeError:
+    except (RuntimeError, ValueError):     # ATen's refusal; torch._refs' (symbolic shape rules)
         return True
     except Exception:       # noqa: BLE001 -- a shape of traced numbers: taken for a view, as before
         return False

@@ -105,11 +105,12 @@ def claim(trace: Trace, leaves: list) -> Trace | None:
         return None
     # a region of one prim stays a torch call: that costs what a kernel call does; but a copy of
     # a permuted value is twice as fast in a kernel as ATen's strided copy_
+    # (a copy of symbolic size is a kernel: matmuls.py's copies were made for one)
+    worth = lambda r: len(r.bsyms) > 1 or (prim_of(r.bsyms[0]) is Prim.CONTIGUOUS and (  # noqa: E731
+        is_symbolic(math.prod(r.domain)) or math.prod(r.domain) >= COPY_MIN_NUMEL))
     if trace.sizes is not None:      # a symbolic program: kernels made per call's sizes
-        return _PARTITIONER.fuse(trace, "c_fusion", lambda r: _symbolic_region_bsym(r, trace.sizes),
-                                 worth=lambda r: len(r.bsyms) > 1)
-    fused = _PARTITIONER.fuse(trace, "c_fusion", _region_bsym, worth=lambda r: len(r.bsyms) > 1 or (
-        prim_of(r.bsyms[0]) is Prim.CONTIGUOUS and math.prod(r.domain) >= COPY_MIN_NUMEL))
+        return _PARTITIONER.fuse(trace, "c_fusion", lambda r: _symbolic_region_bsym(r, trace.sizes), worth=worth)
+    fused = _PARTITIONER.fuse(trace, "c_fusion", _region_bsym, worth=worth)
     for written in (batch_norm, max_pool):
         if any(b.sym.fn in written.CLAIMED for b in trace.bsyms):
             fused = written.claim(fused or trace.with_stage("c_fusion"), _written_kernels(written)) or fused
@@ -192,7 +193,7 @@ class _SymbolicRegion:
     vary parameters of one source, so a new length generates a launcher and builds nothing."""
 
     def __init__(self, region: Region, sizes, symbols: list):
-        self.region, self.sizes, self.symbols = region, sizes, symbols
+        self.instantiate = sizes.instantiator(region, symbols)
         self.arity = len(region.inputs)
         # sizes -> launcher, the least recently made first: as many as a function keeps programs
         # (FJIT_CACHE_SIZE), since each may hold a kernel binary of its own
@@ -200,7 +201,7 @@ class _SymbolicRegion:
         self._lock = threading.Lock()
 
     def _instance(self, values: tuple):
-        concrete = self.sizes.concretizer(self.symbols, values)(self.region)
+        concrete = self.instantiate(values)
         kernel = _kernel(concrete)
         binary = _binary(kernel)
         return kernel, launcher(concrete, kernel, binary, _Fallback(concrete, binary))
