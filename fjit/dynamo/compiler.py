@@ -373,11 +373,16 @@ class _FjitPiece:
         info.executor = "fjit"
         executors = self.splitter.backend.executors
         if self.splitter.dynamic or is_symbolic(self.gm, ()):
-            # fjit's metadata cache: one program per input metadata
-            jf = JittedFunction(gm.forward, sharp_edges="error", executors=executors)
-            result = jf(*args)
+            # fjit's cache: a size that varies becomes a symbol.  Dynamo passes the graph's
+            # symbolic sizes as int inputs, which fjit's key takes as constants (a program per
+            # value): each comes in as the first dim of an empty tensor instead, a dim that varies.
+            positions = frozenset(i for i, a in enumerate(args) if type(a) is int)
+            jf = JittedFunction(_sizes_from_carriers(gm.forward, positions) if positions else gm.forward,
+                                sharp_edges="error", executors=executors)
+            call = _sizes_in_carriers(jf, positions) if positions else jf
+            result = call(*args)
             info.traces, info.dynamic = last_traces(jf), True
-            return jf, result
+            return call, result
         _, leaves = call_key(args, {}, frozenset())
         compiled = pipeline.compile_call(gm.forward, args, {}, leaves,
                                          TraceMode.of(SharpEdges.ERROR), executors)
@@ -393,6 +398,36 @@ class _FjitPiece:
         def select(*a):
             return program(*[a[i] for i in positions])
         return select, result
+
+
+def _sizes_from_carriers(forward, positions: frozenset):
+    """`forward`, taking at each of `positions` a size carrier (_sizes_in_carriers) or the int."""
+    def forward_of_carriers(*args):
+        return forward(*(a.shape[0] if i in positions and isinstance(a, torch.Tensor) else a
+                         for i, a in enumerate(args)))
+    return forward_of_carriers
+
+
+_CARRIERS: dict[int, torch.Tensor] = {}
+
+
+def _sizes_in_carriers(jf: JittedFunction, positions: frozenset):
+    """`jf` called with each int at `positions` as an empty tensor of that many rows (the same
+    one per value), which fjit's cache makes a symbolic size when it varies (a negative int, no
+    size, goes as itself: a program per value)."""
+    def call(*args):
+        carried = []
+        for i, a in enumerate(args):
+            if i in positions and type(a) is int and a >= 0:
+                c = _CARRIERS.get(a)
+                if c is None:
+                    if len(_CARRIERS) > 4096:
+                        _CARRIERS.clear()
+                    c = _CARRIERS[a] = torch.empty((a, 0))
+                a = c
+            carried.append(a)
+        return jf(*carried)
+    return call
 
 
 def _traceable_copy(gm: torch.fx.GraphModule, aten: bool):

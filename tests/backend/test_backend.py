@@ -282,6 +282,27 @@ def test_dynamic_shapes(be):
     assert info.executor == "fjit" and info.dynamic
 
 
+def test_dynamic_sizes_dynamo_passes_as_ints_make_one_symbolic_program(be, caplog):
+    """Under dynamic=True Dynamo passes a graph's sizes as int inputs; fjit takes each as the
+    first dim of an empty tensor, a dim that varies, so the piece compiles once specialized and
+    once with symbolic sizes for every later length (ints in fjit's key would be a program each)."""
+    import logging
+
+    def f(x, w):
+        h = torch.tanh(x @ w)
+        return (h @ h.transpose(-1, -2)).softmax(-1).view(-1, x.shape[1] * x.shape[1]).sum(-1)
+
+    compiled = torch.compile(f, backend=be, dynamic=True)
+    w = torch.randn(16, 16)
+    with caplog.at_level(logging.DEBUG, logger="fjit.recompiles"):
+        for n in (5, 9, 14, 20, 27, 33):
+            x = torch.randn(2, n, 16)
+            torch.testing.assert_close(compiled(x, w), f(x, w), rtol=1e-4, atol=1e-5)
+    compiles = [r.getMessage() for r in caplog.records if " compiled on call " in r.getMessage()]
+    assert len(compiles) == 2, compiles
+    assert "symbolic program" in compiles[1], compiles
+
+
 class _Scaled(torch.nn.Module):
     """Float attributes and a float global read in forward: Dynamo under dynamic=True hands such
     floats to the graph as 0-d tensors read back with .item()."""
