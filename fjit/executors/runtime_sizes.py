@@ -248,18 +248,21 @@ def family(every: Region) -> str:
     return "\n".join(parts)
 
 
-def choose(region: Region, make, policy: Policy, div: str = "/"):
+def choose(region: Region, make, policy: Policy, div: str = "/", varying: bool = False):
     """The region's kernel as FJIT_KERNEL_SIZES says: `make(region, sizes)` generates and names a
     kernel of a region (`sizes`: the values of its parameters).  auto (the default): literal
     sizes for the family's first sizes, then the sizes that changed as parameters (Policy), each
-    source generated once; runtime: every size a parameter; specialized: none."""
+    source generated once; runtime: every size a parameter; specialized: none.  `varying`: the
+    region is an instance of a symbolic program's region, whose sizes vary by design: auto takes
+    every size as a parameter at once (the sizes that changed first, then others, would each be
+    one more build)."""
     chosen = config.kernel_sizes()
     if chosen is config.KernelSizes.SPECIALIZED:
         return make(region, [])
     every, values = symbolic(region, div=div)
     if not values:
         return make(region, [])
-    if chosen is config.KernelSizes.RUNTIME:
+    if chosen is config.KernelSizes.RUNTIME or varying:
         return make(every, values)
     dynamic = policy.dynamic(family(every), values)
     if dynamic is None:

@@ -149,12 +149,12 @@ def decompose(b: BoundSymbol, fused: bool = False) -> bool | int:
 _SIZES_POLICY = runtime_sizes.Policy()
 
 
-def _kernel(region: Region) -> Kernel:
+def _kernel(region: Region, varying: bool = False) -> Kernel:
     """The region's kernel, named by the digest of its source, its sizes literals or parameters
     as FJIT_KERNEL_SIZES says (runtime_sizes.choose: by default the sizes that changed within its
     family are parameters, so a new sequence length or batch size builds nothing)."""
     return runtime_sizes.choose(region, lambda r, sizes: _named(generate(r, "fused", sizes)),
-                                _SIZES_POLICY)
+                                _SIZES_POLICY, varying=varying)
 
 
 def _named(kernel: Kernel) -> Kernel:
@@ -189,8 +189,8 @@ class _SymbolicRegion:
     """The launcher of a symbolic program's region: for each set of values of its symbols, the
     region instantiated at those sizes (SymbolicSizes.concretizer) and launched as any region is.
     Each instance is generated for its concrete sizes, so what the generator decides on a size is
-    right for it; its kernel's source is named by digest, and runtime_sizes makes the sizes that
-    vary parameters of one source, so a new length generates a launcher and builds nothing."""
+    right for it; its kernel's source is named by digest, and every size is a parameter of it
+    (runtime_sizes.choose, varying), so a new length generates a launcher and builds nothing."""
 
     def __init__(self, region: Region, sizes, symbols: list):
         self.instantiate = sizes.instantiator(region, symbols)
@@ -202,7 +202,7 @@ class _SymbolicRegion:
 
     def _instance(self, values: tuple):
         concrete = self.instantiate(values)
-        kernel = _kernel(concrete)
+        kernel = _kernel(concrete, varying=True)
         binary = _binary(kernel)
         return kernel, launcher(concrete, kernel, binary, _Fallback(concrete, binary))
 
