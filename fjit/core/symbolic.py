@@ -142,8 +142,8 @@ class SymbolicSizes:
         names = {s.node.expr: self.names[s.node.expr] for s in symbols}
         if not all(e.free_symbols <= set(names) for e in exprs):
             raise SymbolicUnsupported("a size of symbols the region is not given")
-        body = ", ".join(_PRINTER.doprint(e.xreplace(names)) for e in exprs)
-        evaluate = eval(f"lambda {', '.join(params)}: ({body},)", dict(_GUARD_NAMES))  # noqa: S307
+        body = "".join(f"{_PRINTER.doprint(e.xreplace(names))}, " for e in exprs)
+        evaluate = eval(f"lambda {', '.join(params)}: ({body})", dict(_GUARD_NAMES))  # noqa: S307
 
         def instance(values: tuple):
             results = evaluate(*values)

@@ -20,6 +20,7 @@ from torch._prims_common import make_contiguous_strides_for as contiguous_stride
 
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.prims import Prim, prim_of
+from fjit.core.symbolic import same
 from fjit.core.trace import Trace
 from fjit.passes.matmuls import split_ops
 from fjit.passes.regroup import (absorb_into_cats, broadcasts_to, delay_column_sums, read_through_views,
@@ -161,7 +162,7 @@ class Partitioner:
             if all(v.name in region.keepdim_rows for v in rows):
                 region.keepdim_rows.add(out.name)
             return region
-        if out.shape != region.domain:
+        if not same(tuple(out.shape), tuple(region.domain)):   # (symbolic: not provably the domain, apart)
             return None
         if any(v.name in region.row_vars and v.name not in region.keepdim_rows for v in tensors):
             return None   # torch would broadcast an [M] value along the last dim, not per row
