@@ -228,6 +228,13 @@ class Policy:
             return varied or None
 
 
+def varying_sizes(first: Region, second: Region, div: str = "/") -> frozenset:
+    """The positions (symbolic's order) of the sizes that differ between two instances of one
+    region at other values of its symbols: the sizes that are expressions of them."""
+    a, b = symbolic(first, div=div)[1], symbolic(second, div=div)[1]
+    return frozenset(k for k, (x, y) in enumerate(zip(a, b)) if x != y)
+
+
 def family(every: Region) -> str:
     """A region's family: what its source with every size a parameter depends on (its ops, their
     operands' dtypes, shapes and strides as parameters, its loop domain), without generating it.
@@ -248,23 +255,24 @@ def family(every: Region) -> str:
     return "\n".join(parts)
 
 
-def choose(region: Region, make, policy: Policy, div: str = "/", varying: bool = False):
+def choose(region: Region, make, policy: Policy, div: str = "/", varying: frozenset | None = None):
     """The region's kernel as FJIT_KERNEL_SIZES says: `make(region, sizes)` generates and names a
     kernel of a region (`sizes`: the values of its parameters).  auto (the default): literal
     sizes for the family's first sizes, then the sizes that changed as parameters (Policy), each
     source generated once; runtime: every size a parameter; specialized: none.  `varying`: the
-    region is an instance of a symbolic program's region, whose sizes vary by design: auto takes
-    every size as a parameter at once (the sizes that changed first, then others, would each be
-    one more build)."""
+    region is an instance of a symbolic program's region, and these are the positions of its
+    sizes that are expressions of symbols (varying_sizes): auto makes exactly those parameters
+    from the first instance (the sizes that changed first, then others, would each be one more
+    build; a static size as a parameter costs the compiler's unrolling and vector forms)."""
     chosen = config.kernel_sizes()
     if chosen is config.KernelSizes.SPECIALIZED:
         return make(region, [])
     every, values = symbolic(region, div=div)
     if not values:
         return make(region, [])
-    if chosen is config.KernelSizes.RUNTIME or varying:
+    if chosen is config.KernelSizes.RUNTIME:
         return make(every, values)
-    dynamic = policy.dynamic(family(every), values)
+    dynamic = policy.dynamic(family(every), values) if varying is None else varying or None
     if dynamic is None:
         return make(region, [])
     if len(dynamic) == len(values):

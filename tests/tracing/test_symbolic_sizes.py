@@ -4,6 +4,8 @@ failed guard compiles again (and fjit.explain says which guard), and every call 
 sizes 0 and 1, broadcasting against 1 and empty tensors included."""
 from __future__ import annotations
 
+import os
+
 import hypothesis.strategies as st
 import pytest
 import torch
@@ -166,8 +168,20 @@ def shape_polymorphic_programs(draw):
 @given(source=shape_polymorphic_programs(),
        shapes=st.lists(st.tuples(st.integers(0, 7), st.integers(1, 7), st.booleans(), st.booleans()),
                        min_size=2, max_size=5),
-       mode=st.sampled_from(["metadata", "symbolic"]))
-def test_random_programs_at_random_shapes_equal_eager_forward_and_backward(source, shapes, mode):
+       mode=st.sampled_from(["metadata", "symbolic"]),
+       kernel_sizes=st.sampled_from(["specialized", "auto"]))
+def test_random_programs_at_random_shapes_equal_eager_forward_and_backward(source, shapes, mode, kernel_sizes):
+    """(kernel_sizes: the suite pins "specialized"; "auto" is the default, under which a symbolic
+    region's kernels take its symbolic sizes as parameters, one source for every size)"""
+    previous = os.environ.get("FJIT_KERNEL_SIZES")
+    os.environ["FJIT_KERNEL_SIZES"] = kernel_sizes
+    try:
+        _check_at_shapes(source, shapes, mode)
+    finally:
+        os.environ["FJIT_KERNEL_SIZES"] = previous if previous is not None else "specialized"
+
+
+def _check_at_shapes(source, shapes, mode):
     ns: dict = {"torch": torch}
     exec(source, ns)
     fn = ns["program"]

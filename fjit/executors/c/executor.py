@@ -149,7 +149,7 @@ def decompose(b: BoundSymbol, fused: bool = False) -> bool | int:
 _SIZES_POLICY = runtime_sizes.Policy()
 
 
-def _kernel(region: Region, varying: bool = False) -> Kernel:
+def _kernel(region: Region, varying: frozenset | None = None) -> Kernel:
     """The region's kernel, named by the digest of its source, its sizes literals or parameters
     as FJIT_KERNEL_SIZES says (runtime_sizes.choose: by default the sizes that changed within its
     family are parameters, so a new sequence length or batch size builds nothing)."""
@@ -189,12 +189,18 @@ class _SymbolicRegion:
     """The launcher of a symbolic program's region: for each set of values of its symbols, the
     region instantiated at those sizes (SymbolicSizes.concretizer) and launched as any region is.
     Each instance is generated for its concrete sizes, so what the generator decides on a size is
-    right for it; its kernel's source is named by digest, and every size is a parameter of it
-    (runtime_sizes.choose, varying), so a new length generates a launcher and builds nothing."""
+    right for it; its kernel's source is named by digest, and every size that is an expression of
+    the symbols is a parameter of it (runtime_sizes.choose, varying), so a new length generates a
+    launcher and builds nothing."""
 
     def __init__(self, region: Region, sizes, symbols: list):
         self.instantiate = sizes.instantiator(region, symbols)
         self.arity = len(region.inputs)
+        # which of an instance's sizes are parameters: those that are expressions of the symbols
+        # (told apart by instances at two sets of values; the rest stay literals)
+        hints = tuple(hint(s) for s in symbols)
+        self.varying = runtime_sizes.varying_sizes(self.instantiate(hints),
+                                                   self.instantiate(tuple(2 * h + 3 for h in hints)))
         # sizes -> launcher, the least recently made first: as many as a function keeps programs
         # (FJIT_CACHE_SIZE), since each may hold a kernel binary of its own
         self.launchers: collections.OrderedDict = collections.OrderedDict()
@@ -202,7 +208,7 @@ class _SymbolicRegion:
 
     def _instance(self, values: tuple):
         concrete = self.instantiate(values)
-        kernel = _kernel(concrete, varying=True)
+        kernel = _kernel(concrete, varying=self.varying)
         binary = _binary(kernel)
         return kernel, launcher(concrete, kernel, binary, _Fallback(concrete, binary))
 
