@@ -208,7 +208,6 @@ class JittedFunction(Generic[P, R]):
                                                 dynamic)
         except Exception as e:          # noqa: BLE001 -- the specialized compile says the user's errors
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            cache.symbolic_declined = reason
             cache.symbolic_declines += 1
             logs.recompiles.info("%s: symbolic sizes declined (%d of %d tries): %s", self.__qualname__,
                                  cache.symbolic_declines, SYMBOLIC_TRIES, reason)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
 
 from fjit import config
 from fjit.frontend.inputs import MISS, TENSOR_KEY_FIELDS, call_key, fast_path
@@ -48,8 +49,7 @@ class ProgramCache:
         # last; the sets of symbolic dims the families were compiled with
         self.families: dict[tuple, list] = {}
         self.family_dims: list[dict] = []
-        self.symbolic_declined: str | None = None    # why the last symbolic compile fell back
-        self.symbolic_declines = 0                   # how many did: after SYMBOLIC_TRIES, no more
+        self.symbolic_declines = 0    # symbolic compiles that fell back: after SYMBOLIC_TRIES, no more
         self.programs: collections.OrderedDict = collections.OrderedDict()   # oldest use first
         # Float positions some trace specialized on (their values join the key from then on).
         self.specialized: frozenset = frozenset()
@@ -212,7 +212,6 @@ class ProgramCache:
         self.families.clear()
         self.family_dims = []
         self.varying = set()
-        self.symbolic_declined = None
         self.symbolic_declines = 0
         self.last_compiled = ([], [])
         self.specialized = frozenset()
@@ -288,7 +287,7 @@ def _changed_dims(cached: tuple, key: tuple, leaves: list) -> dict[int, set] | N
                 if old[2:] != new[2:] or len(shape_old) != len(shape_new) or \
                         not leaves[position].is_contiguous():
                     return None
-                if old[1] is not None and tuple(old[1]) != _contiguous(shape_old):
+                if old[1] is not None and tuple(old[1]) != tuple(make_contiguous_strides_for(shape_old)):
                     return None
                 dims = {d for d, (a, b) in enumerate(zip(shape_old, shape_new)) if a != b}
                 if any(shape_new[d] < 2 for d in dims):
@@ -302,14 +301,6 @@ def _changed_dims(cached: tuple, key: tuple, leaves: list) -> dict[int, set] | N
         elif old != new:
             return None
     return changed or None
-
-
-def _contiguous(shape) -> tuple:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def _is_tensor(part) -> bool:

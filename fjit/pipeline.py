@@ -108,32 +108,16 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
 def compile_symbolic(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: TraceMode,
                      executors: tuple, dynamic: dict[int, frozenset]) -> Compilation:
     """Trace `fn` with the input dims `dynamic` ({flat input position: dims}) symbolic and compile
-    it to a program valid wherever its guards hold (core/symbolic.py).  Its ops are torch calls,
-    which take any sizes, differentiated by torch autograd: no kernel, no joint program, no
-    measured choice, each of which would decide on sizes.  SymbolicUnsupported (or any error of
-    fjit's own machinery on symbols) where something cannot compute with a symbol: the caller
-    compiles with specialized sizes, which raises the user's own errors as ever."""
+    it to a program valid wherever its guards hold (core/symbolic.py): its stages as a
+    specialized compile's, kernels and the joint program included, without the measured choice
+    between forms (its timings are per size).  SymbolicUnsupported (or any error of fjit's own
+    machinery on symbols) where something cannot compute with a symbol: the caller compiles with
+    specialized sizes, which raises the user's own errors as ever."""
     sizes = SymbolicSizes(dynamic)
     # (no light_imports: the shape environment has loaded sympy and Dynamo, which import lazily
     # on every call, and the import hook would see each of those statements)
     with symbolic(sizes):
-        observed: dict = {}
-        for _ in range(3):     # as _trace_with_real_layouts, with the layouts seen made symbolic
-            result = trace_function(fn, args, kwargs, leaves, mode, TRACE_NAMESPACE, observed)
-            if result.trace.checkpointed:
-                raise SymbolicUnsupported("activation checkpointing is honoured by the specialized joint program")
-            traces = lower(result.trace, executors, leaves)
-            first = _NOT_RUN
-            if not torch_executor.has_opaque_ops(traces[0]):
-                break
-            rewind = rng_snapshot(traces[0].bsyms)
-            first, wrong = _restoring_modes_on_error(torch_executor.run_observing_layouts)(traces[0], leaves)
-            if not wrong:
-                break
-            rewind()
-            observed.update(result.observed(_symbolic_layouts(traces[0], wrong)))
-        else:
-            raise SymbolicUnsupported(f"the real layout of {', '.join(sorted(wrong))} is not its shape rule's")
+        result, traces, first, _ = _trace_with_real_layouts(fn, args, kwargs, leaves, mode, executors, sizes)
         program = torch_executor.compile_trace(traces[-1])
         joint = autodiff.compile_with_backward(traces[len(CLEANUP)], leaves,
                                                _lowering(traces[len(CLEANUP)], leaves, executors))
@@ -221,15 +205,19 @@ def finalize(trace: Trace, untracked: bool = False) -> Trace:
     return free_dead_values(reuse_buffers(trace)).with_stage("torch_executor")
 
 
-def _trace_with_real_layouts(fn, args, kwargs, leaves, mode, executors):
+def _trace_with_real_layouts(fn, args, kwargs, leaves, mode, executors, sizes: SymbolicSizes | None = None):
     """(trace result, stages, the first call's result or _NOT_RUN, the executors used).  A program
     with opaque ops runs once op by op with torch; where an opaque op's real layout differs from
     its meta kernel's, the function is traced again with the real one (downstream layouts
     follow), and that run's result is this call's.  If layouts still disagree, only torch calls
-    run."""
+    run.  With symbolic `sizes` (compile_symbolic), the layouts seen are taken as symbolic strides
+    (_symbolic_layouts), and a function that checkpoints, or whose layouts still disagree, is
+    SymbolicUnsupported."""
     observed: dict = {}
     for attempt in range(3):
         result = trace_function(fn, args, kwargs, leaves, mode, TRACE_NAMESPACE, observed)
+        if sizes is not None and result.trace.checkpointed:
+            raise SymbolicUnsupported("activation checkpointing is honoured by the specialized joint program")
         traces = lower(result.trace, executors, leaves)
         # The traced stage, dead ops included: check mode checks every stage's layouts.
         traced = traces[0]
@@ -237,9 +225,13 @@ def _trace_with_real_layouts(fn, args, kwargs, leaves, mode, executors):
             return result, traces, _NOT_RUN, executors
         rewind = rng_snapshot(traced.bsyms)
         first, wrong = _restoring_modes_on_error(torch_executor.run_observing_layouts)(traced, leaves)
-        if not wrong or attempt == 2:
+        if not wrong or attempt == 2 and sizes is None:
             break
         rewind()      # the next run must draw what this one drew
+        if sizes is not None:
+            if attempt == 2:
+                raise SymbolicUnsupported(f"the real layout of {', '.join(sorted(wrong))} is not its shape rule's")
+            wrong = _symbolic_layouts(traced, wrong)
         observed.update(result.observed(wrong))
     if wrong:                # torch calls read any layout
         return result, lower(result.trace, (Executor.TORCH,), leaves), first, (Executor.TORCH,)

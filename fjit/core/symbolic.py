@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import sys
 import threading
@@ -26,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from fjit.core.ir import BoundSymbol, TensorVar
+from fjit.core.ir import BoundSymbol, TensorVar, flatten_values, map_values
 
 _ACTIVE = threading.local()
 _BY_ENV: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # ShapeEnv -> ref to its SymbolicSizes
@@ -142,7 +143,7 @@ class SymbolicSizes:
         names = {s.node.expr: self.names[s.node.expr] for s in symbols}
         if not all(e.free_symbols <= set(names) for e in exprs):
             raise SymbolicUnsupported("a size of symbols the region is not given")
-        body = "".join(f"{_PRINTER.doprint(e.xreplace(names))}, " for e in exprs)
+        body = "".join(f"{_printer().doprint(e.xreplace(names))}, " for e in exprs)
         evaluate = eval(f"lambda {', '.join(params)}: ({body})", dict(_GUARD_NAMES))  # noqa: S307
 
         def instance(values: tuple):
@@ -161,7 +162,7 @@ class SymbolicSizes:
         expr = self.env.simplify(value.node.expr)
         if not expr.free_symbols <= set(self.names):
             raise SymbolicUnsupported(f"a size {expr} of no input dim")
-        return _PRINTER.doprint(expr.xreplace(self.names))
+        return _printer().doprint(expr.xreplace(self.names))
 
     def bindings(self, inputs: list, used) -> list[str]:
         """The program's lines binding each size name that `used` (the program's ops and output)
@@ -218,9 +219,9 @@ class SymbolicSizes:
                         sympy.expand(a * symbol + b - expanded) != 0:
                     continue
                 dim = f"{v.name}.shape[{d}]"
-                rest = "" if b == 0 else f" - ({_PRINTER.doprint(b.xreplace(self.names))})"
+                rest = "" if b == 0 else f" - ({_printer().doprint(b.xreplace(self.names))})"
                 value = f"({dim}{rest})" if rest else dim
-                divisor = "" if a == 1 else f" // ({_PRINTER.doprint(a.xreplace(self.names))})"
+                divisor = "" if a == 1 else f" // ({_printer().doprint(a.xreplace(self.names))})"
                 return f"{self.names[symbol]} = {value}{divisor}"
         return None
 
@@ -258,8 +259,8 @@ class SymbolicSizes:
                 continue
             if not expr.free_symbols <= set(self.sources):
                 raise SymbolicUnsupported(f"a guard {expr} on a size of no input dim")
-            conditions.append(_PRINTER.doprint(expr.xreplace(by_source)))
-            shown.append(_PRINTER.doprint(expr.xreplace(self.names)))
+            conditions.append(_printer().doprint(expr.xreplace(by_source)))
+            shown.append(_printer().doprint(expr.xreplace(self.names)))
         specialized = [self.names[s] for s in self.sources if self._constant(s)]
         if specialized and len(specialized) == len(self.sources):
             raise SymbolicUnsupported(f"size{'s' if len(specialized) > 1 else ''} "
@@ -289,52 +290,47 @@ class SymbolicSizes:
 
 
 def _walk_sizes(x, visit) -> None:
-    """Call `visit` on every symbolic int inside `x` (see SymbolicSizes.symbols_of)."""
-    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        visit(x)
-    elif isinstance(x, TensorVar):
-        for s in (*x.shape, *x.strides):
-            if isinstance(s, torch.SymInt):
-                visit(s)
-    elif isinstance(x, BoundSymbol):
-        _walk_sizes((x.args, x.kwargs, x.output, x.subsymbols), visit)
-    elif isinstance(x, (tuple, list, set, frozenset)):
-        for y in x:
-            _walk_sizes(y, visit)
-    elif isinstance(x, dict):
-        for y in x.values():
-            _walk_sizes(y, visit)
-    elif isinstance(x, slice):
-        _walk_sizes((x.start, x.stop, x.step), visit)
-    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
-        for f in dataclasses.fields(x):
-            _walk_sizes(getattr(x, f.name), visit)
+    """Call `visit` on every symbolic int inside `x` (see SymbolicSizes.symbols_of): the leaves of
+    its nested containers (ir.flatten_values), into variables, bound symbols, sets and
+    dataclasses (a fusion region)."""
+    for leaf in flatten_values(x):
+        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            visit(leaf)
+        elif isinstance(leaf, TensorVar):
+            for s in (*leaf.shape, *leaf.strides):
+                if isinstance(s, torch.SymInt):
+                    visit(s)
+        elif isinstance(leaf, BoundSymbol):
+            _walk_sizes((leaf.args, leaf.kwargs, leaf.output, leaf.subsymbols), visit)
+        elif isinstance(leaf, (set, frozenset)):
+            _walk_sizes(tuple(leaf), visit)
+        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            _walk_sizes(tuple(getattr(leaf, f.name) for f in dataclasses.fields(leaf)), visit)
 
 
 def _concrete(x, size, memo: dict):
-    """`x` with every symbolic int replaced by size(it) (variables made once per name: `memo`)."""
-    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return size(x)
-    if isinstance(x, TensorVar):
-        made = memo.get(x.name)
-        if made is None:
-            made = memo[x.name] = x.replaced(shape=tuple(size(s) if isinstance(s, torch.SymInt) else s for s in x.shape),
-                                             strides=tuple(size(s) if isinstance(s, torch.SymInt) else s
-                                                           for s in x.strides))
-        return made
-    if isinstance(x, BoundSymbol):
-        return x.replace(args=_concrete(x.args, size, memo), kwargs=_concrete(x.kwargs, size, memo),
-                         output=_concrete(x.output, size, memo), subsymbols=_concrete(x.subsymbols, size, memo))
-    if isinstance(x, (tuple, list, set, frozenset)) and not hasattr(x, "_fields"):
-        return type(x)(_concrete(y, size, memo) for y in x)
-    if isinstance(x, dict):
-        return {k: _concrete(v, size, memo) for k, v in x.items()}
-    if isinstance(x, slice):
-        return slice(*(_concrete(y, size, memo) for y in (x.start, x.stop, x.step)))
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return dataclasses.replace(x, **{f.name: _concrete(getattr(x, f.name), size, memo)
-                                         for f in dataclasses.fields(x) if f.init})
-    return x
+    """`x` rebuilt (ir.map_values) with every symbolic int replaced by size(it), through the same
+    values _walk_sizes reaches (variables made once per name: `memo`)."""
+    def leaf(y):
+        if isinstance(y, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return size(y)
+        if isinstance(y, TensorVar):
+            made = memo.get(y.name)
+            if made is None:
+                dims = lambda sizes: tuple(size(s) if isinstance(s, torch.SymInt) else s for s in sizes)  # noqa: E731
+                made = memo[y.name] = y.replaced(shape=dims(y.shape), strides=dims(y.strides))
+            return made
+        if isinstance(y, BoundSymbol):
+            return y.replace(args=_concrete(y.args, size, memo), kwargs=_concrete(y.kwargs, size, memo),
+                             output=_concrete(y.output, size, memo),
+                             subsymbols=_concrete(y.subsymbols, size, memo))
+        if isinstance(y, (set, frozenset)):
+            return type(y)(_concrete(z, size, memo) for z in y)
+        if dataclasses.is_dataclass(y) and not isinstance(y, type):
+            return dataclasses.replace(y, **{f.name: _concrete(getattr(y, f.name), size, memo)
+                                             for f in dataclasses.fields(y) if f.init})
+        return y
+    return map_values(leaf, x)
 
 
 # What torch's Python printer of sympy may name in a condition (torch.sym_float, math.floor, ...)
@@ -371,18 +367,12 @@ class Guards:
         return "no guard"
 
 
-class _Printer:
+@functools.cache
+def _printer():
     """torch's Python printer of sympy expressions, made on first use (sympy's printers are not
     imported with fjit)."""
-
-    def doprint(self, expr) -> str:
-        from torch.utils._sympy.printers import PythonPrinter
-        global _PRINTER
-        _PRINTER = PythonPrinter()
-        return _PRINTER.doprint(expr)
-
-
-_PRINTER = _Printer()
+    from torch.utils._sympy.printers import PythonPrinter
+    return PythonPrinter()
 
 
 def active() -> SymbolicSizes | None:

@@ -178,7 +178,7 @@ def _symbolic_region_bsym(region: Region, sizes) -> BoundSymbol:
     takes the region's inputs and the values of the symbols its sizes are expressions of."""
     symbols = sizes.symbols_of(region)
     made = _SymbolicRegion(region, sizes, symbols)
-    kernel = made.kernel_at([hint(s) for s in symbols])
+    kernel = made.kernel
     comment = (f"C kernel per call's sizes ({', '.join(map(str, (sizes.text(s) for s in symbols)))}); "
                f"at this call's, {kernel.name}\n{kernel.source[kernel.source.index(f'void {kernel.name}('):]}")
     b = kernel_bsym(region, f"fjit_c_sym_{kernel.name[len('fjit_c_'):]}", made, comment)
@@ -187,35 +187,31 @@ def _symbolic_region_bsym(region: Region, sizes) -> BoundSymbol:
 
 class _SymbolicRegion:
     """The launcher of a symbolic program's region: for each set of values of its symbols, the
-    region instantiated at those sizes (SymbolicSizes.concretizer) and launched as any region is.
+    region instantiated at those sizes (SymbolicSizes.instantiator) and launched as any region is.
     Each instance is generated for its concrete sizes, so what the generator decides on a size is
     right for it; its kernel's source is named by digest, and every size that is an expression of
     the symbols is a parameter of it (runtime_sizes.choose, varying), so a new length generates a
-    launcher and builds nothing."""
+    launcher and builds nothing.  `kernel` is the instance at the compiling call's sizes."""
 
     def __init__(self, region: Region, sizes, symbols: list):
         self.instantiate = sizes.instantiator(region, symbols)
         self.arity = len(region.inputs)
+        hints = tuple(hint(s) for s in symbols)
+        at_hints = self.instantiate(hints)
         # which of an instance's sizes are parameters: those that are expressions of the symbols
         # (told apart by instances at two sets of values; the rest stay literals)
-        hints = tuple(hint(s) for s in symbols)
-        self.varying = runtime_sizes.varying_sizes(self.instantiate(hints),
-                                                   self.instantiate(tuple(2 * h + 3 for h in hints)))
+        self.varying = runtime_sizes.varying_sizes(at_hints, self.instantiate(tuple(2 * h + 3 for h in hints)))
         # sizes -> launcher, the least recently made first: as many as a function keeps programs
         # (FJIT_CACHE_SIZE), since each may hold a kernel binary of its own
         self.launchers: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
+        self.kernel, self.launchers[hints] = self._launched(at_hints)
 
-    def _instance(self, values: tuple):
-        concrete = self.instantiate(values)
+    def _launched(self, concrete: Region):
+        """(the kernel, the launcher) of the region instantiated as `concrete`."""
         kernel = _kernel(concrete, varying=self.varying)
         binary = _binary(kernel)
         return kernel, launcher(concrete, kernel, binary, _Fallback(concrete, binary))
-
-    def kernel_at(self, values: list) -> Kernel:
-        kernel, launch = self._instance(tuple(values))
-        self.launchers[tuple(values)] = launch
-        return kernel
 
     def __call__(self, *args):
         values = args[self.arity:]
@@ -224,7 +220,7 @@ class _SymbolicRegion:
             with self._lock:
                 while len(self.launchers) >= config.cache_size():
                     self.launchers.popitem(last=False)
-                launch = self.launchers[values] = self._instance(tuple(map(int, values)))[1]
+                launch = self.launchers[values] = self._launched(self.instantiate(tuple(map(int, values))))[1]
         return launch(*args[:self.arity])
 
 
