@@ -95,9 +95,9 @@ class SymbolicSizes:
             raise SymbolicUnsupported(f"input {name} is not contiguous")
         shape = tuple(self.size(n, position, name, d) if d in dims else n for d, n in enumerate(x.shape))
         strides, step = [], 1
-        for n in reversed(shape):
+        for n in reversed(shape):      # as torch lays out a contiguous tensor (a 0-size dim as 1)
             strides.append(step)
-            step = step * n
+            step = step * (n if isinstance(n, torch.SymInt) else max(n, 1))
         made = self._inputs[position] = (shape, tuple(reversed(strides)))
         return made
 
