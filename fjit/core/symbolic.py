@@ -126,11 +126,18 @@ class SymbolicSizes:
         return [self.symints[s] for s in self.sources if s in found]
 
     def instantiator(self, x, symbols: list) -> Callable:
-        """A function of values of the symbols `symbols` (SymInts) giving `x` (as symbols_of
-        takes it) with every size evaluated at them: a region of a symbolic program instantiated
-        for one call's sizes (what a kernel is generated from).  The sizes' expressions are
-        compiled once, into one Python function of the symbols (sympy costs ~30 us an expression;
-        a region holds hundreds of sizes, and a new length instantiates every region)."""
+        """A function `instance(values, sized=None)` of values of the symbols `symbols` (SymInts)
+        giving `x` (as symbols_of takes it) with every size evaluated at them: a region of a
+        symbolic program instantiated for one call's sizes (what a kernel is generated from).
+        The sizes' expressions are compiled once, into one Python function of the symbols (sympy
+        costs ~30 us an expression; a region holds hundreds of sizes, and a new length
+        instantiates every region).
+
+        `sized(index, value, text, size)`, where given, makes what each symbolic int (`size`)
+        becomes instead of its value: `index` numbers its distinct expression, `text` is that
+        expression in Python of v0, v1, ... (the values of `symbols`, in order), None where it is
+        a constant."""
+        import sympy
         nodes: dict[int, int] = {}          # id(SymNode) -> its expression's index
         exprs: dict = {}                    # simplified expression -> index
 
@@ -145,14 +152,18 @@ class SymbolicSizes:
             raise SymbolicUnsupported("a size of symbols the region is not given")
         body = "".join(f"{_printer().doprint(e.xreplace(names))}, " for e in exprs)
         evaluate = eval(f"lambda {', '.join(params)}: ({body})", dict(_GUARD_NAMES))  # noqa: S307
+        positions = {s.node.expr: sympy.Symbol(f"v{k}") for k, s in enumerate(symbols)}
+        texts = [None if e.is_number else _printer().doprint(e.xreplace(positions)) for e in exprs]
 
-        def instance(values: tuple):
+        def instance(values: tuple, sized: Callable | None = None):
             results = evaluate(*values)
 
             def size(v):
-                value = results[nodes[id(v.node)]]
-                return int(value) if isinstance(v, torch.SymInt) else float(value) \
+                index = nodes[id(v.node)]
+                value = results[index]
+                value = int(value) if isinstance(v, torch.SymInt) else float(value) \
                     if isinstance(v, torch.SymFloat) else bool(value)
+                return value if sized is None else sized(index, value, texts[index], v)
             return _concrete(x, size, {})
         return instance
 

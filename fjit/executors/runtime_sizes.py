@@ -24,6 +24,8 @@ sizes seen to change are parameters (`Policy`, FJIT_KERNEL_SIZES).
 from __future__ import annotations
 
 import collections
+import contextlib
+import operator
 import threading
 
 from fjit import config
@@ -31,18 +33,31 @@ from fjit.core.ir import BoundSymbol, TensorVar, flatten_values, map_values
 from fjit.passes.fusion import Region
 
 
+def _read_op(op, reflected: bool = False):
+    """A Size's method computing `op` on the values read out of it (and out of a Size operand)."""
+    def method(self, other):
+        other = other._read() if isinstance(other, Size) else other
+        return op(other, self._read()) if reflected else op(self._read(), other)
+    return method
+
+
 class Size(int):
     """A size known at run time: its value in the region being generated (for every comparison
-    and decision) and its C expression (for every place it is written into the source)."""
+    and decision) and its C expression (for every place it is written into the source).
 
-    def __new__(cls, value: int, expr: str, div: str = "/"):
+    `sym`, in a region of a symbolic program (`parametric`): the size as a Python expression of
+    the program's symbols (v0, v1, ...).  Then every decision taken on the size while a kernel is
+    generated -- a comparison, a truth test, a value read out of it (`int()`, a float, a bit
+    operation) -- is recorded (`recording`) as a Python condition on the symbols with its outcome:
+    the kernel's source is the same text at every value of the symbols where the recorded
+    conditions have the same outcomes, so one build serves them all (SymbolicKernels)."""
+
+    def __new__(cls, value: int, expr: str, div: str = "/", sym: str | None = None):
         self = int.__new__(cls, value)
         self.expr = expr
         self.div = div      # the language's integer division: C's "/", Triton's "//"
+        self.sym = sym
         return self
-
-    def _make(self, value: int, expr: str) -> "Size":
-        return Size(value, expr, self.div)
 
     def __str__(self):
         return self.expr
@@ -50,88 +65,245 @@ class Size(int):
     __repr__ = __str__
 
     def __format__(self, spec: str) -> str:
-        return self.expr if not spec else format(int(self), spec)
+        if not spec:
+            return self.expr
+        _escaped(self)
+        return format(_value(self), spec)
 
     # exact in C for any int64 operands: +, -, * (the values are sizes and strides, far from
     # overflow); a neutral operand keeps the other side as it is
     def __add__(self, other):
         if not isinstance(other, int):
-            return NotImplemented
-        return self if other == 0 and not isinstance(other, Size) else \
-            self._make(int(self) + int(other), f"({self} + {_c(other)})")
+            return _float_op(self, other, float.__radd__)
+        return self if not isinstance(other, Size) and other == 0 else \
+            _made(self, other, _value(self) + _value(other), "({} + {})")
 
     def __radd__(self, other):
         if not isinstance(other, int):
-            return NotImplemented
-        return self if other == 0 else self._make(int(other) + int(self), f"({_c(other)} + {self})")
+            return _float_op(self, other, float.__add__)
+        return self if other == 0 else _made(other, self, _value(other) + _value(self), "({} + {})")
 
     def __sub__(self, other):
         if not isinstance(other, int):
-            return NotImplemented
-        return self if other == 0 and not isinstance(other, Size) else \
-            self._make(int(self) - int(other), f"({self} - {_c(other)})")
+            return _float_op(self, other, float.__rsub__)
+        return self if not isinstance(other, Size) and other == 0 else \
+            _made(self, other, _value(self) - _value(other), "({} - {})")
 
     def __rsub__(self, other):
         if not isinstance(other, int):
-            return NotImplemented
-        return self._make(int(other) - int(self), f"({_c(other)} - {self})")
+            return _float_op(self, other, float.__sub__)
+        return _made(other, self, _value(other) - _value(self), "({} - {})")
 
     def __mul__(self, other):
         if not isinstance(other, int):
-            return NotImplemented
+            return _float_op(self, other, float.__rmul__)
         if not isinstance(other, Size) and other in (0, 1):
             return self if other == 1 else 0
-        return self._make(int(self) * int(other), f"({self} * {_c(other)})")
+        return _made(self, other, _value(self) * _value(other), "({} * {})")
 
     def __rmul__(self, other):
         if not isinstance(other, int):
-            return NotImplemented
+            return _float_op(self, other, float.__mul__)
         if other in (0, 1):
             return self if other == 1 else 0
-        return self._make(int(other) * int(self), f"({_c(other)} * {self})")
+        return _made(other, self, _value(other) * _value(self), "({} * {})")
 
     def __neg__(self):
-        return self._make(-int(self), f"(-{self})")
+        return Size(-_value(self), f"(-{self})", self.div, None if self.sym is None else f"(-{self.sym})")
+
+    def __pos__(self):
+        return self
 
     # Python's floor division and remainder are C's for a numerator >= 0 and a divisor > 0; a
     # negative numerator (the ceiling division -(-n // d)) is -((-n + d - 1) / d); otherwise the
     # value is written as a literal
     def __floordiv__(self, other):
-        return _floordiv(self, other) if isinstance(other, int) else NotImplemented
+        return _floordiv(self, other) if isinstance(other, int) else _float_op(self, other, float.__rfloordiv__)
 
     def __rfloordiv__(self, other):
-        return _floordiv(other, self) if isinstance(other, int) else NotImplemented
+        return _floordiv(other, self) if isinstance(other, int) else _float_op(self, other, float.__floordiv__)
 
     def __mod__(self, other):
-        return _mod(self, other) if isinstance(other, int) else NotImplemented
+        return _mod(self, other) if isinstance(other, int) else _float_op(self, other, float.__rmod__)
 
     def __rmod__(self, other):
-        return _mod(other, self) if isinstance(other, int) else NotImplemented
+        return _mod(other, self) if isinstance(other, int) else _float_op(self, other, float.__mod__)
+
+    # decisions: recorded with their outcome
+    def __lt__(self, other):
+        return _compared(self, other, "<")
+
+    def __le__(self, other):
+        return _compared(self, other, "<=")
+
+    def __gt__(self, other):
+        return _compared(self, other, ">")
+
+    def __ge__(self, other):
+        return _compared(self, other, ">=")
+
+    def __eq__(self, other):
+        return _compared(self, other, "==")
+
+    def __ne__(self, other):
+        return _compared(self, other, "!=")
+
+    def __bool__(self):
+        return _compared(self, 0, "!=")
+
+    # (a dict or set holding sizes looks them up by value: equal values compare, and are recorded
+    # then; a value read through the hash alone is not a decision the generator takes on a size)
+    __hash__ = int.__hash__
+
+    # anything else reads the value itself: the source may then depend on it, so it is recorded as
+    # a condition that the value is the same
+    def _read(self):
+        _escaped(self)
+        return _value(self)
+
+    def __int__(self):
+        return self._read()
+
+    __index__ = __trunc__ = __floor__ = __ceil__ = __int__
+
+    def __float__(self):
+        return float(self._read())
+
+    def __round__(self, digits=None):
+        return round(self._read(), digits)
+
+    def __abs__(self):
+        return abs(self._read())
+
+    def __invert__(self):
+        return ~self._read()
+
+    def bit_length(self):
+        return self._read().bit_length()
+
+    __truediv__, __rtruediv__ = _read_op(operator.truediv), _read_op(operator.truediv, True)
+    __pow__, __rpow__ = _read_op(operator.pow), _read_op(operator.pow, True)
+    __and__, __rand__ = _read_op(operator.and_), _read_op(operator.and_, True)
+    __or__, __ror__ = _read_op(operator.or_), _read_op(operator.or_, True)
+    __xor__, __rxor__ = _read_op(operator.xor), _read_op(operator.xor, True)
+    __lshift__, __rlshift__ = _read_op(operator.lshift), _read_op(operator.lshift, True)
+    __rshift__, __rrshift__ = _read_op(operator.rshift), _read_op(operator.rshift, True)
+    __divmod__, __rdivmod__ = _read_op(divmod), _read_op(divmod, True)
+
+
+def _value(n) -> int:
+    """The plain int value of a size (or an int), recording nothing."""
+    return int.__int__(n) if isinstance(n, Size) else n
 
 
 def _c(n: int) -> str:
     return str(n) if isinstance(n, Size) else str(int(n))
 
 
+def _py(n) -> str:
+    """`n` in the Python of the recorded conditions: a symbolic size's expression, else its value."""
+    if isinstance(n, Size):
+        return n.sym if n.sym is not None else str(_value(n))
+    return repr(n)
+
+
+def _symbolic(*operands) -> bool:
+    return any(isinstance(n, Size) and n.sym is not None for n in operands)
+
+
+def _made(a, b, value: int, form: str) -> "Size":
+    """The Size `form` of a and b (a Size with either), its C expression and condition expression."""
+    div = (a if isinstance(a, Size) else b).div
+    sym = form.format(_py(a), _py(b)) if _symbolic(a, b) else None
+    return Size(value, form.format(_c(a), _c(b)), div, sym)
+
+
+def _float_op(size: Size, other, op):
+    """size (op) a float: a value read out of the size (recorded), as Python computes it."""
+    if isinstance(other, float):
+        return op(other, float(size))
+    return NotImplemented
+
+
+_RECORD = threading.local()
+
+
+@contextlib.contextmanager
+def recording():
+    """Record, while a kernel is generated, every decision taken on a symbolic size: yields a dict
+    {Python condition on the symbols v0, v1, ...: its outcome at the sizes generated for}."""
+    old = getattr(_RECORD, "decisions", None)
+    decisions = _RECORD.decisions = {}
+    try:
+        yield decisions
+    finally:
+        _RECORD.decisions = old
+
+
+def _note(condition: str, outcome) -> None:
+    decisions = getattr(_RECORD, "decisions", None)
+    if decisions is not None:
+        decisions[condition] = outcome
+
+
+def _compared(a: Size, b, op: str):
+    if isinstance(b, bool) or not isinstance(b, (int, float)):
+        return NotImplemented
+    outcome = {"<": int.__lt__, "<=": int.__le__, ">": int.__gt__, ">=": int.__ge__,
+               "==": int.__eq__, "!=": int.__ne__}[op](_value(a), _value(b)) if isinstance(b, int) else \
+        {"<": float.__gt__, "<=": float.__ge__, ">": float.__lt__, ">=": float.__le__,
+         "==": float.__eq__, "!=": float.__ne__}[op](b, float(_value(a)))
+    if _symbolic(a, b):
+        _note(f"({_py(a)} {op} {_py(b)})", outcome)
+    return outcome
+
+
+def _escaped(n: Size) -> None:
+    """n's value was read into the source: the condition that it is the same."""
+    if n.sym is not None:
+        _note(f"({n.sym} == {_value(n)})", True)
+
+
+def _signs(a: int, b: int) -> tuple[bool, bool]:
+    """(a >= 0, b > 0), recorded where either is symbolic: the C form of a // b and a % b depends
+    on them."""
+    signs = _value(a) >= 0, _value(b) > 0
+    if _symbolic(a):
+        _note(f"({_py(a)} >= 0)", signs[0])
+    if _symbolic(b):
+        _note(f"({_py(b)} > 0)", signs[1])
+    return signs
+
+
 def _floordiv(a: int, b: int) -> int:
-    value = int(a) // int(b)
-    if int(b) <= 0:
+    value = _value(a) // _value(b)
+    nonnegative, positive = _signs(a, b)
+    if not positive:
+        for n in (a, b):
+            if isinstance(n, Size):
+                _escaped(n)
         return value
     if not isinstance(b, Size) and b == 1:
         return a
     div = (a if isinstance(a, Size) else b).div
-    if int(a) >= 0:
-        return Size(value, f"({_c(a)} {div} {_c(b)})", div)
+    sym = f"({_py(a)} // {_py(b)})" if _symbolic(a, b) else None
+    if nonnegative:
+        return Size(value, f"({_c(a)} {div} {_c(b)})", div, sym)
     # (the negation in parentheses: a literal numerator is negative, and C reads "--5" as a
     # decrement)
-    return Size(value, f"(-((-({_c(a)}) + {_c(b)} - 1) {div} {_c(b)}))", div)
+    return Size(value, f"(-((-({_c(a)}) + {_c(b)} - 1) {div} {_c(b)}))", div, sym)
 
 
 def _mod(a: int, b: int) -> int:
-    value = int(a) % int(b)
-    if int(a) < 0 or int(b) <= 0:
+    value = _value(a) % _value(b)
+    nonnegative, positive = _signs(a, b)
+    if not nonnegative or not positive:
+        for n in (a, b):
+            if isinstance(n, Size):
+                _escaped(n)
         return value
-    return Size(value, f"({_c(a)} % {_c(b)})", (a if isinstance(a, Size) else b).div)
+    return Size(value, f"({_c(a)} % {_c(b)})", (a if isinstance(a, Size) else b).div,
+                f"({_py(a)} % {_py(b)})" if _symbolic(a, b) else None)
 
 
 def symbolic(region: Region, literal: frozenset = frozenset(), div: str = "/") -> tuple[Region, list[int]]:
@@ -228,13 +400,6 @@ class Policy:
             return varied or None
 
 
-def varying_sizes(first: Region, second: Region, div: str = "/") -> frozenset:
-    """The positions (symbolic's order) of the sizes that differ between two instances of one
-    region at other values of its symbols: the sizes that are expressions of them."""
-    a, b = symbolic(first, div=div)[1], symbolic(second, div=div)[1]
-    return frozenset(k for k, (x, y) in enumerate(zip(a, b)) if x != y)
-
-
 def family(every: Region) -> str:
     """A region's family: what its source with every size a parameter depends on (its ops, their
     operands' dtypes, shapes and strides as parameters, its loop domain), without generating it.
@@ -255,15 +420,12 @@ def family(every: Region) -> str:
     return "\n".join(parts)
 
 
-def choose(region: Region, make, policy: Policy, div: str = "/", varying: frozenset | None = None):
+def choose(region: Region, make, policy: Policy, div: str = "/"):
     """The region's kernel as FJIT_KERNEL_SIZES says: `make(region, sizes)` generates and names a
     kernel of a region (`sizes`: the values of its parameters).  auto (the default): literal
     sizes for the family's first sizes, then the sizes that changed as parameters (Policy), each
-    source generated once; runtime: every size a parameter; specialized: none.  `varying`: the
-    region is an instance of a symbolic program's region, and these are the positions of its
-    sizes that are expressions of symbols (varying_sizes): auto makes exactly those parameters
-    from the first instance (the sizes that changed first, then others, would each be one more
-    build; a static size as a parameter costs the compiler's unrolling and vector forms)."""
+    source generated once; runtime: every size a parameter; specialized: none.  (A symbolic
+    program's regions take their parameters from the program's symbols instead: `parametric`.)"""
     chosen = config.kernel_sizes()
     if chosen is config.KernelSizes.SPECIALIZED:
         return make(region, [])
@@ -272,10 +434,49 @@ def choose(region: Region, make, policy: Policy, div: str = "/", varying: frozen
         return make(region, [])
     if chosen is config.KernelSizes.RUNTIME:
         return make(every, values)
-    dynamic = policy.dynamic(family(every), values) if varying is None else varying or None
+    dynamic = policy.dynamic(family(every), values)
     if dynamic is None:
         return make(region, [])
     if len(dynamic) == len(values):
         return make(every, values)
     partial, partial_values = symbolic(region, frozenset(range(len(values))) - dynamic, div)
     return make(partial, partial_values)
+
+
+# -- regions of symbolic programs --------------------------------------------------------------------
+
+def parametric(instance, values: tuple, div: str = "/") -> tuple[Region, list[Size]]:
+    """A symbolic program's region at the symbols' `values`, every size that is an expression of
+    the symbols a parameter (sz0, sz1, ... in order of appearance, one per distinct expression,
+    each carrying that expression as `sym`), the static sizes literals; and the parameters.
+    `instance`: the region's SymbolicSizes.instantiator.  Called inside `recording`: a float or
+    bool computed from the symbols is written into the source as a value, recorded as such."""
+    params: dict[int, Size] = {}
+
+    def sized(index: int, value, text: str | None, size):
+        if text is None:
+            return value
+        if not isinstance(value, int) or isinstance(value, bool):
+            _note(f"({text} == {value!r})", True)
+            return value
+        made = params.get(index)
+        if made is None:
+            made = params[index] = Size(value, f"sz{len(params)}", div, text)
+        return made
+    return instance(values, sized), list(params.values())
+
+
+def condition(decisions: dict, arity: int):
+    """The recorded decisions (`recording`) as one compiled check of the symbols' values: whether
+    a kernel generated where they were recorded is the kernel of those values."""
+    args = ", ".join(f"v{k}" for k in range(arity))
+    terms = [c if outcome is True else f"not {c}" if outcome is False else f"({c}) == {outcome!r}"
+             for c, outcome in decisions.items()]
+    source = f"lambda {args}: " + (" and ".join(terms) if terms else "True")
+    return eval(source, {})     # noqa: S307 - fjit's own text: names v0.., integers and operators
+
+
+def python(n) -> str:
+    """A size of a parametric region as a Python expression of the symbols v0, v1, ... (a static
+    one as its value)."""
+    return _py(n) if isinstance(n, Size) else str(int(n))

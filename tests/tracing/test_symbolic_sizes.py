@@ -38,6 +38,47 @@ def test_a_length_that_changes_becomes_a_symbol_and_later_lengths_compile_nothin
     assert "s1 = x.shape[1]" in source and 'f32[s0, s1, 16]' in source, source
 
 
+def test_a_new_length_reuses_the_symbolic_programs_kernels_without_generating(monkeypatch):
+    """Under the default kernel sizes, a symbolic region's kernel takes the symbolic sizes as
+    parameters and serves every length at which the generator's recorded decisions come out the
+    same: a new length generates no C source (FJIT_CHECK=1 checks each reuse against a fresh
+    generation), and the recorded conditions hold the choices that differ by size."""
+    from fjit.executors.c import executor as c_executor
+    from fjit.executors import runtime_sizes
+    monkeypatch.setenv("FJIT_KERNEL_SIZES", "auto")
+    monkeypatch.setenv("FJIT_CHECK", "1")
+    generated = set()           # the sources generated (the check regenerates ones already made)
+
+    def generate(*args, **kwargs):
+        kernel = real(*args, **kwargs)
+        generated.add(kernel.source)
+        return kernel
+    real = c_executor.generate
+    monkeypatch.setattr(c_executor, "generate", generate)
+    jf = fjit.jit(attention_block)
+    w = torch.randn(16, 16)
+    for n in (5, 7):
+        x = torch.randn(2, n, 16)
+        torch.testing.assert_close(jf(x, w), attention_block(x, w))
+    after_two = len(generated)
+    assert after_two > 0
+    for n in (9, 10, 11, 6, 8):
+        x = torch.randn(3, n, 16)
+        torch.testing.assert_close(jf(x, w), attention_block(x, w))
+    assert len(generated) == after_two, (after_two, len(generated))
+    assert fjit.cache_info(jf).misses == 2
+    # what the decisions record: a condition on the symbols, its outcome where it was generated
+    size = runtime_sizes.Size(12, "sz0", "/", "v0")
+    with runtime_sizes.recording() as decisions:
+        wide = size >= 16
+        rows = (size * 4) // 8
+    assert decisions == {"(v0 >= 16)": False, "(v0 >= 0)": True, "(8 > 0)": True} or \
+        decisions == {"(v0 >= 16)": False, "((v0 * 4) >= 0)": True}, decisions
+    assert not wide and rows.sym == "((v0 * 4) // 8)" and str(rows) == "((sz0 * 4) / 8)"
+    holds = runtime_sizes.condition(decisions, 1)
+    assert holds(12) and holds(15) and not holds(16)
+
+
 def test_the_printed_symbolic_program_runs_at_other_sizes():
     jf = fjit.jit(attention_block, cache="symbolic")
     w = torch.randn(16, 16)
@@ -172,13 +213,20 @@ def shape_polymorphic_programs(draw):
        kernel_sizes=st.sampled_from(["specialized", "auto"]))
 def test_random_programs_at_random_shapes_equal_eager_forward_and_backward(source, shapes, mode, kernel_sizes):
     """(kernel_sizes: the suite pins "specialized"; "auto" is the default, under which a symbolic
-    region's kernels take its symbolic sizes as parameters, one source for every size)"""
-    previous = os.environ.get("FJIT_KERNEL_SIZES")
+    region's kernels take its symbolic sizes as parameters and serve every size where the
+    generator's recorded decisions come out the same: FJIT_CHECK=1 checks each such reuse against
+    a fresh generation)"""
+    previous = os.environ.get("FJIT_KERNEL_SIZES"), os.environ.get("FJIT_CHECK")
     os.environ["FJIT_KERNEL_SIZES"] = kernel_sizes
+    os.environ["FJIT_CHECK"] = "1"
     try:
         _check_at_shapes(source, shapes, mode)
     finally:
-        os.environ["FJIT_KERNEL_SIZES"] = previous if previous is not None else "specialized"
+        os.environ["FJIT_KERNEL_SIZES"] = previous[0] if previous[0] is not None else "specialized"
+        if previous[1] is None:
+            del os.environ["FJIT_CHECK"]
+        else:
+            os.environ["FJIT_CHECK"] = previous[1]
 
 
 def _check_at_shapes(source, shapes, mode):

@@ -149,12 +149,11 @@ def decompose(b: BoundSymbol, fused: bool = False) -> bool | int:
 _SIZES_POLICY = runtime_sizes.Policy()
 
 
-def _kernel(region: Region, varying: frozenset | None = None) -> Kernel:
+def _kernel(region: Region) -> Kernel:
     """The region's kernel, named by the digest of its source, its sizes literals or parameters
     as FJIT_KERNEL_SIZES says (runtime_sizes.choose: by default the sizes that changed within its
     family are parameters, so a new sequence length or batch size builds nothing)."""
-    return runtime_sizes.choose(region, lambda r, sizes: _named(generate(r, "fused", sizes)),
-                                _SIZES_POLICY, varying=varying)
+    return runtime_sizes.choose(region, lambda r, sizes: _named(generate(r, "fused", sizes)), _SIZES_POLICY)
 
 
 def _named(kernel: Kernel) -> Kernel:
@@ -186,42 +185,98 @@ def _symbolic_region_bsym(region: Region, sizes) -> BoundSymbol:
 
 
 class _SymbolicRegion:
-    """The launcher of a symbolic program's region: for each set of values of its symbols, the
-    region instantiated at those sizes (SymbolicSizes.instantiator) and launched as any region is.
-    Each instance is generated for its concrete sizes, so what the generator decides on a size is
-    right for it; its kernel's source is named by digest, and every size that is an expression of
-    the symbols is a parameter of it (runtime_sizes.choose, varying), so a new length generates a
-    launcher and builds nothing.  `kernel` is the instance at the compiling call's sizes."""
+    """The launcher of a symbolic program's region, called with the region's inputs and the values
+    of the symbols its sizes are expressions of.
+
+    Its kernels (FJIT_KERNEL_SIZES auto or runtime) are generated from the region with every size
+    that is an expression of the symbols a parameter (runtime_sizes.parametric), at the values of
+    the first call that needs one, recording every decision the generator takes on those sizes
+    (runtime_sizes.recording): the source is the same text wherever the decisions come out the
+    same, so a kernel serves every set of values that passes its recorded conditions (a
+    variant).  A new length checks the variants' conditions and launches; it generates and builds
+    only where a decision comes out otherwise (a tiling or an accumulator width chosen by size).
+    Under FJIT_CHECK=1 each reuse is checked against a fresh generation.  With
+    FJIT_KERNEL_SIZES=specialized each set of values gets the region instantiated at those sizes
+    and a kernel of literal sizes.  `kernel` is the kernel at the compiling call's sizes."""
 
     def __init__(self, region: Region, sizes, symbols: list):
-        self.instantiate = sizes.instantiator(region, symbols)
+        self.instance = sizes.instantiator(region, symbols)
         self.arity = len(region.inputs)
-        hints = tuple(hint(s) for s in symbols)
-        at_hints = self.instantiate(hints)
-        # which of an instance's sizes are parameters: those that are expressions of the symbols
-        # (told apart by instances at two sets of values; the rest stay literals)
-        self.varying = runtime_sizes.varying_sizes(at_hints, self.instantiate(tuple(2 * h + 3 for h in hints)))
-        # sizes -> launcher, the least recently made first: as many as a function keeps programs
-        # (FJIT_CACHE_SIZE), since each may hold a kernel binary of its own
+        self.parametric = config.kernel_sizes() is not config.KernelSizes.SPECIALIZED
+        self.variants: list[tuple] = []      # (condition, kernel, launcher), the first made first
+        # symbol values -> launcher, the least recently made first: as many as a function keeps
+        # programs (FJIT_CACHE_SIZE)
         self.launchers: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
-        self.kernel, self.launchers[hints] = self._launched(at_hints)
+        hints = tuple(hint(s) for s in symbols)
+        self.kernel, self.launchers[hints] = self._launched(hints)
 
-    def _launched(self, concrete: Region):
-        """(the kernel, the launcher) of the region instantiated as `concrete`."""
-        kernel = _kernel(concrete, varying=self.varying)
-        binary = _binary(kernel)
-        return kernel, launcher(concrete, kernel, binary, _Fallback(concrete, binary))
+    def _launched(self, values: tuple):
+        """(the kernel, the launcher) for the symbols' `values`."""
+        if not self.parametric:
+            concrete = self.instance(values)
+            kernel = _kernel(concrete)
+            binary = _binary(kernel)
+            launch = launcher(concrete, kernel, binary, _Fallback(concrete, binary))
+            arity = self.arity
+            return kernel, lambda *args: launch(*args[:arity])
+        for holds, kernel, launch in self.variants:
+            if holds(*values):
+                if config.check_mode():
+                    self._check(values, kernel)
+                return kernel, launch
+        kernel, decisions, region = self._generated(values)
+        same = [(k, launch) for _, k, launch in self.variants if k.source == kernel.source]
+        if same:     # other decisions, the same text: the same kernel
+            kernel, launch = same[0]
+        else:
+            binary = _binary(kernel)
+            launch = launcher(region, kernel, binary, _InstanceFallback(self.instance, binary, self.arity),
+                              symbols=len(values))
+        self.variants.append((runtime_sizes.condition(decisions, len(values)), kernel, launch))
+        return kernel, launch
+
+    def _generated(self, values: tuple):
+        with runtime_sizes.recording() as decisions:
+            region, params = runtime_sizes.parametric(self.instance, values)
+            kernel = _named(generate(region, "fused", params))
+        return kernel, decisions, region
+
+    def _check(self, values: tuple, kernel: Kernel) -> None:
+        """FJIT_CHECK: the kernel a variant's conditions chose for `values` is the one generated for them."""
+        fresh = self._generated(values)[0]
+        if fresh.source != kernel.source:
+            raise AssertionError(f"fjit internal error: the C kernel {kernel.name} serves sizes {values} "
+                                 f"by its recorded conditions, but generating for them gives {fresh.name}: "
+                                 "the generator read a size without recording it")
 
     def __call__(self, *args):
-        values = args[self.arity:]
-        launch = self.launchers.get(values)
+        launch = self.launchers.get(args[self.arity:])
         if launch is None:
+            values = tuple(map(int, args[self.arity:]))
             with self._lock:
                 while len(self.launchers) >= config.cache_size():
                     self.launchers.popitem(last=False)
-                launch = self.launchers[values] = self._launched(self.instantiate(tuple(map(int, values))))[1]
-        return launch(*args[:self.arity])
+                launch = self.launchers[values] = self._launched(values)[1]
+        return launch(*args)
+
+
+class _InstanceFallback:
+    """A parametric kernel's fallback (while its build runs): the region instantiated at the call's
+    sizes, run as torch calls (_Fallback); the instances made are kept per set of values."""
+
+    def __init__(self, instance, binary: "_Binary", arity: int):
+        self.instance, self.binary, self.arity = instance, binary, arity
+        self.made: dict[tuple, _Fallback] = {}
+
+    def __call__(self, *args):
+        values = tuple(args[self.arity:])
+        run = self.made.get(values)
+        if run is None:
+            if len(self.made) >= config.cache_size():
+                self.made.clear()
+            run = self.made[values] = _Fallback(self.instance(values), self.binary)
+        return run(*args[:self.arity])
 
 
 class _Fallback:

@@ -20,6 +20,7 @@ import sysconfig
 import torch
 
 from fjit.core.ir import TensorVar
+from fjit.executors import runtime_sizes
 
 try:        # torch's CPU allocation without the dispatcher (inductor's): 0.5 us against 1.1 us
     from torch._C._dynamo.guards import _empty_strided_cpu as empty_strided
@@ -125,13 +126,16 @@ def call(binary, *args) -> None:
         binary.fn(*(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args))
 
 
-def launcher(region, kernel, binary, fallback):
+def launcher(region, kernel, binary, fallback, symbols: int = 0):
     """A generated function per kernel: outputs allocated with literal layouts, then one call of
     the entry point with the tensors (else of the ctypes function with their data pointers).
 
-    Its source holds only names this module makes and integer literals; dtypes come in through
-    its namespace."""
-    params = [f"a{k}" for k in range(len(region.inputs))]
+    `symbols`: the region is a symbolic program's parametric region (runtime_sizes.parametric),
+    and the function takes the values of the program's `symbols` symbols after the tensors
+    (v0, v1, ...): its outputs' sizes and the kernel's size arguments are Python expressions of
+    them.  Its source holds only names this module makes, integer literals and such expressions;
+    dtypes come in through its namespace."""
+    params = [f"a{k}" for k in range(len(region.inputs))] + [f"v{k}" for k in range(symbols)]
     ns = {"binary": binary, "fallback": fallback, "empty_strided": empty_strided,
           "get_num_threads": torch.get_num_threads}
     lines = [f"def launch({', '.join(params)}):",
@@ -141,14 +145,15 @@ def launcher(region, kernel, binary, fallback):
     outs = []
     for k, v in enumerate(region.outputs):
         ns[f"dtype{k}"] = v.dtype
-        shape, strides = tuple(int(s) for s in v.shape), tuple(int(s) for s in v.strides)
-        lines.append(f"    out{k} = empty_strided({shape!r}, {strides!r}, dtype{k})")
+        shape = ", ".join(map(runtime_sizes.python, v.shape)) + ("," if len(v.shape) == 1 else "")
+        strides = ", ".join(map(runtime_sizes.python, v.strides)) + ("," if len(v.strides) == 1 else "")
+        lines.append(f"    out{k} = empty_strided(({shape}), ({strides}), dtype{k})")
         outs.append(f"out{k}")
     objects, pointers = [], []
     for kind, k in kernel.params:
-        if kind == "size":      # a runtime size's value for this region: an integer literal
-            objects.append(str(int(k)))
-            pointers.append(str(int(k)))
+        if kind == "size":      # a runtime size's value: a literal, or an expression of the symbols
+            objects.append(runtime_sizes.python(k))
+            pointers.append(runtime_sizes.python(k))
             continue
         tensor = kind == "out" or isinstance(region.inputs[k], TensorVar)
         name = f"out{k}" if kind == "out" else f"a{k}"
