@@ -4,6 +4,8 @@ program, running elementwise ops in place on buffers nothing reads later and fre
 intermediate after its last use.  Each pass stamps its name on the trace it returns."""
 from __future__ import annotations
 
+import collections
+
 import torch
 
 from fjit.core.prims import COMMUTATIVE, INPLACE_TWIN, Prim, prim_of
@@ -135,7 +137,11 @@ def cse(trace: Trace) -> Trace:
 def constant_fold(trace: Trace) -> Trace:
     """Evaluate, once at compile time, ops that read only compile-time constants (a causal mask
     built with torch.ones(n, n).tril(), say).  Random ops are never folded, nor any value an output
-    could alias, since every call must return fresh tensors."""
+    could alias, since every call must return fresh tensors.
+
+    In a symbolic program, an op that reads only constants and sizes (a causal mask of the
+    length, the positions arange(s1)) is not one constant but one per set of sizes: those ops
+    become one call of a PerSizeValues, which computes them once per set of the symbols' values."""
     aliasable = _output_vars(trace)
     for b in reversed(trace.bsyms):
         if b.sym.has(Tag.VIEW) and any(v.name in aliasable for v in b.outputs()):
@@ -143,6 +149,8 @@ def constant_fold(trace: Trace) -> Trace:
     consts = dict(trace.consts)
     captured = set(trace.consts)      # tensors captured in permissive mode stay references
     folded: set[str] = set()
+    per_size: list[BoundSymbol] = []    # ops of constants and sizes alone (symbolic programs)
+    sized: set[str] = set()             # what they make
     kept = []
     for b in trace.bsyms:
         # an op whose prims read less than it does (x.new_zeros(n) reads no element of x) folds
@@ -150,15 +158,21 @@ def constant_fold(trace: Trace) -> Trace:
         steps = b.subsymbols if b.subsymbols and not all(v.name in folded for v in b.inputs()) else (b,)
         made = {v.name for s in steps[:-1] for v in s.outputs()}
         ins, outs = [v for s in steps for v in s.inputs() if v.name not in made], b.outputs()
-        foldable = (outs and not any(s.sym.has(Tag.RANDOM) or s.sym.has(Tag.IMPURE) or s.sym.has(Tag.NUMBER)
-                                     for s in (b, *steps))
-                    and all(v.name in folded for v in ins) and not any(v.name in captured for v in ins)
-                    and not any(v.name in aliasable for v in outs)
+        pure = bool(outs) and not any(s.sym.has(Tag.RANDOM) or s.sym.has(Tag.IMPURE) or s.sym.has(Tag.NUMBER)
+                                      for s in (b, *steps)) \
+            and not any(v.name in aliasable for v in outs) \
+            and all(isinstance(v, TensorVar) for v in outs)
+        foldable = (pure and all(v.name in folded for v in ins) and not any(v.name in captured for v in ins)
                     # a value made from sizes that are symbols is not one constant
                     and not any(is_symbolic(x) for s in steps for x in flatten_values((s.args, s.kwargs)))
-                    and all(isinstance(v, TensorVar) and not is_symbolic(v.shape) and v.numel() <= 1 << 20
-                            for v in outs)
+                    and all(not is_symbolic(v.shape) and v.numel() <= 1 << 20 for v in outs)
                     and {v.name for v in outs} <= {v.name for s in steps for v in s.outputs()})
+        if not foldable and trace.sizes is not None and pure \
+                and all(v.name in folded or v.name in sized for v in b.inputs()) \
+                and not any(v.name in captured for v in b.inputs()):
+            per_size.append(b)
+            sized.update(v.name for v in outs)
+            continue
         if not foldable:
             kept.append(b)
             continue
@@ -170,7 +184,58 @@ def constant_fold(trace: Trace) -> Trace:
                 if isinstance(var, Var):
                     consts[var.name] = val
                     folded.add(var.name)
+    if per_size:
+        kept = [_per_size_call(trace.sizes, per_size, consts, kept), *kept]
     return trace.with_stage("constant_fold", kept, consts=consts)
+
+
+def _per_size_call(sizes, bsyms: list[BoundSymbol], consts: dict, rest: list[BoundSymbol]) -> BoundSymbol:
+    """One call computing, from the symbols' values, the values of `bsyms` (ops of constants and
+    sizes alone) that the rest of the program reads."""
+    from fjit.runtime import register_kernel
+    made = {v.name: v for b in bsyms for v in b.outputs()}
+    read = {v.name for b in rest for v in b.inputs()}
+    outputs = [v for name, v in made.items() if name in read]
+    symbols = sizes.symbols_of((bsyms, outputs))
+    values = PerSizeValues(sizes, bsyms, outputs, symbols,
+                           {v.name: consts[v.name] for b in bsyms for v in b.inputs() if v.name in consts})
+    name = f"fjit_per_size_{id(values):x}"
+    register_kernel(name, values)
+    shown = "; ".join(f"{', '.join(v.name for v in b.outputs())} = {b.sym.name}(...)" for b in bsyms)
+    return BoundSymbol(Symbol(name, values, frozenset()), tuple(symbols), {}, tuple(outputs),
+                       comment=f"computed once per set of sizes: {shown}")
+
+
+class PerSizeValues:
+    """Values of a symbolic program that depend only on its sizes and constants (a causal mask of
+    the length): computed, at a call with new values of the symbols, by running their ops at those
+    sizes, and kept for the next calls with the same values (as many sets as a function keeps
+    programs, FJIT_CACHE_SIZE).  The values are shared between calls as constants are: nothing
+    writes into them (reuse_buffers writes only into values of the ops it sees make them)."""
+
+    def __init__(self, sizes, bsyms: list[BoundSymbol], outputs: list, symbols: list, consts: dict):
+        self.instance = sizes.instantiator((bsyms, outputs), symbols)
+        self.consts = consts
+        self.kept: collections.OrderedDict = collections.OrderedDict()
+
+    def __call__(self, *values):
+        got = self.kept.get(values)
+        if got is None:
+            from fjit import config
+            bsyms, outputs = self.instance(tuple(map(int, values)))
+            env = dict(self.consts)
+            value = lambda x: env[x.name] if isinstance(x, Var) else x  # noqa: E731
+            with torch.no_grad():
+                for b in bsyms:
+                    result = b.sym.fn(*map_values(value, b.args), **map_values(value, b.kwargs))
+                    for var, val in zip(flatten_values(b.output), flatten_values(result)):
+                        if isinstance(var, Var):
+                            env[var.name] = val
+            got = tuple(env[v.name] for v in outputs)
+            while len(self.kept) >= config.cache_size():
+                self.kept.popitem(last=False)
+            self.kept[values] = got
+        return got
 
 
 def _last_reads(trace: Trace) -> dict[str, int]:
