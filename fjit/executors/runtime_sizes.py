@@ -20,6 +20,12 @@ produce the same text.
 
 Literal sizes let the C compiler fold divisions and unroll short loops, so by default only the
 sizes seen to change are parameters (`Policy`, FJIT_KERNEL_SIZES).
+
+A symbolic program's region (core/symbolic.py) knows which of its sizes are expressions of the
+program's symbols, so it needs no family or policy: `parametric` makes exactly those parameters,
+each `Size` carrying its expression of the symbols, and `recording` notes every decision the
+generator takes on them as a condition.  The kernel so generated is then the kernel of every set of
+symbol values where the conditions come out the same (`condition`), without generating again.
 """
 from __future__ import annotations
 
