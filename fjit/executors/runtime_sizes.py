@@ -179,13 +179,20 @@ class Size(int):
         return round(self._read(), digits)
 
     def __abs__(self):
-        return abs(self._read())
+        return self if _compared(self, 0, ">=") else -self
 
     def __invert__(self):
         return ~self._read()
 
     def bit_length(self):
-        return self._read().bit_length()
+        # (a power-of-two bucket: what a block size rounded up to a power of two depends on)
+        bits = _value(self).bit_length()
+        if self.sym is not None and bits > 0:
+            _note(f"({self.sym} >= {1 << (bits - 1)})", True)
+            _note(f"({self.sym} < {1 << bits})", True)
+        elif self.sym is not None:
+            _escaped(self)
+        return bits
 
     __truediv__, __rtruediv__ = _read_op(operator.truediv), _read_op(operator.truediv, True)
     __pow__, __rpow__ = _read_op(operator.pow), _read_op(operator.pow, True)
@@ -479,10 +486,83 @@ def condition(decisions: dict, arity: int):
     terms = [c if outcome is True else f"not {c}" if outcome is False else f"({c}) == {outcome!r}"
              for c, outcome in decisions.items()]
     source = f"lambda {args}: " + (" and ".join(terms) if terms else "True")
-    return eval(source, {})     # noqa: S307 - fjit's own text: names v0.., integers and operators
+    check = eval(source, {})     # noqa: S307 - fjit's own text: names v0.., integers and operators
+    check.text = source
+    return check
 
 
 def python(n) -> str:
     """A size of a parametric region as a Python expression of the symbols v0, v1, ... (a static
     one as its value)."""
     return _py(n) if isinstance(n, Size) else str(int(n))
+
+
+def evaluator(x, arity: int):
+    """A function of the symbols' values giving `x` (nested tuples, lists and dicts of ints and
+    Sizes of a parametric region: layouts, a grid) with every Size evaluated at them."""
+    texts: list[str] = []
+
+    def collect(y):
+        if isinstance(y, Size):
+            texts.append(python(y))
+        elif isinstance(y, (tuple, list)):
+            for z in y:
+                collect(z)
+        elif isinstance(y, dict):
+            for z in y.values():
+                collect(z)
+    collect(x)
+    args = ", ".join(f"v{k}" for k in range(arity))
+    compute = eval(f"lambda {args}: ({''.join(t + ', ' for t in texts)})", {})     # noqa: S307 - fjit's own text
+
+    def rebuild(y, values):
+        if isinstance(y, Size):
+            return next(values)
+        if isinstance(y, (tuple, list)):
+            return type(y)(rebuild(z, values) for z in y)
+        if isinstance(y, dict):
+            return {k: rebuild(z, values) for k, z in y.items()}
+        return y
+    return lambda symbols: rebuild(x, iter(compute(*symbols)))
+
+
+class Variants:
+    """The kernels of one region of a symbolic program: one per set of recorded decisions.
+
+    `generate(values)` generates the region's kernel at the symbols' `values` (a parametric
+    region), returning (kernel, region); it runs inside `recording`, so the kernel comes with the
+    conditions under which generating gives the same source.  `prepare(kernel, region)` makes what
+    the language needs once per kernel (a launcher, compiled functions).  A set of values is served
+    by the first variant whose conditions it passes; a new kernel is generated only where none
+    does.  Under FJIT_CHECK=1 each reuse is checked against a fresh generation."""
+
+    def __init__(self, generate, prepare, language: str):
+        self.generate, self.prepare, self.language = generate, prepare, language
+        self.items: list[tuple] = []      # (condition, kernel, prepared), the first made first
+
+    def __call__(self, values: tuple):
+        """(the kernel, its preparation) for the symbols' `values`."""
+        for holds, kernel, prepared in self.items:
+            if holds(*values):
+                if config.check_mode():
+                    self._check(values, kernel)
+                return kernel, prepared
+        kernel, decisions, region = self._generated(values)
+        # (prepared anew even where the source equals an earlier variant's: what is launched with
+        # it -- a Triton grid computed from a size read out of a Size -- may differ; the binary is
+        # shared by the source's name)
+        prepared = self.prepare(kernel, region)
+        self.items.append((condition(decisions, len(values)), kernel, prepared))
+        return kernel, prepared
+
+    def _generated(self, values: tuple):
+        with recording() as decisions:
+            kernel, region = self.generate(values)
+        return kernel, decisions, region
+
+    def _check(self, values: tuple, kernel) -> None:
+        fresh = self._generated(values)[0]
+        if fresh.source != kernel.source:
+            raise AssertionError(f"fjit internal error: the {self.language} kernel {kernel.name} serves sizes "
+                                 f"{values} by its recorded conditions, but generating for them gives "
+                                 f"{fresh.name}: the generator read a size without recording it")

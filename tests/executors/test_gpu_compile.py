@@ -87,10 +87,10 @@ FULL = sorted({(p, rows, n, dt) for p in PROGRAMS for n in WIDTHS for dt in DTYP
                for rows in (4, 512) if p not in ("where_int", "int_chain", "int_literals")}, key=str)
 
 
-def kernels_of(program: str, rows: int, width: int, dtype) -> list:
+def kernels_of(program: str, rows: int, width: int, dtype, cache: str = "metadata") -> list:
     fn, make = PROGRAMS[program]
     torch.manual_seed(0)
-    jf = fjit.jit(fn, executors=("torch",))
+    jf = fjit.jit(fn, executors=("torch",), cache=cache)
     jf(*make(rows, width, dtype))
     return executor.target_kernels(fjit.last_traces(jf)[-2])
 
@@ -136,6 +136,18 @@ def test_runtime_size_kernels_compile_for_sm90_and_sm80_without_spills(monkeypat
     assert all(any(t == "i64" for t in job.signature.values()) for _, job in jobs), \
         "every kernel of the sweep takes its sizes as int64 parameters"
     reports = _check_all(RUNTIME_SWEEP)
+    assert len({r["arch"] for r in reports}) == 2
+
+
+def test_symbolic_program_kernels_compile_for_sm90_and_sm80_without_spills():
+    """A symbolic program's kernels (cache="symbolic": rows and width are symbols, so every size
+    of the region is an int64 parameter, the plan's choices taken at the hints): the same tier."""
+    cases = [case + ("symbolic",) for case in RUNTIME_SWEEP]
+    jobs = _jobs(cases)
+    # (the transposed input is not contiguous: its sizes stay static, as they do in any symbolic compile)
+    assert all(any(any(t == "i64" for t in job.signature.values()) for c, job in jobs if c == case)
+               for case in cases if case[0] != "transposed")
+    reports = _check_all(cases)
     assert len({r["arch"] for r in reports}) == 2
 
 

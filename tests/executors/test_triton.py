@@ -371,3 +371,49 @@ def test_runtime_sizes_serve_new_lengths_with_one_kernel(monkeypatch, sizes):
     assert all(k == later[0] for k in later), names
     assert long[-1] == long[0] or sizes == "auto"
     assert "sz0" in _source(jf)
+
+
+def test_symbolic_programs_run_triton_kernels_over_lengths_and_batches(monkeypatch):
+    """A symbolic program's regions are Triton kernels too: their sizes that are expressions of the
+    symbols are parameters, one kernel per set of recorded decisions (under the interpreter the
+    block sizes follow the rows' power-of-two bucket: a new shape in the same bucket generates
+    nothing; FJIT_CHECK=1 checks each reuse against a fresh generation), and every call equals
+    eager, forward and backward."""
+    from fjit.executors.triton import executor as triton_executor
+    monkeypatch.setenv("FJIT_KERNEL_SIZES", "auto")
+    monkeypatch.setenv("FJIT_CHECK", "1")
+    generated = set()
+    real = triton_executor.generate
+
+    def generate(*args, **kwargs):
+        kernel = real(*args, **kwargs)
+        generated.add(kernel.source)
+        return kernel
+    monkeypatch.setattr(triton_executor, "generate", generate)
+
+    def fn(x, w):
+        h = F.layer_norm(x, (x.shape[-1],)) * w
+        return torch.softmax(h @ h.transpose(-1, -2), -1).sum(-1) + torch.tanh(h).mean(-1)
+
+    jf = fjit.jit(fn, executors=("triton", "torch"))
+    w = torch.randn(16)
+    for b, n in ((2, 5), (3, 6)):
+        x = torch.randn(b, n, 16)
+        torch.testing.assert_close(jf(x, w), fn(x, w), atol=1e-5, rtol=1e-4)
+    source = str(fjit.last_traces(jf)[-1])
+    assert "fjit_triton_sym_" in source and "sz0" in source, source
+    after_two = len(generated)
+    for b, n in ((3, 7), (4, 8), (2, 9)):          # rows b * n in the bucket (16, 32] of (3, 6)
+        x = torch.randn(b, n, 16)
+        torch.testing.assert_close(jf(x, w), fn(x, w), atol=1e-5, rtol=1e-4)
+    assert len(generated) == after_two, (after_two, len(generated))
+    for b, n in ((2, 3), (5, 40)):              # other buckets: new kernels, still eager's results
+        x = torch.randn(b, n, 16)
+        torch.testing.assert_close(jf(x, w), fn(x, w), atol=1e-5, rtol=1e-4)
+    assert fjit.cache_info(jf).misses == 2
+    xs = torch.randn(3, 9, 16, requires_grad=True)
+    ws = w.clone().requires_grad_()
+    jf(xs, ws).sum().backward()
+    xe, we = xs.detach().clone().requires_grad_(), w.clone().requires_grad_()
+    fn(xe, we).sum().backward()
+    torch.testing.assert_close((xs.grad, ws.grad), (xe.grad, we.grad), atol=1e-4, rtol=1e-4)

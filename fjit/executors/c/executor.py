@@ -201,9 +201,9 @@ class _SymbolicRegion:
 
     def __init__(self, region: Region, sizes, symbols: list):
         self.instance = sizes.instantiator(region, symbols)
-        self.arity = len(region.inputs)
+        self.arity, self.n_symbols = len(region.inputs), len(symbols)
         self.parametric = config.kernel_sizes() is not config.KernelSizes.SPECIALIZED
-        self.variants: list[tuple] = []      # (condition, kernel, launcher), the first made first
+        self.variants = runtime_sizes.Variants(self._generate, self._prepare, "C")
         # symbol values -> launcher, the least recently made first: as many as a function keeps
         # programs (FJIT_CACHE_SIZE)
         self.launchers: collections.OrderedDict = collections.OrderedDict()
@@ -220,35 +220,16 @@ class _SymbolicRegion:
             launch = launcher(concrete, kernel, binary, _Fallback(concrete, binary))
             arity = self.arity
             return kernel, lambda *args: launch(*args[:arity])
-        for holds, kernel, launch in self.variants:
-            if holds(*values):
-                if config.check_mode():
-                    self._check(values, kernel)
-                return kernel, launch
-        kernel, decisions, region = self._generated(values)
-        same = [(k, launch) for _, k, launch in self.variants if k.source == kernel.source]
-        if same:     # other decisions, the same text: the same kernel
-            kernel, launch = same[0]
-        else:
-            binary = _binary(kernel)
-            launch = launcher(region, kernel, binary, _InstanceFallback(self.instance, binary, self.arity),
-                              symbols=len(values))
-        self.variants.append((runtime_sizes.condition(decisions, len(values)), kernel, launch))
-        return kernel, launch
+        return self.variants(values)
 
-    def _generated(self, values: tuple):
-        with runtime_sizes.recording() as decisions:
-            region, params = runtime_sizes.parametric(self.instance, values)
-            kernel = _named(generate(region, "fused", params))
-        return kernel, decisions, region
+    def _generate(self, values: tuple):
+        region, params = runtime_sizes.parametric(self.instance, values)
+        return _named(generate(region, "fused", params)), region
 
-    def _check(self, values: tuple, kernel: Kernel) -> None:
-        """FJIT_CHECK: the kernel a variant's conditions chose for `values` is the one generated for them."""
-        fresh = self._generated(values)[0]
-        if fresh.source != kernel.source:
-            raise AssertionError(f"fjit internal error: the C kernel {kernel.name} serves sizes {values} "
-                                 f"by its recorded conditions, but generating for them gives {fresh.name}: "
-                                 "the generator read a size without recording it")
+    def _prepare(self, kernel: Kernel, region: Region):
+        binary = _binary(kernel)
+        return launcher(region, kernel, binary, _InstanceFallback(self.instance, binary, self.arity),
+                        symbols=self.n_symbols)
 
     def __call__(self, *args):
         launch = self.launchers.get(args[self.arity:])

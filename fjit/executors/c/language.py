@@ -13,6 +13,7 @@ from fjit.core.prims import prim_of
 from fjit.executors import render
 from fjit.executors.c import vecmath
 from fjit.executors.render import HALF
+from fjit.executors.runtime_sizes import Size
 
 # C types of values; half types are held in float (rounded to their dtype after every op, as
 # torch's CPU kernels round each op's result) and stored as their 16 bits.
@@ -53,6 +54,8 @@ def literal(value, ct: torch.dtype) -> str:
     ctype = C_TYPE[ct]
     if isinstance(value, bool):
         return f"(({ctype}){int(value)})"
+    if isinstance(value, Size):     # a runtime size (an int64 parameter): a mean's count, say
+        return f"(({ctype}){value})"
     if isinstance(value, int):
         return f"(({ctype}){value}LL)" if -2**63 <= value < 2**63 else f"(({ctype}){float(value)!r})"
     if isinstance(value, float):

@@ -104,7 +104,7 @@ class TritonEmitter(TileEmitter):
         if second is not None:
             second.source = source
             kernel.second = second
-            kernel.workspaces = [(int(self.rows) * pl.segments, ct) for _, ct in partials]
+            kernel.workspaces = [(self.rows * pl.segments, ct) for _, ct in partials]
         return kernel
 
     def closure(self, names: list) -> tuple[set, set]:
@@ -251,7 +251,7 @@ class TritonEmitter(TileEmitter):
         constexprs = {"BLOCK": pl.finish_block, "ROWS": 1}
         head = f"@triton.jit\ndef {name}_finish({', '.join(params + ['BLOCK: tl.constexpr', 'ROWS: tl.constexpr'])}):"
         source = f"{head}\n" + "\n".join(self.lines) + "\n"
-        return Kernel(f"{name}_finish", source, (int(self.rows),), pl.finish_block, pl.finish_warps, literals,
+        return Kernel(f"{name}_finish", source, (self.rows,), pl.finish_block, pl.finish_warps, literals,
                       params, {**signature, "BLOCK": "constexpr", "ROWS": "constexpr"}, constexprs,
                       "split-finish")
 

@@ -9,6 +9,8 @@ the output layouts; per call it allocates outputs and launches, nothing else.
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -25,11 +27,12 @@ if importlib.util.find_spec("triton") is None:
 
 import fjit.config as config
 from fjit.core.ir import BoundSymbol
+from fjit.core.symbolic import hint
 from fjit.core.trace import Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable, runtime_sizes
 from fjit.executors.triton import target
 from fjit.executors.triton.codegen import Kernel, generate, supported
-from fjit.executors.triton.launch import Stage, compile_for_device, make_launcher
+from fjit.executors.triton.launch import Stage, bind_stage, compile_for_device, compile_stage, make_launcher
 from fjit.logs import kernels as log
 from fjit.passes.fusion import Partitioner, Region
 
@@ -53,8 +56,10 @@ def fuses_on(device: torch.device) -> bool:
 
 def claim(trace: Trace, leaves: list) -> Trace | None:
     """The trace with each fusion region replaced by one kernel launch, or None if not applicable."""
-    if not kernel_inputs_usable(trace, fuses_on) or trace.sizes is not None:   # symbolic: not yet
+    if not kernel_inputs_usable(trace, fuses_on):
         return None
+    if trace.sizes is not None:
+        return _PARTITIONER.fuse(trace, "triton_fusion", lambda r: _symbolic_region_bsym(r, trace.sizes))
     return _PARTITIONER.fuse(trace, "triton_fusion", _region_bsym)
 
 
@@ -87,9 +92,18 @@ def _named(region: Region, interpret: bool, sizes: list[int]) -> Kernel:
 
 def target_kernels(trace: Trace) -> list[Kernel]:
     """The kernels this executor would generate for `trace` on a GPU (not for the interpreter),
-    whatever its tensors' device: what the target-compile tests compile for sm_90."""
-    return [kernel_for(item, interpret=False) for item in _GPU_PARTITIONER.partition(trace)
-            if isinstance(item, Region) and item.outputs]
+    whatever its tensors' device: what the target-compile tests compile for sm_90.  A symbolic
+    trace's regions give their kernels with symbolic sizes as parameters, at the hints."""
+    regions = [item for item in _GPU_PARTITIONER.partition(trace) if isinstance(item, Region) and item.outputs]
+    if trace.sizes is None:
+        return [kernel_for(region, interpret=False) for region in regions]
+    kernels = []
+    for region in regions:
+        symbols = trace.sizes.symbols_of(region)
+        at, params = runtime_sizes.parametric(trace.sizes.instantiator(region, symbols),
+                                              tuple(hint(s) for s in symbols), div="//")
+        kernels.append(_named(at, False, params))
+    return kernels
 
 
 def _region_bsym(region: Region) -> BoundSymbol:
@@ -102,6 +116,81 @@ def _region_bsym(region: Region) -> BoundSymbol:
     comment = (f"Triton kernel {kernel.name}, {kernel.mode}, grid {kernel.grid}, BLOCK={kernel.block}, "
                f"{kernel.num_warps} warps\n{kernel.source}")
     return kernel_bsym(region, kernel.name, launch, comment)
+
+
+def _symbolic_region_bsym(region: Region, sizes) -> BoundSymbol:
+    """A region of a symbolic program (core/symbolic.py) as one call of a _SymbolicRegion, which
+    takes the region's inputs and the values of the symbols its sizes are expressions of."""
+    symbols = sizes.symbols_of(region)
+    made = _SymbolicRegion(region, sizes, symbols)
+    kernel = made.kernel
+    comment = (f"Triton kernel per call's sizes ({', '.join(sizes.text(s) for s in symbols)}); at this "
+               f"call's, {kernel.name}, {kernel.mode}, BLOCK={kernel.block}, {kernel.num_warps} warps\n"
+               f"{kernel.source}")
+    b = kernel_bsym(region, f"fjit_triton_sym_{kernel.name[len('fjit_kernel_'):]}", made, comment)
+    return b.replace(args=b.args + tuple(symbols))
+
+
+class _SymbolicRegion:
+    """The launcher of a symbolic program's region (see the C executor's, whose scheme this is):
+    its kernels are generated from the region with the sizes that are expressions of the symbols
+    as int64 parameters, one per set of recorded decisions (runtime_sizes.Variants: a block size
+    or a strategy chosen by size is a decision; a constexpr is compiled in, so its value is one
+    too), and each is compiled once; per set of symbol values the launcher computes the grid, the
+    output layouts, the size arguments and the workspaces from the symbols."""
+
+    def __init__(self, region: Region, sizes, symbols: list):
+        self.instance = sizes.instantiator(region, symbols)
+        self.arity, self.n_symbols = len(region.inputs), len(symbols)
+        self.interpret = config.triton_interpret()
+        self.device = region.outputs[0].device
+        self.fast = self.device.type == "cuda" and not self.interpret and config.triton_compiled_launch()
+        self.variants = runtime_sizes.Variants(self._generate, self._prepare, "Triton")
+        # symbol values -> launcher, the least recently made first (FJIT_CACHE_SIZE of them)
+        self.launchers: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+        hints = tuple(hint(s) for s in symbols)
+        self.kernel, self.launchers[hints] = self._launched(hints)
+
+    def _generate(self, values: tuple):
+        region, params = runtime_sizes.parametric(self.instance, values, div="//")
+        kernel = _named(region, self.interpret, params)
+        for stage in kernel.stages():
+            for value in stage.constexprs.values():
+                if isinstance(value, runtime_sizes.Size):
+                    int(value)        # read: a condition that it is the same
+        return kernel, region
+
+    def _prepare(self, kernel: Kernel, region: Region):
+        fns = _compiled(kernel)
+        compiled = [compile_stage(fn, stage, self.device) if self.fast else None
+                    for stage, fn in zip(kernel.stages(), fns)]
+        per_size = ([(tuple(v.shape), tuple(v.strides)) for v in region.outputs],
+                    [tuple(stage.grid) for stage in kernel.stages()],
+                    list(kernel.scalar_args) + list(kernel.sizes), [n for n, _ in kernel.workspaces])
+        return fns, compiled, runtime_sizes.evaluator(per_size, self.n_symbols), [v.dtype for v in region.outputs]
+
+    def _launched(self, values: tuple):
+        """(the kernel, the launcher of the region's inputs) for the symbols' `values`."""
+        kernel, (fns, compiled, evaluate, dtypes) = self.variants(values)
+        layouts, grids, literals, numels = evaluate(values)
+        stages = []
+        for stage, fn, grid, binary in zip(kernel.stages(), fns, grids, compiled):
+            at = dataclasses.replace(stage, grid=grid, second=None)
+            stages.append(Stage(at, fn, bind_stage(binary, at, self.device) if binary is not None else None))
+        outputs = [(shape, strides, dtype) for (shape, strides), dtype in zip(layouts, dtypes)]
+        workspaces = [(numel, dtype) for numel, (_, dtype) in zip(numels, kernel.workspaces)]
+        return kernel, make_launcher(outputs, stages, literals, workspaces, self.device)
+
+    def __call__(self, *args):
+        launch = self.launchers.get(args[self.arity:])
+        if launch is None:
+            values = tuple(map(int, args[self.arity:]))
+            with self._lock:
+                while len(self.launchers) >= config.cache_size():
+                    self.launchers.popitem(last=False)
+                launch = self.launchers[values] = self._launched(values)[1]
+        return launch(*args[:self.arity])
 
 
 def _compiled(kernel: Kernel) -> list:

@@ -51,8 +51,16 @@ def bind_compiled(compiled, grid: tuple, constexprs: tuple, stream_of, device_in
 
 
 def compile_for_device(fn, kernel, device: torch.device):
-    """A stage compiled once for `device`'s GPU, its pointers assumed 16-byte aligned; None where
-    Triton's API differs from the one this was written for (the caller falls back)."""
+    """A stage compiled once for `device`'s GPU, its pointers assumed 16-byte aligned, and bound to
+    its grid; None where Triton's API differs from the one this was written for (the caller falls
+    back)."""
+    compiled = compile_stage(fn, kernel, device)
+    return None if compiled is None else bind_stage(compiled, kernel, device)
+
+
+def compile_stage(fn, kernel, device: torch.device):
+    """`compile_for_device` without the grid: what a symbolic program's kernel compiles once and
+    binds per set of sizes (`bind_stage`)."""
     try:
         import triton
         from triton.compiler import ASTSource
@@ -64,14 +72,19 @@ def compile_for_device(fn, kernel, device: torch.device):
         names = list(kernel.signature)
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if kernel.signature[n].startswith("*")}
         src = ASTSource(fn, kernel.signature, kernel.constexprs, attrs)
-        compiled = triton.compile(src, target=driver.active.get_current_target(),
-                                  options={"num_warps": kernel.num_warps})
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return bind_compiled(compiled, kernel.grid, tuple(kernel.constexprs.values()),
-                             driver.active.get_current_stream, index)
+        return triton.compile(src, target=driver.active.get_current_target(),
+                              options={"num_warps": kernel.num_warps})
     except Exception as exc:  # noqa: BLE001 - the launch falls back to kernel[grid]
         log.debug("Triton kernel %s: no compiled launcher (%s); kernel[grid] is used", kernel.name, exc)
         return None
+
+
+def bind_stage(compiled, kernel, device: torch.device):
+    """The compiled stage bound to `kernel`'s grid and constexprs on `device`."""
+    from triton.runtime.driver import driver
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return bind_compiled(compiled, kernel.grid, tuple(kernel.constexprs.values()),
+                         driver.active.get_current_stream, index)
 
 
 class Stage:

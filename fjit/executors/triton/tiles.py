@@ -13,6 +13,7 @@ from fjit.core.ir import BoundSymbol, TensorVar
 from fjit.core.prims import Prim, prim_of
 from fjit.executors import render
 from fjit.executors.render import HALF, collapse, domain_strides, held, index_decomposition, levels, small_power
+from fjit.executors.runtime_sizes import Size
 from fjit.executors.triton import plan as P
 from fjit.executors.triton.lowering import COMPILED_F32, REDUCE, TL_DTYPE, language
 from fjit.passes.fusion import Region
@@ -35,8 +36,10 @@ class TileEmitter(render.RegionEmitter):
         self.level = levels(region.bsyms, REDUCE)
         splittable = all(self.level[b.outputs()[0].name] == 1 for b in self.reductions) and all(
             v.name in region.row_vars or self.level[v.name] == 0 for v in region.outputs)
-        # the launch plan (grid, blocks) is the region's own: its sizes, never parameters
-        self.plan = P.plan(int(rows), int(width), region.has_reduction, splittable, interpret)
+        # the launch plan (grid, blocks) is computed from the region's sizes; where they are
+        # runtime sizes (runtime_sizes.Size) the grid is an expression of them, which a symbolic
+        # program's launcher evaluates per call's sizes, and each choice on them is recorded
+        self.plan = P.plan(rows, width, region.has_reduction, splittable, interpret)
         self.online = P.online_sums(region, self.reductions, self.level) if self.plan.mode == "looped" else {}
         if self.online:    # an online sum is reduced in its max's pass
             self.level = levels(region.bsyms, REDUCE, self.online)
@@ -128,6 +131,8 @@ class TileEmitter(render.RegionEmitter):
     def literal(self, a, ct: torch.dtype | None) -> str:
         if isinstance(a, bool):
             return "1" if a else "0"
+        if isinstance(a, Size):     # a runtime size (an int64 parameter): a mean's count, a float there
+            return f"{a}.to({TL_DTYPE[ct]})" if ct is not None and ct.is_floating_point else str(a)
         if isinstance(a, float) and not math.isfinite(a):
             return self.literals[repr(a)]
         if isinstance(a, int) and ct is not None and not ct.is_floating_point and ct is not torch.bool:
