@@ -11,6 +11,7 @@ passes/matmuls.py.)
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -18,6 +19,7 @@ from torch._prims_common import make_contiguous_strides_for as contiguous_stride
 
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.prims import Prim, prim_of
+from fjit.core.symbolic import is_symbolic, same, sizes_of
 from fjit.core.trace import Trace
 
 # The most prims a concatenation takes into its kernel (each in the code of the piece reading it).
@@ -269,15 +271,19 @@ def read_through_views(items: list, kernels: set) -> None:
 
 
 def _view_offset(v: TensorVar, base: TensorVar, views: list) -> int | None:
-    """The element offset of `v` in `base`'s storage, where its views give v's shape and strides."""
+    """The element offset of `v` in `base`'s storage, where its views give v's shape and strides
+    (in a symbolic program, an expression of the symbols: the views replay under its shape rules,
+    and shapes compare without a guard)."""
+    sizes = next((sizes_of(n) for n in (*base.shape, *base.strides) if is_symbolic(n)), None)
     try:
-        m = root = torch.empty_strided(base.shape, base.strides, dtype=base.dtype, device="meta")
-        for b in views:
-            m = b.sym.fn(m, *b.args[1:], **b.kwargs)
+        with sizes.shape_rules() if sizes is not None else contextlib.nullcontext():
+            m = root = torch.empty_strided(base.shape, base.strides, dtype=base.dtype, device="meta")
+            for b in views:
+                m = b.sym.fn(m, *b.args[1:], **b.kwargs)
     except Exception:       # noqa: BLE001 -- a view meta tensors cannot replay: read as it is
         return None
     # (a reshape that copies is no view: its elements are not where its strides say in base)
-    if not isinstance(m, torch.Tensor) or m._base is not root or tuple(m.shape) != tuple(v.shape) \
-            or tuple(m.stride()) != tuple(v.strides):
+    if not isinstance(m, torch.Tensor) or m._base is not root or not same(tuple(m.shape), tuple(v.shape)) \
+            or not same(tuple(m.stride()), tuple(v.strides)):
         return None
     return m.storage_offset()
