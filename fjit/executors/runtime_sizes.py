@@ -22,10 +22,9 @@ Literal sizes let the C compiler fold divisions and unroll short loops, so by de
 sizes seen to change are parameters (`Policy`, FJIT_KERNEL_SIZES).
 
 A symbolic program's region (core/symbolic.py) knows which of its sizes are expressions of the
-program's symbols, so it needs no family or policy: `parametric` makes exactly those parameters,
-each `Size` carrying its expression of the symbols, and `recording` notes every decision the
-generator takes on them as a condition.  The kernel so generated is then the kernel of every set of
-symbol values where the conditions come out the same (`condition`), without generating again.
+program's symbols, so it needs no family or policy: executors/symbolic_kernels.py makes exactly
+those parameters, each `Size` carrying its expression of the symbols, and `recording` here notes
+every decision the generator takes on them as a condition.
 """
 from __future__ import annotations
 
@@ -188,8 +187,8 @@ class Size(int):
         # (a power-of-two bucket: what a block size rounded up to a power of two depends on)
         bits = _value(self).bit_length()
         if self.sym is not None and bits > 0:
-            _note(f"({self.sym} >= {1 << (bits - 1)})", True)
-            _note(f"({self.sym} < {1 << bits})", True)
+            note(f"({self.sym} >= {1 << (bits - 1)})", True)
+            note(f"({self.sym} < {1 << bits})", True)
         elif self.sym is not None:
             _escaped(self)
         return bits
@@ -253,7 +252,7 @@ def recording():
         _RECORD.decisions = old
 
 
-def _note(condition: str, outcome) -> None:
+def note(condition: str, outcome) -> None:
     decisions = getattr(_RECORD, "decisions", None)
     if decisions is not None:
         decisions[condition] = outcome
@@ -267,14 +266,14 @@ def _compared(a: Size, b, op: str):
         {"<": float.__gt__, "<=": float.__ge__, ">": float.__lt__, ">=": float.__le__,
          "==": float.__eq__, "!=": float.__ne__}[op](b, float(_value(a)))
     if _symbolic(a, b):
-        _note(f"({_py(a)} {op} {_py(b)})", outcome)
+        note(f"({_py(a)} {op} {_py(b)})", outcome)
     return outcome
 
 
 def _escaped(n: Size) -> None:
     """n's value was read into the source: the condition that it is the same."""
     if n.sym is not None:
-        _note(f"({n.sym} == {_value(n)})", True)
+        note(f"({n.sym} == {_value(n)})", True)
 
 
 def _signs(a: int, b: int) -> tuple[bool, bool]:
@@ -282,9 +281,9 @@ def _signs(a: int, b: int) -> tuple[bool, bool]:
     on them."""
     signs = _value(a) >= 0, _value(b) > 0
     if _symbolic(a):
-        _note(f"({_py(a)} >= 0)", signs[0])
+        note(f"({_py(a)} >= 0)", signs[0])
     if _symbolic(b):
-        _note(f"({_py(b)} > 0)", signs[1])
+        note(f"({_py(b)} > 0)", signs[1])
     return signs
 
 
@@ -456,113 +455,7 @@ def choose(region: Region, make, policy: Policy, div: str = "/"):
     return make(partial, partial_values)
 
 
-# -- regions of symbolic programs --------------------------------------------------------------------
-
-def parametric(instance, values: tuple, div: str = "/") -> tuple[Region, list[Size]]:
-    """A symbolic program's region at the symbols' `values`, every size that is an expression of
-    the symbols a parameter (sz0, sz1, ... in order of appearance, one per distinct expression,
-    each carrying that expression as `sym`), the static sizes literals; and the parameters.
-    `instance`: the region's SymbolicSizes.instantiator.  Called inside `recording`: a float or
-    bool computed from the symbols is written into the source as a value, recorded as such."""
-    params: dict[int, Size] = {}
-
-    def sized(index: int, value, text: str | None, size):
-        if text is None:
-            return value
-        if not isinstance(value, int) or isinstance(value, bool):
-            _note(f"({text} == {value!r})", True)
-            return value
-        made = params.get(index)
-        if made is None:
-            made = params[index] = Size(value, f"sz{len(params)}", div, text)
-        return made
-    return instance(values, sized), list(params.values())
-
-
-def condition(decisions: dict, arity: int):
-    """The recorded decisions (`recording`) as one compiled check of the symbols' values: whether
-    a kernel generated where they were recorded is the kernel of those values."""
-    args = ", ".join(f"v{k}" for k in range(arity))
-    terms = [c if outcome is True else f"not {c}" if outcome is False else f"({c}) == {outcome!r}"
-             for c, outcome in decisions.items()]
-    source = f"lambda {args}: " + (" and ".join(terms) if terms else "True")
-    check = eval(source, {})     # noqa: S307 - fjit's own text: names v0.., integers and operators
-    check.text = source
-    return check
-
-
 def python(n) -> str:
     """A size of a parametric region as a Python expression of the symbols v0, v1, ... (a static
     one as its value)."""
     return _py(n) if isinstance(n, Size) else str(int(n))
-
-
-def evaluator(x, arity: int):
-    """A function of the symbols' values giving `x` (nested tuples, lists and dicts of ints and
-    Sizes of a parametric region: layouts, a grid) with every Size evaluated at them."""
-    texts: list[str] = []
-
-    def collect(y):
-        if isinstance(y, Size):
-            texts.append(python(y))
-        elif isinstance(y, (tuple, list)):
-            for z in y:
-                collect(z)
-        elif isinstance(y, dict):
-            for z in y.values():
-                collect(z)
-    collect(x)
-    args = ", ".join(f"v{k}" for k in range(arity))
-    compute = eval(f"lambda {args}: ({''.join(t + ', ' for t in texts)})", {})     # noqa: S307 - fjit's own text
-
-    def rebuild(y, values):
-        if isinstance(y, Size):
-            return next(values)
-        if isinstance(y, (tuple, list)):
-            return type(y)(rebuild(z, values) for z in y)
-        if isinstance(y, dict):
-            return {k: rebuild(z, values) for k, z in y.items()}
-        return y
-    return lambda symbols: rebuild(x, iter(compute(*symbols)))
-
-
-class Variants:
-    """The kernels of one region of a symbolic program: one per set of recorded decisions.
-
-    `generate(values)` generates the region's kernel at the symbols' `values` (a parametric
-    region), returning (kernel, region); it runs inside `recording`, so the kernel comes with the
-    conditions under which generating gives the same source.  `prepare(kernel, region)` makes what
-    the language needs once per kernel (a launcher, compiled functions).  A set of values is served
-    by the first variant whose conditions it passes; a new kernel is generated only where none
-    does.  Under FJIT_CHECK=1 each reuse is checked against a fresh generation."""
-
-    def __init__(self, generate, prepare, language: str):
-        self.generate, self.prepare, self.language = generate, prepare, language
-        self.items: list[tuple] = []      # (condition, kernel, prepared), the first made first
-
-    def __call__(self, values: tuple):
-        """(the kernel, its preparation) for the symbols' `values`."""
-        for holds, kernel, prepared in self.items:
-            if holds(*values):
-                if config.check_mode():
-                    self._check(values, kernel)
-                return kernel, prepared
-        kernel, decisions, region = self._generated(values)
-        # (prepared anew even where the source equals an earlier variant's: what is launched with
-        # it -- a Triton grid computed from a size read out of a Size -- may differ; the binary is
-        # shared by the source's name)
-        prepared = self.prepare(kernel, region)
-        self.items.append((condition(decisions, len(values)), kernel, prepared))
-        return kernel, prepared
-
-    def _generated(self, values: tuple):
-        with recording() as decisions:
-            kernel, region = self.generate(values)
-        return kernel, decisions, region
-
-    def _check(self, values: tuple, kernel) -> None:
-        fresh = self._generated(values)[0]
-        if fresh.source != kernel.source:
-            raise AssertionError(f"fjit internal error: the {self.language} kernel {kernel.name} serves sizes "
-                                 f"{values} by its recorded conditions, but generating for them gives "
-                                 f"{fresh.name}: the generator read a size without recording it")

@@ -44,7 +44,7 @@ def test_a_new_length_reuses_the_symbolic_programs_kernels_without_generating(mo
     same: a new length generates no C source (FJIT_CHECK=1 checks each reuse against a fresh
     generation), and the recorded conditions hold the choices that differ by size."""
     from fjit.executors.c import executor as c_executor
-    from fjit.executors import runtime_sizes
+    from fjit.executors import runtime_sizes, symbolic_kernels
     monkeypatch.setenv("FJIT_KERNEL_SIZES", "auto")
     monkeypatch.setenv("FJIT_CHECK", "1")
     generated = set()           # the sources generated (the check regenerates ones already made)
@@ -75,7 +75,7 @@ def test_a_new_length_reuses_the_symbolic_programs_kernels_without_generating(mo
     assert decisions == {"(v0 >= 16)": False, "(v0 >= 0)": True, "(8 > 0)": True} or \
         decisions == {"(v0 >= 16)": False, "((v0 * 4) >= 0)": True}, decisions
     assert not wide and rows.sym == "((v0 * 4) // 8)" and str(rows) == "((sz0 * 4) / 8)"
-    holds = runtime_sizes.condition(decisions, 1)
+    holds = symbolic_kernels.condition(decisions, 1)
     assert holds(12) and holds(15) and not holds(16)
 
 

@@ -22,7 +22,6 @@ inputs require grad under grad mode stays with the torch executor.
 """
 from __future__ import annotations
 
-import collections
 import ctypes
 import hashlib
 import math
@@ -42,9 +41,9 @@ import torch
 import fjit.config as config
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, map_values
 from fjit.core.prims import Prim, prim_of
-from fjit.core.symbolic import hint, is_symbolic, known
+from fjit.core.symbolic import is_symbolic, known
 from fjit.core.trace import Trace
-from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable, runtime_sizes
+from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable, runtime_sizes, symbolic_kernels
 from fjit.executors.c import batch_norm, max_pool
 from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
 from fjit.executors.c.build import build_key, build_library, compiler, kernel_flags
@@ -173,46 +172,34 @@ def _region_bsym(region: Region) -> BoundSymbol:
 
 
 def _symbolic_region_bsym(region: Region, sizes) -> BoundSymbol:
-    """A region of a symbolic program (core/symbolic.py) as one call of a _SymbolicRegion, which
-    takes the region's inputs and the values of the symbols its sizes are expressions of."""
-    symbols = sizes.symbols_of(region)
-    made = _SymbolicRegion(region, sizes, symbols)
+    """A region of a symbolic program as one call of its _SymbolicRegion."""
+    made = _SymbolicRegion(region, sizes)
     kernel = made.kernel
-    comment = (f"C kernel per call's sizes ({', '.join(map(str, (sizes.text(s) for s in symbols)))}); "
-               f"at this call's, {kernel.name}\n{kernel.source[kernel.source.index(f'void {kernel.name}('):]}")
-    b = kernel_bsym(region, f"fjit_c_sym_{kernel.name[len('fjit_c_'):]}", made, comment)
-    return b.replace(args=b.args + tuple(symbols))
+    return made.bsym(f"fjit_c_sym_{kernel.name[len('fjit_c_'):]}",
+                     f"C kernel per call's sizes ({made.described()}); at this call's, {kernel.name}\n"
+                     f"{kernel.source[kernel.source.index(f'void {kernel.name}('):]}")
 
 
-class _SymbolicRegion:
-    """The launcher of a symbolic program's region, called with the region's inputs and the values
-    of the symbols its sizes are expressions of.
+class _SymbolicRegion(symbolic_kernels.SymbolicLauncher):
+    """The C launcher of a symbolic program's region (symbolic_kernels.SymbolicLauncher).
 
     Its kernels (FJIT_KERNEL_SIZES auto or runtime) are generated from the region with every size
-    that is an expression of the symbols a parameter (runtime_sizes.parametric), at the values of
-    the first call that needs one, recording every decision the generator takes on those sizes
-    (runtime_sizes.recording): the source is the same text wherever the decisions come out the
-    same, so a kernel serves every set of values that passes its recorded conditions (a
-    variant).  A new length checks the variants' conditions and launches; it generates and builds
-    only where a decision comes out otherwise (a tiling or an accumulator width chosen by size).
-    Under FJIT_CHECK=1 each reuse is checked against a fresh generation.  With
+    that is an expression of the symbols a parameter (symbolic_kernels.parametric), at the values of
+    the first call that needs one, recording every decision the generator takes on those sizes:
+    the source is the same text wherever the decisions come out the same, so a kernel serves every
+    set of values that passes its recorded conditions (symbolic_kernels.Variants).  A new length
+    checks the variants' conditions and launches; it generates and builds only where a decision
+    comes out otherwise (a tiling or an accumulator width chosen by size).  With
     FJIT_KERNEL_SIZES=specialized each set of values gets the region instantiated at those sizes
-    and a kernel of literal sizes.  `kernel` is the kernel at the compiling call's sizes."""
+    and a kernel of literal sizes."""
 
-    def __init__(self, region: Region, sizes, symbols: list):
-        self.instance = sizes.instantiator(region, symbols)
-        self.arity, self.n_symbols = len(region.inputs), len(symbols)
+    def __init__(self, region: Region, sizes):
+        super().__init__(region, sizes)
         self.parametric = config.kernel_sizes() is not config.KernelSizes.SPECIALIZED
-        self.variants = runtime_sizes.Variants(self._generate, self._prepare, "C")
-        # symbol values -> launcher, the least recently made first: as many as a function keeps
-        # programs (FJIT_CACHE_SIZE)
-        self.launchers: collections.OrderedDict = collections.OrderedDict()
-        self._lock = threading.Lock()
-        hints = tuple(hint(s) for s in symbols)
-        self.kernel, self.launchers[hints] = self._launched(hints)
+        self.variants = symbolic_kernels.Variants(self._generate, self._prepare, "C")
+        self.start()
 
-    def _launched(self, values: tuple):
-        """(the kernel, the launcher) for the symbols' `values`."""
+    def launched(self, values: tuple):
         if not self.parametric:
             concrete = self.instance(values)
             kernel = _kernel(concrete)
@@ -223,23 +210,13 @@ class _SymbolicRegion:
         return self.variants(values)
 
     def _generate(self, values: tuple):
-        region, params = runtime_sizes.parametric(self.instance, values)
+        region, params = symbolic_kernels.parametric(self.instance, values)
         return _named(generate(region, "fused", params)), region
 
     def _prepare(self, kernel: Kernel, region: Region):
         binary = _binary(kernel)
         return launcher(region, kernel, binary, _InstanceFallback(self.instance, binary, self.arity),
                         symbols=self.n_symbols)
-
-    def __call__(self, *args):
-        launch = self.launchers.get(args[self.arity:])
-        if launch is None:
-            values = tuple(map(int, args[self.arity:]))
-            with self._lock:
-                while len(self.launchers) >= config.cache_size():
-                    self.launchers.popitem(last=False)
-                launch = self.launchers[values] = self._launched(values)[1]
-        return launch(*args)
 
 
 class _InstanceFallback:

@@ -130,7 +130,7 @@ def launcher(region, kernel, binary, fallback, symbols: int = 0):
     """A generated function per kernel: outputs allocated with literal layouts, then one call of
     the entry point with the tensors (else of the ctypes function with their data pointers).
 
-    `symbols`: the region is a symbolic program's parametric region (runtime_sizes.parametric),
+    `symbols`: the region is a symbolic program's parametric region (symbolic_kernels.parametric),
     and the function takes the values of the program's `symbols` symbols after the tensors
     (v0, v1, ...): its outputs' sizes and the kernel's size arguments are Python expressions of
     them.  Its source holds only names this module makes, integer literals and such expressions;

@@ -9,7 +9,6 @@ the output layouts; per call it allocates outputs and launches, nothing else.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import hashlib
@@ -29,7 +28,7 @@ import fjit.config as config
 from fjit.core.ir import BoundSymbol
 from fjit.core.symbolic import hint
 from fjit.core.trace import Trace
-from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable, runtime_sizes
+from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable, runtime_sizes, symbolic_kernels
 from fjit.executors.triton import target
 from fjit.executors.triton.codegen import Kernel, generate, supported
 from fjit.executors.triton.launch import Stage, bind_stage, compile_for_device, compile_stage, make_launcher
@@ -100,7 +99,7 @@ def target_kernels(trace: Trace) -> list[Kernel]:
     kernels = []
     for region in regions:
         symbols = trace.sizes.symbols_of(region)
-        at, params = runtime_sizes.parametric(trace.sizes.instantiator(region, symbols),
+        at, params = symbolic_kernels.parametric(trace.sizes.instantiator(region, symbols),
                                               tuple(hint(s) for s in symbols), div="//")
         kernels.append(_named(at, False, params))
     return kernels
@@ -119,41 +118,34 @@ def _region_bsym(region: Region) -> BoundSymbol:
 
 
 def _symbolic_region_bsym(region: Region, sizes) -> BoundSymbol:
-    """A region of a symbolic program (core/symbolic.py) as one call of a _SymbolicRegion, which
-    takes the region's inputs and the values of the symbols its sizes are expressions of."""
-    symbols = sizes.symbols_of(region)
-    made = _SymbolicRegion(region, sizes, symbols)
+    """A region of a symbolic program as one call of its _SymbolicRegion."""
+    made = _SymbolicRegion(region, sizes)
     kernel = made.kernel
-    comment = (f"Triton kernel per call's sizes ({', '.join(sizes.text(s) for s in symbols)}); at this "
-               f"call's, {kernel.name}, {kernel.mode}, BLOCK={kernel.block}, {kernel.num_warps} warps\n"
-               f"{kernel.source}")
-    b = kernel_bsym(region, f"fjit_triton_sym_{kernel.name[len('fjit_kernel_'):]}", made, comment)
-    return b.replace(args=b.args + tuple(symbols))
+    return made.bsym(f"fjit_triton_sym_{kernel.name[len('fjit_kernel_'):]}",
+                     f"Triton kernel per call's sizes ({made.described()}); at this call's, {kernel.name}, "
+                     f"{kernel.mode}, BLOCK={kernel.block}, {kernel.num_warps} warps\n{kernel.source}")
 
 
-class _SymbolicRegion:
-    """The launcher of a symbolic program's region (see the C executor's, whose scheme this is):
-    its kernels are generated from the region with the sizes that are expressions of the symbols
-    as int64 parameters, one per set of recorded decisions (runtime_sizes.Variants: a block size
-    or a strategy chosen by size is a decision; a constexpr is compiled in, so its value is one
+class _SymbolicRegion(symbolic_kernels.SymbolicLauncher):
+    """The Triton launcher of a symbolic program's region (see the C executor's, whose scheme this
+    is): its kernels are generated from the region with the sizes that are expressions of the
+    symbols as int64 parameters, one per set of recorded decisions (symbolic_kernels.Variants: a block
+    size or a strategy chosen by size is a decision; a constexpr is compiled in, so its value is one
     too), and each is compiled once; per set of symbol values the launcher computes the grid, the
     output layouts, the size arguments and the workspaces from the symbols."""
 
-    def __init__(self, region: Region, sizes, symbols: list):
-        self.instance = sizes.instantiator(region, symbols)
-        self.arity, self.n_symbols = len(region.inputs), len(symbols)
+    takes_symbols = False
+
+    def __init__(self, region: Region, sizes):
+        super().__init__(region, sizes)
         self.interpret = config.triton_interpret()
         self.device = region.outputs[0].device
         self.fast = self.device.type == "cuda" and not self.interpret and config.triton_compiled_launch()
-        self.variants = runtime_sizes.Variants(self._generate, self._prepare, "Triton")
-        # symbol values -> launcher, the least recently made first (FJIT_CACHE_SIZE of them)
-        self.launchers: collections.OrderedDict = collections.OrderedDict()
-        self._lock = threading.Lock()
-        hints = tuple(hint(s) for s in symbols)
-        self.kernel, self.launchers[hints] = self._launched(hints)
+        self.variants = symbolic_kernels.Variants(self._generate, self._prepare, "Triton")
+        self.start()
 
     def _generate(self, values: tuple):
-        region, params = runtime_sizes.parametric(self.instance, values, div="//")
+        region, params = symbolic_kernels.parametric(self.instance, values, div="//")
         kernel = _named(region, self.interpret, params)
         for stage in kernel.stages():
             for value in stage.constexprs.values():
@@ -168,10 +160,9 @@ class _SymbolicRegion:
         per_size = ([(tuple(v.shape), tuple(v.strides)) for v in region.outputs],
                     [tuple(stage.grid) for stage in kernel.stages()],
                     list(kernel.scalar_args) + list(kernel.sizes), [n for n, _ in kernel.workspaces])
-        return fns, compiled, runtime_sizes.evaluator(per_size, self.n_symbols), [v.dtype for v in region.outputs]
+        return fns, compiled, symbolic_kernels.evaluator(per_size, self.n_symbols), [v.dtype for v in region.outputs]
 
-    def _launched(self, values: tuple):
-        """(the kernel, the launcher of the region's inputs) for the symbols' `values`."""
+    def launched(self, values: tuple):
         kernel, (fns, compiled, evaluate, dtypes) = self.variants(values)
         layouts, grids, literals, numels = evaluate(values)
         stages = []
@@ -181,16 +172,6 @@ class _SymbolicRegion:
         outputs = [(shape, strides, dtype) for (shape, strides), dtype in zip(layouts, dtypes)]
         workspaces = [(numel, dtype) for numel, (_, dtype) in zip(numels, kernel.workspaces)]
         return kernel, make_launcher(outputs, stages, literals, workspaces, self.device)
-
-    def __call__(self, *args):
-        launch = self.launchers.get(args[self.arity:])
-        if launch is None:
-            values = tuple(map(int, args[self.arity:]))
-            with self._lock:
-                while len(self.launchers) >= config.cache_size():
-                    self.launchers.popitem(last=False)
-                launch = self.launchers[values] = self._launched(values)[1]
-        return launch(*args[:self.arity])
 
 
 def _compiled(kernel: Kernel) -> list:
