@@ -9,7 +9,7 @@ test or a notebook may change them between compilations; FJIT_LOGS is read when 
 |---|---|---|
 | FJIT_DISABLE | 1 | every jitted function calls the Python function eagerly (nothing is traced) |
 | FJIT_LOGS | recompiles,traces,kernels (any of them, or all) | turns on fjit's loggers, to stderr |
-| FJIT_CHECK | 1 | check mode: every stage runs and is compared with the first; torch fallbacks' real layouts are checked |
+| FJIT_CHECK | 1 | check mode: every stage runs and is compared with the first; torch fallbacks' real layouts are checked; a symbolic program's kernel reused at new sizes is checked against a fresh generation |
 | FJIT_C_KERNELS | background (default), sync, 0 | when C kernels are built: in a background thread, before the compile returns, or never |
 | FJIT_KERNEL_SIZES | auto (default), runtime, specialized | a C or Triton kernel's sizes: literals for a kernel's first sizes, then the sizes that changed as parameters (one build then serves every sequence length and batch size); always parameters; always literals (fjit/executors/runtime_sizes.py) |
 | FJIT_MEASURE | auto (default), 0, all | whether a program times its forms on its second call (or the first after its C kernels are built) and keeps the fastest (fjit/program_choice.py): for training programs of at least 32 ops the joint backward, torch autograd, and (CPU 2-D convolutions) torch autograd over channels-last convolutions; kernels against torch calls for forwards of at least 2^20 input elements; never; or every program |
