@@ -7,6 +7,7 @@ by whichever GEMM library is faster for their shape.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Callable
@@ -19,7 +20,7 @@ import fjit.config as config
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar
 from fjit.core.prims import Prim, prim_of
 from fjit.core.prims.layout import reshape_copies
-from fjit.core.symbolic import is_symbolic
+from fjit.core.symbolic import hint, is_symbolic, same, sizes_of
 from fjit.core.trace import Trace
 from fjit.runtime import (convolution_vjp, convolution_vjp_by_gemm, linear_as_conv, matmul_as_conv,
                           matmul_as_input_grad, matmul_as_weight_grad)
@@ -116,19 +117,29 @@ def _unrolled(m: BoundSymbol) -> tuple | None:
     unroll_thin_matmuls says, or None."""
     a, w = m.args[:2] if len(m.args) >= 2 and not m.kwargs else (None, None)
     z = m.outputs()[0]
-    if any(isinstance(v, TensorVar) and is_symbolic(v.shape) for v in (a, w, z)):
-        return None      # unrolled for a thin K: a choice per size, not made for a symbolic program
+    # In a symbolic program K must be a static size (the unrolled form has K products); the
+    # other sizes decide only whether the form is faster, so they are read at the compiling
+    # call's values without a guard (`hint`), and shapes compare as expressions (`same`): the
+    # unrolled form is right at every size.
     if not (isinstance(a, TensorVar) and isinstance(w, TensorVar) and a.ndim >= 2
-            and (w.ndim == 2 or w.ndim == a.ndim and tuple(w.shape[:-2]) == tuple(a.shape[:-2]))
-            and 0 < w.shape[-2] <= THIN_MATMUL_K and a.shape[-1] == w.shape[-2] and z.ndim == a.ndim
-            and math.prod(z.shape) >= THIN_MATMUL_MIN_NUMEL
-            and w.shape[-2] * w.shape[-1] * w.dtype.itemsize <= THIN_MATMUL_PANEL_BYTES
+            and (w.ndim == 2 or w.ndim == a.ndim and same(tuple(w.shape[:-2]), tuple(a.shape[:-2])))
+            and not is_symbolic(w.shape[-2]) and 0 < w.shape[-2] <= THIN_MATMUL_K
+            and same(a.shape[-1], w.shape[-2]) and z.ndim == a.ndim
+            and math.prod(map(hint, z.shape)) >= THIN_MATMUL_MIN_NUMEL
+            and w.shape[-2] * hint(w.shape[-1]) * w.dtype.itemsize <= THIN_MATMUL_PANEL_BYTES
             and a.dtype == w.dtype == z.dtype and a.dtype in (torch.float32, torch.float64)
             and a.device == w.device == z.device and len(m.outputs()) == 1
-            and tuple(z.strides) == tuple(contiguous_strides(tuple(z.shape)))):
+            and same(tuple(z.strides), tuple(contiguous_strides(tuple(z.shape))))):
         return None
+    sizes = next((sizes_of(n) for v in (a, w, z) for n in (*v.shape, *v.strides) if is_symbolic(n)), None)
+    with sizes.shape_rules() if sizes is not None else contextlib.nullcontext():
+        return _unrolled_products(a, w, z)
+
+
+def _unrolled_products(a: TensorVar, w: TensorVar, z: TensorVar) -> tuple:
+    """_unrolled's (reads, products and sums) of `z = a @ w`, once the form is chosen."""
     reads, sums, total = [], [], None
-    if w.strides[-1] != 1:     # a transposed weight: rows of w read along the output's rows
+    if not same(w.strides[-1], 1):     # a transposed weight: rows of w read along the output's rows
         dense = TensorVar(f"{z.name}_w", tuple(w.shape), w.dtype, w.device,
                           tuple(contiguous_strides(tuple(w.shape))), w.requires_grad)
         reads.append(BoundSymbol(Prim.CONTIGUOUS.block.symbol, (w,), {}, dense))

@@ -255,3 +255,20 @@ def _check_at_shapes(source, shapes, mode):
                 if e is None:
                     continue
                 torch.testing.assert_close(g, e, msg=lambda msg: f"{source}\ngrad at {m}x{n}: {msg}")
+
+
+def test_a_thin_static_inner_dim_matmul_is_unrolled_in_a_symbolic_program():
+    """A matmul over a static inner dim of at most 8 (a token MLP over 4 tokens) is the sum of its
+    broadcast products in a kernel, in a symbolic program as in a specialized one: the form is
+    right at every size, so only its speed is decided by the compiling call's sizes."""
+    def mixer(x, w, b):
+        return torch.nn.functional.gelu(x @ w + b)
+
+    jf = fjit.jit(mixer)       # the weight's sizes never vary: they stay static
+    w, b = torch.randn(4, 96), torch.randn(96)
+    for batch, n in ((3, 40), (2, 57), (5, 33), (4, 70)):
+        x = torch.randn(batch, n, 4)
+        torch.testing.assert_close(jf(x, w, b), mixer(x, w, b), rtol=1e-5, atol=1e-5)
+    source = str(fjit.last_traces(jf)[-1])
+    assert "s0 = x.shape[0]" in source and "matmul" not in source, source
+    assert fjit.cache_info(jf).misses == 2
