@@ -57,11 +57,12 @@ class Size(int):
     the kernel's source is the same text at every value of the symbols where the recorded
     conditions have the same outcomes, so one build serves them all (SymbolicKernels)."""
 
-    def __new__(cls, value: int, expr: str, div: str = "/", sym: str | None = None):
+    def __new__(cls, value: int, expr: str, div: str = "/", sym: str | None = None, hint: int | None = None):
         self = int.__new__(cls, value)
         self.expr = expr
         self.div = div      # the language's integer division: C's "/", Triton's "//"
         self.sym = sym
+        self.hint = hint    # with `sym`: the value at the program's compiling call (`preferred`)
         return self
 
     def __str__(self):
@@ -81,40 +82,41 @@ class Size(int):
         if not isinstance(other, int):
             return _float_op(self, other, float.__radd__)
         return self if not isinstance(other, Size) and other == 0 else \
-            _made(self, other, _value(self) + _value(other), "({} + {})")
+            _made(self, other, operator.add, "({} + {})")
 
     def __radd__(self, other):
         if not isinstance(other, int):
             return _float_op(self, other, float.__add__)
-        return self if other == 0 else _made(other, self, _value(other) + _value(self), "({} + {})")
+        return self if other == 0 else _made(other, self, operator.add, "({} + {})")
 
     def __sub__(self, other):
         if not isinstance(other, int):
             return _float_op(self, other, float.__rsub__)
         return self if not isinstance(other, Size) and other == 0 else \
-            _made(self, other, _value(self) - _value(other), "({} - {})")
+            _made(self, other, operator.sub, "({} - {})")
 
     def __rsub__(self, other):
         if not isinstance(other, int):
             return _float_op(self, other, float.__sub__)
-        return _made(other, self, _value(other) - _value(self), "({} - {})")
+        return _made(other, self, operator.sub, "({} - {})")
 
     def __mul__(self, other):
         if not isinstance(other, int):
             return _float_op(self, other, float.__rmul__)
         if not isinstance(other, Size) and other in (0, 1):
             return self if other == 1 else 0
-        return _made(self, other, _value(self) * _value(other), "({} * {})")
+        return _made(self, other, operator.mul, "({} * {})")
 
     def __rmul__(self, other):
         if not isinstance(other, int):
             return _float_op(self, other, float.__mul__)
         if other in (0, 1):
             return self if other == 1 else 0
-        return _made(other, self, _value(other) * _value(self), "({} * {})")
+        return _made(other, self, operator.mul, "({} * {})")
 
     def __neg__(self):
-        return Size(-_value(self), f"(-{self})", self.div, None if self.sym is None else f"(-{self.sym})")
+        return Size(-_value(self), f"(-{self})", self.div, None if self.sym is None else f"(-{self.sym})",
+                    None if self.hint is None else -self.hint)
 
     def __pos__(self):
         return self
@@ -223,11 +225,30 @@ def _symbolic(*operands) -> bool:
     return any(isinstance(n, Size) and n.sym is not None for n in operands)
 
 
-def _made(a, b, value: int, form: str) -> "Size":
-    """The Size `form` of a and b (a Size with either), its C expression and condition expression."""
+def _made(a, b, op, form: str) -> "Size":
+    """The Size op(a, b) written as `form` of a and b (a Size with either): its value, C
+    expression, condition expression and hint."""
     div = (a if isinstance(a, Size) else b).div
-    sym = form.format(_py(a), _py(b)) if _symbolic(a, b) else None
-    return Size(value, form.format(_c(a), _c(b)), div, sym)
+    symbolic = _symbolic(a, b)
+    return Size(op(_value(a), _value(b)), form.format(_c(a), _c(b)), div,
+                form.format(_py(a), _py(b)) if symbolic else None, op(_hint(a), _hint(b)) if symbolic else None)
+
+
+def _hint(n) -> int:
+    """n's value at the program's compiling call (a Size with one), else its value."""
+    return n.hint if isinstance(n, Size) and n.hint is not None else _value(n)
+
+
+def symbolic_size(n) -> bool:
+    """Whether `n` is a size of a symbolic program's region (an expression of its symbols)."""
+    return isinstance(n, Size) and n.sym is not None
+
+
+def preferred(n) -> int:
+    """A size as a choice that only decides speed reads it (a tiling, a vector width): a symbolic
+    program's size gives its value at the program's compiling call, recording nothing, so that
+    every set of sizes makes the same choice and shares one kernel; any other size its value."""
+    return _hint(n)
 
 
 def _float_op(size: Size, other, op):
@@ -298,12 +319,14 @@ def _floordiv(a: int, b: int) -> int:
     if not isinstance(b, Size) and b == 1:
         return a
     div = (a if isinstance(a, Size) else b).div
-    sym = f"({_py(a)} // {_py(b)})" if _symbolic(a, b) else None
+    symbolic = _symbolic(a, b)
+    sym = f"({_py(a)} // {_py(b)})" if symbolic else None
+    hint = _hint(a) // _hint(b) if symbolic and _hint(b) != 0 else None
     if nonnegative:
-        return Size(value, f"({_c(a)} {div} {_c(b)})", div, sym)
+        return Size(value, f"({_c(a)} {div} {_c(b)})", div, sym, hint)
     # (the negation in parentheses: a literal numerator is negative, and C reads "--5" as a
     # decrement)
-    return Size(value, f"(-((-({_c(a)}) + {_c(b)} - 1) {div} {_c(b)}))", div, sym)
+    return Size(value, f"(-((-({_c(a)}) + {_c(b)} - 1) {div} {_c(b)}))", div, sym, hint)
 
 
 def _mod(a: int, b: int) -> int:
@@ -314,8 +337,10 @@ def _mod(a: int, b: int) -> int:
             if isinstance(n, Size):
                 _escaped(n)
         return value
+    symbolic = _symbolic(a, b)
     return Size(value, f"({_c(a)} % {_c(b)})", (a if isinstance(a, Size) else b).div,
-                f"({_py(a)} % {_py(b)})" if _symbolic(a, b) else None)
+                f"({_py(a)} % {_py(b)})" if symbolic else None,
+                _hint(a) % _hint(b) if symbolic and _hint(b) != 0 else None)
 
 
 def symbolic(region: Region, literal: frozenset = frozenset(), div: str = "/") -> tuple[Region, list[int]]:

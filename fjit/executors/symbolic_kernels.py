@@ -23,12 +23,15 @@ from fjit.passes.fusion import Region
 
 # -- regions of symbolic programs --------------------------------------------------------------------
 
-def parametric(instance, values: tuple, div: str = "/") -> tuple[Region, list[Size]]:
+def parametric(instance, values: tuple, hints: tuple, div: str = "/") -> tuple[Region, list[Size]]:
     """A symbolic program's region at the symbols' `values`, every size that is an expression of
     the symbols a parameter (sz0, sz1, ... in order of appearance, one per distinct expression,
-    each carrying that expression as `sym`), the static sizes literals; and the parameters.
-    `instance`: the region's SymbolicSizes.instantiator.  Called inside `recording`: a float or
-    bool computed from the symbols is written into the source as a value, recorded as such."""
+    each carrying that expression as `sym` and its value at the symbols' `hints` as `hint`), the
+    static sizes literals; and the parameters.  `instance`: the region's
+    SymbolicSizes.instantiator.  Called inside `recording`: a float or bool computed from the
+    symbols is written into the source as a value, recorded as such."""
+    at_hints: dict[int, int] = {}
+    instance(hints, lambda index, value, text, size: at_hints.setdefault(index, value))
     params: dict[int, Size] = {}
 
     def sized(index: int, value, text: str | None, size):
@@ -39,7 +42,7 @@ def parametric(instance, values: tuple, div: str = "/") -> tuple[Region, list[Si
             return value
         made = params.get(index)
         if made is None:
-            made = params[index] = Size(value, f"sz{len(params)}", div, text)
+            made = params[index] = Size(value, f"sz{len(params)}", div, text, at_hints[index])
         return made
     return instance(values, sized), list(params.values())
 
@@ -142,6 +145,7 @@ class SymbolicLauncher:
         self.symbols = sizes.symbols_of(region)
         self.instance = sizes.instantiator(region, self.symbols)
         self.arity, self.n_symbols = len(region.inputs), len(self.symbols)
+        self.hints = tuple(hint(s) for s in self.symbols)
         self.launchers: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
 
@@ -150,8 +154,7 @@ class SymbolicLauncher:
 
     def start(self) -> None:
         """Make the launcher of the compiling call's sizes (the subclass's state set up first)."""
-        hints = tuple(hint(s) for s in self.symbols)
-        self.kernel, self.launchers[hints] = self.launched(hints)
+        self.kernel, self.launchers[self.hints] = self.launched(self.hints)
 
     def __call__(self, *args):
         launch = self.launchers.get(args[self.arity:])

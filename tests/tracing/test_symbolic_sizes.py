@@ -62,7 +62,10 @@ def test_a_new_length_reuses_the_symbolic_programs_kernels_without_generating(mo
         torch.testing.assert_close(jf(x, w), attention_block(x, w))
     after_two = len(generated)
     assert after_two > 0
-    for n in (9, 10, 11, 6, 8):
+    # (lengths past the sizes where the generator's choices of speed change -- a row reduction's
+    # accumulator width from 128, a tiled transpose from 4096 elements -- included: a symbolic
+    # program takes those at its compiling call's sizes)
+    for n in (9, 10, 11, 6, 8, 150, 300):
         x = torch.randn(3, n, 16)
         torch.testing.assert_close(jf(x, w), attention_block(x, w))
     assert len(generated) == after_two, (after_two, len(generated))

@@ -25,6 +25,7 @@ from fjit.core.ir import BoundSymbol, TensorVar
 from fjit.core.prims import Prim, prim_of
 from fjit.executors.c.language import C_TYPE, storage
 from fjit.executors.render import domain_strides, held, index_terms
+from fjit.executors.runtime_sizes import preferred, symbolic_size
 
 # Row ranges of a threaded kernel with column sums (the work a thread pool shares).
 CHUNKS = 16
@@ -42,8 +43,9 @@ WIDE_LANES = 32
 
 
 def row_lanes(width: int) -> int:
-    """The partial accumulators of a row reduction over `width` elements."""
-    return WIDE_LANES if width >= 4 * WIDE_LANES else LANES
+    """The partial accumulators of a row reduction over `width` elements (a choice of speed: a
+    symbolic row length takes it at the program's compiling call, runtime_sizes.preferred)."""
+    return WIDE_LANES if preferred(width) >= 4 * WIDE_LANES else LANES
 
 
 # A float32 sum adds blocks of SUM_BLOCK elements in float lanes (64 roundings a lane at most),
@@ -74,7 +76,10 @@ class ColumnSums:
         self.names = {b.outputs()[0].name for b in self.sums}
         self.width = math.prod(region.inner)
         self.rows = math.prod(region.outer)
-        self.chunks = min(self.rows, CHUNKS) if threaded else 1
+        # a symbolic row count takes CHUNKS ranges whatever the rows (those past the rows empty):
+        # the order of additions is then fixed by the rows alone, so the threads can be decided
+        # per call (CEmitter.runtime_threads) and one kernel serves every row count
+        self.chunks = CHUNKS if symbolic_size(self.rows) else min(self.rows, CHUNKS) if threaded else 1
         # a block is whole runs of the last inner dim where one fits (see RowLoops.pass_loop):
         # its accumulators live on a thread's stack
         last = region.inner[-1] if region.inner else 1

@@ -39,7 +39,7 @@ from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, CLanguage, lite
     vector_form
 from fjit.executors.render import HALF, contiguous_strides, held, index_decomposition, \
     index_terms, small_power
-from fjit.executors.runtime_sizes import Size
+from fjit.executors.runtime_sizes import Size, symbolic_size
 from fjit.passes.fusion import Region
 
 
@@ -126,8 +126,9 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
             else PARALLEL_MIN
         # A kernel whose sizes are parameters (runtime_sizes.py) decides threads at run time, so
         # that one source serves sizes on both sides of the threshold; not with column sums,
-        # whose order of additions is fixed by the chunks
-        self.runtime_threads = isinstance(numel, Size) and not region.columns
+        # whose order of additions is fixed by the chunks -- except in a symbolic program, whose
+        # column sums always take CHUNKS ranges (ColumnSums)
+        self.runtime_threads = isinstance(numel, Size) and (not region.columns or symbolic_size(numel))
         self.parallel = self.runtime_threads or numel >= threshold
         self.parallel_if = f" && {numel} >= {threshold}" if self.runtime_threads else ""
         self.columns = ColumnSums(region, self.parallel)

@@ -13,7 +13,7 @@ from fjit.executors import render
 from fjit.executors.c.accumulators import indent
 from fjit.executors.c.language import C_TYPE, storage
 from fjit.executors.render import coalesce, held
-from fjit.executors.runtime_sizes import Size
+from fjit.executors.runtime_sizes import Size, preferred
 
 # Elements of a flat loop are handed out in blocks of BLOCK (reductions: accumulators.py).
 BLOCK = 1 << 13
@@ -44,7 +44,7 @@ class ElementLoops:
             items = -(-width // BLOCK)
             # (a kernel of runtime sizes takes blocks at any width: one source either side of BLOCK)
             head = [f"int64_t lo = it * {BLOCK}, hi = lo + {BLOCK} < {width} ? lo + {BLOCK} : {width};"] \
-                if items > 1 or isinstance(width, Size) else [f"int64_t lo = 0, hi = {width};"]
+                if isinstance(width, Size) or items > 1 else [f"int64_t lo = 0, hi = {width};"]
             bases = {}
         else:
             items = rows
@@ -166,12 +166,13 @@ class ElementLoops:
 def _transposed_dim(sizes: tuple, strides: list) -> int | None:
     """The dim (not the last) along which some tensor of an elementwise loop nest is contiguous
     while it is not along the last dim, where that tiles the loop (tiled_body); else None."""
-    if len(sizes) < 2 or sizes[-1] < TILED_MIN_SIZE or math.prod(sizes) < TILED_MIN:
+    # (whether to tile decides only speed: symbolic sizes take it at the program's compiling call)
+    if len(sizes) < 2 or preferred(sizes[-1]) < TILED_MIN_SIZE or preferred(math.prod(sizes)) < TILED_MIN:
         return None
     for st in strides:
         if st[-1] not in (0, 1):
             for j in range(len(sizes) - 1):
-                if st[j] == 1 and sizes[j] >= TILED_MIN_SIZE:
+                if st[j] == 1 and preferred(sizes[j]) >= TILED_MIN_SIZE:
                     return j
     return None
 

@@ -210,7 +210,7 @@ class _SymbolicRegion(symbolic_kernels.SymbolicLauncher):
         return self.variants(values)
 
     def _generate(self, values: tuple):
-        region, params = symbolic_kernels.parametric(self.instance, values)
+        region, params = symbolic_kernels.parametric(self.instance, values, self.hints)
         return _named(generate(region, "fused", params)), region
 
     def _prepare(self, kernel: Kernel, region: Region):

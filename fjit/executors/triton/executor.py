@@ -99,8 +99,8 @@ def target_kernels(trace: Trace) -> list[Kernel]:
     kernels = []
     for region in regions:
         symbols = trace.sizes.symbols_of(region)
-        at, params = symbolic_kernels.parametric(trace.sizes.instantiator(region, symbols),
-                                              tuple(hint(s) for s in symbols), div="//")
+        hints = tuple(hint(s) for s in symbols)
+        at, params = symbolic_kernels.parametric(trace.sizes.instantiator(region, symbols), hints, hints, div="//")
         kernels.append(_named(at, False, params))
     return kernels
 
@@ -145,7 +145,7 @@ class _SymbolicRegion(symbolic_kernels.SymbolicLauncher):
         self.start()
 
     def _generate(self, values: tuple):
-        region, params = symbolic_kernels.parametric(self.instance, values, div="//")
+        region, params = symbolic_kernels.parametric(self.instance, values, self.hints, div="//")
         kernel = _named(region, self.interpret, params)
         for stage in kernel.stages():
             for value in stage.constexprs.values():
