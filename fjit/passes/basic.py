@@ -9,7 +9,7 @@ import collections
 import torch
 
 from fjit.core.prims import COMMUTATIVE, INPLACE_TWIN, Prim, prim_of
-from fjit.core.ir import DEL, BoundSymbol, Symbol, Tag, TensorVar, Var, flatten_values, map_values
+from fjit.core.ir import DEL, BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.symbolic import is_symbolic, same
 from fjit.core.trace import Trace
 
@@ -185,19 +185,19 @@ def constant_fold(trace: Trace) -> Trace:
                     consts[var.name] = val
                     folded.add(var.name)
     if per_size:
-        kept = [_per_size_call(trace.sizes, per_size, consts, kept), *kept]
+        kept = [_per_size_call(trace, per_size, consts, kept), *kept]
     return trace.with_stage("constant_fold", kept, consts=consts)
 
 
-def _per_size_call(sizes, bsyms: list[BoundSymbol], consts: dict, rest: list[BoundSymbol]) -> BoundSymbol:
+def _per_size_call(trace: Trace, bsyms: list[BoundSymbol], consts: dict, rest: list[BoundSymbol]) -> BoundSymbol:
     """One call computing, from the symbols' values, the values of `bsyms` (ops of constants and
     sizes alone) that the rest of the program reads."""
     from fjit.runtime import register_kernel
     made = {v.name: v for b in bsyms for v in b.outputs()}
     read = {v.name for b in rest for v in b.inputs()}
     outputs = [v for name, v in made.items() if name in read]
-    symbols = sizes.symbols_of((bsyms, outputs))
-    values = PerSizeValues(sizes, bsyms, outputs, symbols,
+    symbols = trace.sizes.symbols_of((bsyms, outputs))
+    values = PerSizeValues(trace, bsyms, outputs, symbols,
                            {v.name: consts[v.name] for b in bsyms for v in b.inputs() if v.name in consts})
     name = f"fjit_per_size_{id(values):x}"
     register_kernel(name, values)
@@ -208,30 +208,25 @@ def _per_size_call(sizes, bsyms: list[BoundSymbol], consts: dict, rest: list[Bou
 
 class PerSizeValues:
     """Values of a symbolic program that depend only on its sizes and constants (a causal mask of
-    the length): computed, at a call with new values of the symbols, by running their ops at those
-    sizes, and kept for the next calls with the same values (as many sets as a function keeps
-    programs, FJIT_CACHE_SIZE).  The values are shared between calls as constants are: nothing
-    writes into them (reuse_buffers writes only into values of the ops it sees make them)."""
+    the length): computed, at a call with new values of the symbols, by a program of their ops
+    that takes the symbols as numbers, and kept for the next calls with the same values (as many
+    sets as a function keeps programs, FJIT_CACHE_SIZE).  The values are shared between calls as
+    constants are: nothing writes into them (reuse_buffers writes only into values of the ops it
+    sees make them)."""
 
-    def __init__(self, sizes, bsyms: list[BoundSymbol], outputs: list, symbols: list, consts: dict):
-        self.instance = sizes.instantiator((bsyms, outputs), symbols)
-        self.consts = consts
+    def __init__(self, trace: Trace, bsyms: list[BoundSymbol], outputs: list, symbols: list, consts: dict):
+        inputs = [NumberVar(trace.sizes.text(s), int) for s in symbols]
+        program = Trace("per_size_values", inputs, list(bsyms), tuple(outputs), dict(consts),
+                        stage="values of sizes alone", namespace=trace.namespace, sizes=trace.sizes)
+        self.compute = program.python_callable()
         self.kept: collections.OrderedDict = collections.OrderedDict()
 
     def __call__(self, *values):
         got = self.kept.get(values)
         if got is None:
             from fjit import config
-            bsyms, outputs = self.instance(tuple(map(int, values)))
-            env = dict(self.consts)
-            value = lambda x: env[x.name] if isinstance(x, Var) else x  # noqa: E731
             with torch.no_grad():
-                for b in bsyms:
-                    result = b.sym.fn(*map_values(value, b.args), **map_values(value, b.kwargs))
-                    for var, val in zip(flatten_values(b.output), flatten_values(result)):
-                        if isinstance(var, Var):
-                            env[var.name] = val
-            got = tuple(env[v.name] for v in outputs)
+                got = tuple(self.compute(*values))
             while len(self.kept) >= config.cache_size():
                 self.kept.popitem(last=False)
             self.kept[values] = got
