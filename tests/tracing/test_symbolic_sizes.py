@@ -232,11 +232,34 @@ def test_random_programs_at_random_shapes_equal_eager_forward_and_backward(sourc
             os.environ["FJIT_CHECK"] = previous[1]
 
 
-def _check_at_shapes(source, shapes, mode):
+@pytest.mark.triton
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(source=shape_polymorphic_programs(),
+       shapes=st.lists(st.tuples(st.integers(0, 7), st.integers(1, 7), st.booleans(), st.booleans()),
+                       min_size=2, max_size=4),
+       mode=st.sampled_from(["metadata", "symbolic"]))
+def test_random_programs_at_random_shapes_through_triton_kernels(source, shapes, mode):
+    """The same property with the symbolic regions as Triton kernels (run by Triton's interpreter
+    on the CPU, which the suite switches on), each reuse checked against a fresh generation."""
+    pytest.importorskip("triton")
+    names = ("FJIT_KERNEL_SIZES", "FJIT_CHECK", "FJIT_TRITON_CPU")
+    previous = {name: os.environ.get(name) for name in names}
+    os.environ.update(FJIT_KERNEL_SIZES="auto", FJIT_CHECK="1", FJIT_TRITON_CPU="1")
+    try:
+        _check_at_shapes(source, shapes, mode, executors=("triton", "torch"))
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _check_at_shapes(source, shapes, mode, executors=None):
     ns: dict = {"torch": torch}
     exec(source, ns)
     fn = ns["program"]
-    jf = fjit.jit(fn, cache=mode)
+    jf = fjit.jit(fn, cache=mode) if executors is None else fjit.jit(fn, cache=mode, executors=executors)
     for m, n, y_rows, y_cols in shapes:
         x = torch.randn(m, n, dtype=torch.float64)
         y = torch.randn(m if y_rows else 1, n if y_cols else 1, dtype=torch.float64)
