@@ -445,6 +445,18 @@ def same(a, b) -> bool:
     return bool(ea == eb) if not (isinstance(ea, int) and isinstance(eb, int)) else ea == eb
 
 
+def shape_rules_for(*values):
+    """The shape rules (SymbolicSizes.shape_rules) of the symbolic sizes among `values` (sizes,
+    and variables' shapes and strides), else a context that changes nothing: where meta tensors
+    of a symbolic program's values are made, to replay a view or a reshape on them."""
+    for v in values:
+        for n in (*v.shape, *v.strides) if isinstance(v, TensorVar) else (v,):
+            sizes = sizes_of(n)
+            if sizes is not None:
+                return sizes.shape_rules()
+    return contextlib.nullcontext()
+
+
 def sizes_of(x) -> SymbolicSizes | None:
     """The SymbolicSizes a symbolic int belongs to (None for a plain one)."""
     node = getattr(x, "node", None)

@@ -17,6 +17,7 @@ import threading
 from fjit import config
 from fjit.core.ir import BoundSymbol
 from fjit.core.symbolic import hint
+from fjit.executors import kernel_bsym
 from fjit.executors.runtime_sizes import Size, note, python, recording
 from fjit.passes.fusion import Region
 
@@ -136,9 +137,11 @@ class SymbolicLauncher:
     Per set of values it keeps the launcher `launched(values)` makes -- (kernel, function of the
     inputs and the values; of the inputs alone where `takes_symbols` is False) -- the least
     recently made first, as many as a function keeps programs (FJIT_CACHE_SIZE).  `kernel` is the
-    kernel at the compiling call's sizes; `bsym` makes the program's call of it."""
+    kernel at the compiling call's sizes; `bsym` makes the program's call of it, named and
+    commented by the language (`language`, `name_of`, `comment_of`)."""
 
     takes_symbols = True
+    language = ""
 
     def __init__(self, region: Region, sizes):
         self.region, self.sizes = region, sizes
@@ -150,6 +153,14 @@ class SymbolicLauncher:
         self._lock = threading.Lock()
 
     def launched(self, values: tuple):
+        raise NotImplementedError
+
+    def name_of(self, kernel) -> str:
+        """The name the program calls this launcher by, from its kernel's."""
+        raise NotImplementedError
+
+    def comment_of(self, kernel) -> str:
+        """What the printed program says of the kernel at the compiling call's sizes."""
         raise NotImplementedError
 
     def start(self) -> None:
@@ -166,12 +177,10 @@ class SymbolicLauncher:
                 launch = self.launchers[values] = self.launched(values)[1]
         return launch(*args) if self.takes_symbols else launch(*args[:self.arity])
 
-    def bsym(self, name: str, comment: str) -> BoundSymbol:
+    def bsym(self) -> BoundSymbol:
         """The program's call of this launcher: the region's inputs, then its symbols."""
-        from fjit.executors import kernel_bsym
-        b = kernel_bsym(self.region, name, self, comment)
+        symbols = ", ".join(self.sizes.text(s) for s in self.symbols)
+        b = kernel_bsym(self.region, self.name_of(self.kernel), self,
+                        f"{self.language} kernel per call's sizes ({symbols}); at this call's, "
+                        f"{self.comment_of(self.kernel)}")
         return b.replace(args=b.args + tuple(self.symbols))
-
-    def described(self) -> str:
-        """'s0, s1': the symbols, as the program names them."""
-        return ", ".join(self.sizes.text(s) for s in self.symbols)

@@ -8,10 +8,12 @@ import collections
 
 import torch
 
+from fjit import config
 from fjit.core.prims import COMMUTATIVE, INPLACE_TWIN, Prim, prim_of
 from fjit.core.ir import DEL, BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.symbolic import is_symbolic, same
 from fjit.core.trace import Trace
+from fjit.runtime import register_kernel
 
 
 # view prims that are the identity when their output has their input's shape and strides
@@ -192,7 +194,6 @@ def constant_fold(trace: Trace) -> Trace:
 def _per_size_call(trace: Trace, bsyms: list[BoundSymbol], consts: dict, rest: list[BoundSymbol]) -> BoundSymbol:
     """One call computing, from the symbols' values, the values of `bsyms` (ops of constants and
     sizes alone) that the rest of the program reads."""
-    from fjit.runtime import register_kernel
     made = {v.name: v for b in bsyms for v in b.outputs()}
     read = {v.name for b in rest for v in b.inputs()}
     outputs = [v for name, v in made.items() if name in read]
@@ -224,7 +225,6 @@ class PerSizeValues:
     def __call__(self, *values):
         got = self.kept.get(values)
         if got is None:
-            from fjit import config
             with torch.no_grad():
                 got = tuple(self.compute(*values))
             while len(self.kept) >= config.cache_size():

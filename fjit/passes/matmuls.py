@@ -7,7 +7,6 @@ by whichever GEMM library is faster for their shape.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from typing import Callable
@@ -20,7 +19,7 @@ import fjit.config as config
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar
 from fjit.core.prims import Prim, prim_of
 from fjit.core.prims.layout import reshape_copies
-from fjit.core.symbolic import hint, is_symbolic, same, sizes_of
+from fjit.core.symbolic import hint, is_symbolic, same, shape_rules_for
 from fjit.core.trace import Trace
 from fjit.runtime import (convolution_vjp, convolution_vjp_by_gemm, linear_as_conv, matmul_as_conv,
                           matmul_as_input_grad, matmul_as_weight_grad)
@@ -131,8 +130,7 @@ def _unrolled(m: BoundSymbol) -> tuple | None:
             and a.device == w.device == z.device and len(m.outputs()) == 1
             and same(tuple(z.strides), tuple(contiguous_strides(tuple(z.shape))))):
         return None
-    sizes = next((sizes_of(n) for v in (a, w, z) for n in (*v.shape, *v.strides) if is_symbolic(n)), None)
-    with sizes.shape_rules() if sizes is not None else contextlib.nullcontext():
+    with shape_rules_for(a, w, z):
         return _unrolled_products(a, w, z)
 
 
@@ -185,18 +183,18 @@ def copies_in_kernels(flat: list, supported: Callable[[BoundSymbol], bool], dens
             out.append(b)
             # an op's own copy (torch.matmul's recorded with the operand it copies) goes apart
             changed |= p is Prim.CONTIGUOUS and len(flat) > 1 and supported(b) and \
-                _worth_a_copy_kernel(b.outputs()[0])
+                worth_a_copy_kernel(b.outputs()[0].shape)
         else:
             out += new
             changed = True
     return out if changed else flat
 
 
-def _worth_a_copy_kernel(x: TensorVar) -> bool:
-    """Whether a copy of x is worth a kernel of its own: COPY_MIN_NUMEL elements or more.  Of a
-    symbolic size, yes, without a guard: either way is right, the kernel copy is the faster at
-    all but the smallest sizes, and a guard would split the program by size class."""
-    numel = math.prod(x.shape)
+def worth_a_copy_kernel(shape: tuple) -> bool:
+    """Whether a copy of this shape is worth a kernel of its own: COPY_MIN_NUMEL elements or more.
+    Of a symbolic size, yes, without a guard: either way is right, the kernel copy is the faster
+    at all but the smallest sizes, and a guard would split the program by size class."""
+    numel = math.prod(shape)
     return True if is_symbolic(numel) else numel >= COPY_MIN_NUMEL
 
 
@@ -215,7 +213,7 @@ def _dense(x: TensorVar, name: str, supported, dense: dict) -> tuple:
 
 def _reshape_copy(r: BoundSymbol, supported, dense: dict) -> list | None:
     x, z = r.args[0], r.outputs()[0]
-    if not isinstance(x, TensorVar) or not _worth_a_copy_kernel(x) or len(r.outputs()) != 1 \
+    if not isinstance(x, TensorVar) or not worth_a_copy_kernel(x.shape) or len(r.outputs()) != 1 \
             or tuple(z.strides) != tuple(contiguous_strides(tuple(z.shape))) or not reshape_copies(x, tuple(z.shape)):
         return None
     c, copies = _dense(x, f"{z.name}_dense", supported, dense)
@@ -230,7 +228,7 @@ def _matmul_copies(m: BoundSymbol, supported, dense: dict) -> list | None:
     copies, args = [], []
     for k, x in enumerate((a, b)):
         c, made = _dense(x, f"{m.outputs()[0].name}_in{k}", supported, dense) if x.ndim >= 3 and \
-            _worth_a_copy_kernel(x) and reshape_copies(x, (-1, *x.shape[-2:])) else (None, [])
+            worth_a_copy_kernel(x.shape) and reshape_copies(x, (-1, *x.shape[-2:])) else (None, [])
         copies += made
         args.append(c if c is not None else x)
     return copies + [m.replace(args=(*args, *m.args[2:]))] if args[0] is not a or args[1] is not b else None

@@ -11,7 +11,6 @@ passes/matmuls.py.)
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Callable
 
 import torch
@@ -19,7 +18,7 @@ from torch._prims_common import make_contiguous_strides_for as contiguous_stride
 
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.prims import Prim, prim_of
-from fjit.core.symbolic import is_symbolic, same, sizes_of
+from fjit.core.symbolic import same, shape_rules_for
 from fjit.core.trace import Trace
 
 # The most prims a concatenation takes into its kernel (each in the code of the piece reading it).
@@ -274,9 +273,8 @@ def _view_offset(v: TensorVar, base: TensorVar, views: list) -> int | None:
     """The element offset of `v` in `base`'s storage, where its views give v's shape and strides
     (in a symbolic program, an expression of the symbols: the views replay under its shape rules,
     and shapes compare without a guard)."""
-    sizes = next((sizes_of(n) for n in (*base.shape, *base.strides) if is_symbolic(n)), None)
     try:
-        with sizes.shape_rules() if sizes is not None else contextlib.nullcontext():
+        with shape_rules_for(base):
             m = root = torch.empty_strided(base.shape, base.strides, dtype=base.dtype, device="meta")
             for b in views:
                 m = b.sym.fn(m, *b.args[1:], **b.kwargs)

@@ -5,12 +5,11 @@ their decompositions live in ops/shape_ops.py and ops/math_ops.py, as each block
 none but convert is elementwise, so kernels never take them (a kernel converts in code)."""
 from __future__ import annotations
 
-import contextlib
 
 import torch
 
 from fjit.core.prims.registry import Kind, Prim, apply, define
-from fjit.core.symbolic import active, is_symbolic
+from fjit.core.symbolic import is_symbolic, shape_rules_for
 from fjit.core.prims.toolkit import full, identity, is_tensor, zeros_like
 
 S, D = Kind.SHAPE, Kind.DATA
@@ -102,9 +101,8 @@ def _slice_bounds(i: slice, size) -> tuple:
 def reshape_copies(x, shape) -> bool:
     """Whether reshaping the TensorVar x to `shape` copies (an expanded or transposed x: a
     grouped-query attention's repeated keys) rather than viewing it."""
-    sizes = active()
     try:
-        with sizes.shape_rules() if sizes is not None else contextlib.nullcontext():
+        with shape_rules_for(x, *shape):
             torch.empty_strided(x.shape, x.strides, dtype=x.dtype, device="meta").view(shape)
     except (RuntimeError, ValueError):     # ATen's refusal; torch._refs' (symbolic shape rules)
         return True

@@ -50,7 +50,7 @@ from fjit.executors.c.build import build_key, build_library, compiler, kernel_fl
 from fjit.executors.c.launch import HEADER, entry, launcher, python_entry
 from fjit.logs import kernels as log
 from fjit.passes.fusion import Partitioner, Region
-from fjit.passes.matmuls import COPY_MIN_NUMEL
+from fjit.passes.matmuls import worth_a_copy_kernel
 
 # The largest tensors a prim may touch to be claimed.  Vectorized loops (arithmetic, and float32
 # exp/log/tanh/sigmoid/erf/sin/cos through vecmath) win at every size; a scalar libm call costs
@@ -105,10 +105,10 @@ def claim(trace: Trace, leaves: list) -> Trace | None:
     # a region of one prim stays a torch call: that costs what a kernel call does; but a copy of
     # a permuted value is twice as fast in a kernel as ATen's strided copy_
     # (a copy of symbolic size is a kernel: matmuls.py's copies were made for one)
-    worth = lambda r: len(r.bsyms) > 1 or (prim_of(r.bsyms[0]) is Prim.CONTIGUOUS and (  # noqa: E731
-        is_symbolic(math.prod(r.domain)) or math.prod(r.domain) >= COPY_MIN_NUMEL))
+    worth = lambda r: len(r.bsyms) > 1 or (prim_of(r.bsyms[0]) is Prim.CONTIGUOUS  # noqa: E731
+                                           and worth_a_copy_kernel(tuple(r.domain)))
     if trace.sizes is not None:      # a symbolic program: kernels made per call's sizes
-        return _PARTITIONER.fuse(trace, "c_fusion", lambda r: _symbolic_region_bsym(r, trace.sizes), worth=worth)
+        return _PARTITIONER.fuse(trace, "c_fusion", lambda r: _SymbolicRegion(r, trace.sizes).bsym(), worth=worth)
     fused = _PARTITIONER.fuse(trace, "c_fusion", _region_bsym, worth=worth)
     for written in (batch_norm, max_pool):
         if any(b.sym.fn in written.CLAIMED for b in trace.bsyms):
@@ -171,15 +171,6 @@ def _region_bsym(region: Region) -> BoundSymbol:
     return kernel_bsym(region, kernel.name, launch, comment)
 
 
-def _symbolic_region_bsym(region: Region, sizes) -> BoundSymbol:
-    """A region of a symbolic program as one call of its _SymbolicRegion."""
-    made = _SymbolicRegion(region, sizes)
-    kernel = made.kernel
-    return made.bsym(f"fjit_c_sym_{kernel.name[len('fjit_c_'):]}",
-                     f"C kernel per call's sizes ({made.described()}); at this call's, {kernel.name}\n"
-                     f"{kernel.source[kernel.source.index(f'void {kernel.name}('):]}")
-
-
 class _SymbolicRegion(symbolic_kernels.SymbolicLauncher):
     """The C launcher of a symbolic program's region (symbolic_kernels.SymbolicLauncher).
 
@@ -189,24 +180,32 @@ class _SymbolicRegion(symbolic_kernels.SymbolicLauncher):
     the source is the same text wherever the decisions come out the same, so a kernel serves every
     set of values that passes its recorded conditions (symbolic_kernels.Variants).  A new length
     checks the variants' conditions and launches; it generates and builds only where a decision
-    comes out otherwise (a tiling or an accumulator width chosen by size).  With
+    that changes what the kernel computes comes out otherwise (choices of speed are taken at the
+    compiling call's sizes: runtime_sizes.preferred).  With
     FJIT_KERNEL_SIZES=specialized each set of values gets the region instantiated at those sizes
     and a kernel of literal sizes."""
+
+    language = "C"
 
     def __init__(self, region: Region, sizes):
         super().__init__(region, sizes)
         self.parametric = config.kernel_sizes() is not config.KernelSizes.SPECIALIZED
-        self.variants = symbolic_kernels.Variants(self._generate, self._prepare, "C")
+        self.takes_symbols = self.parametric    # a kernel of literal sizes takes the inputs alone
+        self.variants = symbolic_kernels.Variants(self._generate, self._prepare, self.language)
         self.start()
+
+    def name_of(self, kernel: Kernel) -> str:
+        return f"fjit_c_sym_{kernel.name[len('fjit_c_'):]}"
+
+    def comment_of(self, kernel: Kernel) -> str:
+        return f"{kernel.name}\n{kernel.source[kernel.source.index(f'void {kernel.name}('):]}"
 
     def launched(self, values: tuple):
         if not self.parametric:
             concrete = self.instance(values)
             kernel = _kernel(concrete)
             binary = _binary(kernel)
-            launch = launcher(concrete, kernel, binary, _Fallback(concrete, binary))
-            arity = self.arity
-            return kernel, lambda *args: launch(*args[:arity])
+            return kernel, launcher(concrete, kernel, binary, _Fallback(concrete, binary))
         return self.variants(values)
 
     def _generate(self, values: tuple):

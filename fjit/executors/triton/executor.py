@@ -58,7 +58,7 @@ def claim(trace: Trace, leaves: list) -> Trace | None:
     if not kernel_inputs_usable(trace, fuses_on):
         return None
     if trace.sizes is not None:
-        return _PARTITIONER.fuse(trace, "triton_fusion", lambda r: _symbolic_region_bsym(r, trace.sizes))
+        return _PARTITIONER.fuse(trace, "triton_fusion", lambda r: _SymbolicRegion(r, trace.sizes).bsym())
     return _PARTITIONER.fuse(trace, "triton_fusion", _region_bsym)
 
 
@@ -117,15 +117,6 @@ def _region_bsym(region: Region) -> BoundSymbol:
     return kernel_bsym(region, kernel.name, launch, comment)
 
 
-def _symbolic_region_bsym(region: Region, sizes) -> BoundSymbol:
-    """A region of a symbolic program as one call of its _SymbolicRegion."""
-    made = _SymbolicRegion(region, sizes)
-    kernel = made.kernel
-    return made.bsym(f"fjit_triton_sym_{kernel.name[len('fjit_kernel_'):]}",
-                     f"Triton kernel per call's sizes ({made.described()}); at this call's, {kernel.name}, "
-                     f"{kernel.mode}, BLOCK={kernel.block}, {kernel.num_warps} warps\n{kernel.source}")
-
-
 class _SymbolicRegion(symbolic_kernels.SymbolicLauncher):
     """The Triton launcher of a symbolic program's region (see the C executor's, whose scheme this
     is): its kernels are generated from the region with the sizes that are expressions of the
@@ -135,14 +126,21 @@ class _SymbolicRegion(symbolic_kernels.SymbolicLauncher):
     output layouts, the size arguments and the workspaces from the symbols."""
 
     takes_symbols = False
+    language = "Triton"
 
     def __init__(self, region: Region, sizes):
         super().__init__(region, sizes)
         self.interpret = config.triton_interpret()
         self.device = region.outputs[0].device
         self.fast = self.device.type == "cuda" and not self.interpret and config.triton_compiled_launch()
-        self.variants = symbolic_kernels.Variants(self._generate, self._prepare, "Triton")
+        self.variants = symbolic_kernels.Variants(self._generate, self._prepare, self.language)
         self.start()
+
+    def name_of(self, kernel: Kernel) -> str:
+        return f"fjit_triton_sym_{kernel.name[len('fjit_kernel_'):]}"
+
+    def comment_of(self, kernel: Kernel) -> str:
+        return f"{kernel.name}, {kernel.mode}, BLOCK={kernel.block}, {kernel.num_warps} warps\n{kernel.source}"
 
     def _generate(self, values: tuple):
         region, params = symbolic_kernels.parametric(self.instance, values, self.hints, div="//")
