@@ -200,8 +200,8 @@ def finalize(trace: Trace, untracked: bool = False) -> Trace:
     tracked = not untracked and autograd_may_record(trace)
     # the GEMM forms are timed per shape: a symbolic program keeps torch's own
     trace = torch_executor.conform_prim_layouts(trace if trace.sizes is not None else choose_gemms(trace, tracked))
-    if not tracked:
-        trace = dce(torch_executor.reinterpret_views(trace))
+    # the executors' claims leave views nothing reads (a kernel reads its input through them)
+    trace = dce(trace if tracked else torch_executor.reinterpret_views(trace))
     return free_dead_values(reuse_buffers(trace)).with_stage("torch_executor")
 
 

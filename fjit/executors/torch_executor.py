@@ -129,9 +129,12 @@ def reinterpret_views(trace: Trace) -> Trace:
     chains: dict = {}        # name -> (the value its chain starts from, its meta root, its meta)
     out = []
     for b in trace.bsyms:
-        x, v = b.args[0] if b.args else None, b.output
-        if not ((b.sym.has(Tag.SHAPE) or b.sym.has(Tag.VIEW)) and isinstance(x, TensorVar)
-                and isinstance(v, TensorVar) and x.device == v.device and x.dtype == v.dtype
+        x = b.args[0] if b.args else None
+        # one view, or several (split, chunk, unbind: each output a view of the operand)
+        results = b.output if isinstance(b.output, (tuple, list)) else (b.output,)
+        if not ((b.sym.has(Tag.SHAPE) or b.sym.has(Tag.VIEW)) and isinstance(x, TensorVar) and results
+                and all(isinstance(v, TensorVar) and x.device == v.device and x.dtype == v.dtype
+                        for v in results)
                 and not any(isinstance(a, Var) for a in flatten_values((b.args[1:], b.kwargs)))):
             out.append(b)
             continue
@@ -143,18 +146,28 @@ def reinterpret_views(trace: Trace) -> Trace:
             made = b.sym.fn(meta, *b.args[1:], **b.kwargs)
         except Exception:       # noqa: BLE001 -- not replayable on meta: it stays as it is
             made = None
-        if not (isinstance(made, torch.Tensor) and made is not meta and made._base is root and
-                same((tuple(made.shape), tuple(made.stride())), (tuple(v.shape), v.strides)) and
-                (made.is_conj(), made.is_neg()) == (root.is_conj(), root.is_neg())):
+        made = made if isinstance(b.output, (tuple, list)) else (made,)
+        if not (isinstance(made, (tuple, list)) and len(made) == len(results) and
+                all(_reinterprets(m, meta, root, v) for m, v in zip(made, results))):
             out.append(b)
             continue
-        chains[v.name] = (start, root, made)
-        if v.name in keep:
+        for m, v in zip(made, results):
+            chains[v.name] = (start, root, m)
+        if any(v.name in keep for v in results):
             out.append(b)
             continue
-        out.append(BoundSymbol(REINTERPRET, (start, tuple(v.shape), v.strides, made.storage_offset()),
-                               {}, v, comment=f"{v.name} = {b.sym.qualname}({x.name}, ...), a view"))
+        out += [BoundSymbol(REINTERPRET, (start, tuple(v.shape), v.strides, m.storage_offset()), {}, v,
+                            comment=f"{v.name} = {b.sym.qualname}({x.name}, ...), a view")
+                for m, v in zip(made, results)]
     return trace.with_stage(trace.stage, out)
+
+
+def _reinterprets(made, meta, root, v: TensorVar) -> bool:
+    """Whether `made`, a view op's meta result replayed on `meta` (a view of `root`), is the
+    recorded `v` as a view of root: the same layout and the same conjugate and negative bits."""
+    return (isinstance(made, torch.Tensor) and made is not meta and made._base is root and
+            same((tuple(made.shape), tuple(made.stride())), (tuple(v.shape), v.strides)) and
+            (made.is_conj(), made.is_neg()) == (root.is_conj(), root.is_neg()))
 
 
 # Prims whose strides come from a meta kernel that may not be the real kernel's (the others are

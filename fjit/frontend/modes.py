@@ -97,7 +97,11 @@ def autocast_outputs(func, args, kwargs, mout):
     if mout is not None and [m.dtype for m in _tensor_leaves(pout)] == \
             [m.dtype for m in _tensor_leaves(mout)]:
         return mout
-    return map_values(_as_meta, pout)
+    # the probe's results are fresh: whether autograd records them is the op's inputs' affair
+    records = torch.is_grad_enabled() and any(
+        isinstance(x, TensorProxy) and x.ir.requires_grad for x in flatten_values((args, kwargs)))
+    return map_values(lambda x: _as_meta(x).requires_grad_(records and (x.dtype.is_floating_point or x.dtype.is_complex))
+                      if isinstance(x, torch.Tensor) else _as_meta(x), pout)
 
 
 def _tensor_leaves(x) -> list:

@@ -270,9 +270,10 @@ def _made_of(b: BoundSymbol, *tags: Tag) -> bool:
 
 
 def autograd_may_record(trace: Trace) -> bool:
-    """Whether some value of the trace requires grad: run under grad mode, autograd records it."""
-    return any(isinstance(v, TensorVar) and v.requires_grad
-               for v in [v for b in trace.bsyms for v in b.inputs() + b.outputs()] + list(trace.inputs))
+    """Whether autograd records some op of the trace: an op's result requires grad.  The trace's
+    values carry the grad mode it was traced under (which a program is cached by), so under
+    no_grad nothing it computes requires grad even where a parameter it reads does."""
+    return any(isinstance(v, TensorVar) and v.requires_grad for b in trace.bsyms for v in b.outputs())
 
 
 def reuse_buffers(trace: Trace) -> Trace:

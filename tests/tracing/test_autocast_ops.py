@@ -149,3 +149,20 @@ def test_batch_norm_running_statistics_of_a_half_precision_input_are_computed_in
         eager_error = (getattr(eager, name).double() - want).abs().max().item()
         fjit_error = (getattr(compiled, name).double() - want).abs().max().item()
         assert fjit_error <= 2 * eager_error + 1e-7, (name, fjit_error, eager_error)
+
+
+def test_values_autocast_casts_carry_whether_autograd_records_them():
+    """An op autocast changes is traced from a probe of fresh tensors: its results require grad
+    where the op's inputs do under grad mode, as eager's, and not under no_grad; the program's
+    passes decide from them whether autograd records it."""
+    def f(x, w):
+        return torch.max(x @ w, 1).values[:, None] + torch.split(x @ w, 2, 1)[0].sum()
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, 5)
+    for grad in (True, False):
+        jf = fjit.jit(f)
+        with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=torch.bfloat16):
+            got, want = jf(x, w), f(x, w)
+        assert got.requires_grad == want.requires_grad == grad
+        traced = fjit.last_traces(jf)[0]
+        matmuls = [b.output for b in traced.bsyms if b.sym.name == "matmul"]
+        assert matmuls and all(v.requires_grad == grad and v.dtype == torch.bfloat16 for v in matmuls)

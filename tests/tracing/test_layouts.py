@@ -192,3 +192,43 @@ def test_a_program_autograd_records_keeps_real_views():
     f(x, w).backward()
     torch.testing.assert_close((gx, gw), (x.grad, w.grad))
     assert "reinterpret" not in str(fjit.last_traces(jf)[-1])
+
+
+def _dead_ops(trace) -> list:
+    """The ops of `trace` whose results nothing reads (random and impure ops excepted)."""
+    from fjit.core.ir import Tag, Var, flatten_values
+    read = {v.name for v in flatten_values(trace.output) if isinstance(v, Var)}
+    for b in trace.bsyms:
+        read.update(v.name for v in b.inputs())
+    return [b for b in trace.bsyms if b.outputs() and not b.sym.has(Tag.IMPURE) and not b.sym.has(Tag.RANDOM)
+            and b.sym.name != "del" and not any(v.name in read for v in b.outputs())]
+
+
+def test_an_inference_program_of_a_module_reinterprets_its_views_and_runs_no_dead_op():
+    """Under no_grad a module's program is not recorded by autograd, though the parameters it
+    reads require grad: its chains of views (split's outputs among them) become reinterpretations,
+    and the views a kernel reads through are gone from the program, not computed and dropped."""
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(16, 48)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).split(16, dim=-1)
+            q, k, v = (t.view(x.shape[0], x.shape[1], 2, 8).transpose(1, 2) for t in (q, k, v))
+            a = torch.softmax(q @ k.transpose(-1, -2) * 0.3, -1) @ v
+            return a.transpose(1, 2).reshape(x.shape[0], x.shape[1], 16).tanh()
+
+    m = Attention()
+    jm = fjit.jit(m)
+    for n in (5, 7, 9):      # a static program, then a symbolic one
+        x = torch.randn(2, n, 16)
+        with torch.no_grad():
+            got = jm(x)
+        want = m(x)
+        torch.testing.assert_close(got, want)
+        program = fjit.last_traces(jm)[-1]
+        assert _dead_ops(program) == [], n
+        code = [line.split("#")[0] for line in str(program).splitlines()]
+        assert not any("split(" in line or "transpose(" in line for line in code), n
+
