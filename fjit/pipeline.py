@@ -390,6 +390,9 @@ def _backward_context(trace: Trace, counter: int) -> TraceContext:
     ctx = TraceContext(lambda: None, Mode.ERROR, dispatch, trace.namespace)
     ctx.fn_name = trace.name
     ctx.counter = counter
+    # the forward's autocast is in its casts, and the backward's values have the dtypes they need:
+    # a backward built under a call's autocast is traced as without it (its program runs so)
+    ctx.autocast_explicit = 1
     return ctx
 
 

@@ -357,7 +357,7 @@ class _Backward:
             ctx.inputs.extend(cotangents)      # saved values first, then the cotangents
             trace = Trace(b.trace.name, list(ctx.inputs), list(ctx.scopes[0]), tuple(grads),
                           dict(ctx.consts), stage="autodiff_backward", namespace=b.trace.namespace,
-                          sizes=b.trace.sizes)
+                          sizes=b.trace.sizes, autocast_off=b.trace.autocast_off)
         return trace, self.saved
 
     def _pullback(self, s: BoundSymbol) -> None:

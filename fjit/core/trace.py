@@ -7,6 +7,7 @@ executes its own printed source.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import linecache
 import math
@@ -41,6 +42,9 @@ class Trace:
     # The symbolic sizes the trace's shapes and arguments are expressions of (core/symbolic.py),
     # bound from its inputs' dims at the top of the printed program; None: every size is a number.
     sizes: Any = None
+    # The trace holds autocast's casts as ops (frontend/modes.py): its program runs with autocast
+    # off, which a call under autocast has on.
+    autocast_off: bool = False
 
     def with_stage(self, stage: str, bsyms=None, **changes) -> "Trace":
         return dataclasses.replace(self, stage=stage, bsyms=list(self.bsyms if bsyms is None else bsyms),
@@ -77,7 +81,34 @@ class Trace:
         # Tracebacks show the generated source while the function lives; an evicted program (or a
         # check-mode stage) takes its source with it, so linecache does not grow with recompiles.
         weakref.finalize(fn, _forget_source, filename, linecache.cache[filename]).atexit = False
-        return fn
+        return _without_autocast(fn) if self.autocast_off else fn
+
+
+AMP_DEVICES = ("cpu", "cuda")      # the device types autocast has a state for
+
+
+def _without_autocast(fn: Callable) -> Callable:
+    """`fn` run with autocast off (autocast_off)."""
+    def run(*args):
+        if not torch._C._is_any_autocast_enabled():
+            return fn(*args)
+        with autocast_off():
+            return fn(*args)
+    return run
+
+
+@contextlib.contextmanager
+def autocast_off():
+    """Autocast off on every device where it is on, and on again after: where a program that holds
+    autocast's casts as ops runs (its own regions switch it on around an op and off again)."""
+    on = [d for d in AMP_DEVICES if torch.is_autocast_enabled(d)]
+    for d in on:
+        torch.set_autocast_enabled(d, False)
+    try:
+        yield
+    finally:
+        for d in on:
+            torch.set_autocast_enabled(d, True)
 
 
 # A generated function whose frame holds at least this many slots (locals and stack, 8 bytes

@@ -10,6 +10,7 @@ ops rely on them.  Without it the program has no such calls.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -17,7 +18,7 @@ import torch
 import fjit.config as config
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.symbolic import same
-from fjit.core.trace import Trace
+from fjit.core.trace import Trace, autocast_off
 from fjit.core.prims import Prim, prim_of
 from fjit.core.meta import meta_tensor, run_meta, same_layout
 from fjit.passes.verify import verify
@@ -35,6 +36,12 @@ def compile_trace(trace: Trace) -> Callable:
 
 
 def run_observing_layouts(trace: Trace, leaves: list) -> tuple[object, dict]:
+    """See _run_observing_layouts; with autocast off where the trace holds its casts."""
+    with autocast_off() if trace.autocast_off else contextlib.nullcontext():
+        return _run_observing_layouts(trace, leaves)
+
+
+def _run_observing_layouts(trace: Trace, leaves: list) -> tuple[object, dict]:
     """Run `trace` op by op with torch (which reads any layout), and return its result with the
     strides of every op's output that differ from the recorded ones (name -> strides).
 

@@ -13,6 +13,7 @@ import torch
 
 from fjit.config import TraceMode
 from fjit.core.ir import BoundSymbol
+from fjit.core.trace import AMP_DEVICES
 from fjit.errors import SharpEdge, SharpEdgeWarning, error_for
 from fjit.strict.callables import names
 from fjit.strict.locate import user_location
@@ -53,7 +54,6 @@ class ProcessPatch:
                 self._restore()
 
 
-AMP_DEVICES = ("cpu", "cuda")
 
 
 def autocast_state() -> tuple:
@@ -98,6 +98,12 @@ class TraceContext:
         # first); the dispatcher records a mode change when the traced code enters a region.
         self.grad_mode = torch.is_grad_enabled()
         self.autocast = autocast_state()
+        # Under autocast each op is traced as the casts autocast makes of its operands, then the
+        # op without autocast (frontend/modes.py); `autocast_seen`: autocast was on for some op, so
+        # the program runs with autocast off (Trace.autocast_off); `autocast_explicit` counts the
+        # nesting of ops being traced so, whose casts and inner ops autocast must not see again.
+        self.autocast_seen = any(on for on, _ in self.autocast)
+        self.autocast_explicit = 0
         self.return_location: tuple[str, int] | None = None   # the user's outermost `return` seen
         # Values made inside a non-reentrant torch.utils.checkpoint region: name -> the region's
         # number (Trace.checkpointed).  `_region` is (the region's pack hook, its number).

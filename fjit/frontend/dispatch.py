@@ -237,7 +237,7 @@ def _describe(ctx: TraceContext, proxy: TensorProxy) -> str:
 def concrete_value(ctx: TraceContext, proxy: TensorProxy) -> torch.Tensor:
     """Permissive modes: run the trace so far on this call's inputs to get a value."""
     trace = Trace(ctx.fn_name, ctx.inputs, list(ctx.scopes[0]), proxy.ir, dict(ctx.consts),
-                  stage="replay", namespace=ctx.namespace)
+                  stage="replay", namespace=ctx.namespace, autocast_off=ctx.autocast_seen)
     with torch._C.DisableTorchFunction(), rng_preserved(trace.bsyms):   # draw nothing
         return trace.python_callable()(*ctx.real_inputs)
 

@@ -1,10 +1,17 @@
 """Grad mode and autocast while tracing.
 
 The traced code runs for real, so `with torch.no_grad():` or an autocast block changes the global
-state between two ops: the change is recorded as a MODE bound symbol, so the program runs each op
-under the mode eager ran it in.  Under autocast every op autocast can change (one with a tensor
-autocast casts) stays one torch call run under the same state; its output dtypes come from torch's
-own autocast kernels run on storage-less probes, whose kernels below autocast are meta kernels.
+state between two ops: a grad-mode change is recorded as a MODE bound symbol, so the program runs
+each op under the mode eager ran it in.
+
+Autocast is written into the trace, as AOTAutograd's graphs have it: an op autocast can change (one
+with a tensor autocast casts) runs, while tracing, on storage-less probes through torch's own
+autocast kernels (whose kernels below autocast are meta kernels), which shows the casts autocast
+makes of its operands.  The trace records those casts, then the op on the cast operands without
+autocast (its prims, so it fuses and the joint backward differentiates it), and the program runs
+with autocast off (Trace.autocast_off).  Where the probe's result is not explained by casts of the
+operands (a composite op whose inner ops autocast casts, as einsum's bmm), the op stays one torch
+call run with autocast switched on around it.
 """
 from __future__ import annotations
 
@@ -31,13 +38,22 @@ def record_mode_changes(ctx: TraceContext) -> None:
         ctx.record(BoundSymbol(_SET_GRAD, (grad,), {}, None))
         ctx.grad_mode = grad
     amp = autocast_state()
-    if amp != ctx.autocast:
-        for device, (was_on, was_dtype), (on, dtype) in zip(AMP_DEVICES, ctx.autocast, amp):
-            if dtype != was_dtype:
-                ctx.record(BoundSymbol(_SET_AUTOCAST_DTYPE, (device, dtype), {}, None))
-            if on != was_on:
-                ctx.record(BoundSymbol(_SET_AUTOCAST, (device, on), {}, None))
+    if amp != ctx.autocast:     # its casts are written per op (autocast_casts): nothing to record
         ctx.autocast = amp
+        ctx.autocast_seen = ctx.autocast_seen or any(on for on, _ in amp)
+
+
+def autocast_region(ctx: TraceContext, on: bool) -> None:
+    """Record autocast switched on (with the dtypes the traced code has it at) or off again, around
+    an op whose autocast behaviour is not casts of its operands, in a program that runs with it off."""
+    for device, (enabled, dtype) in zip(AMP_DEVICES, ctx.autocast):
+        if enabled:
+            if on:
+                ctx.record(BoundSymbol(_SET_AUTOCAST_DTYPE, (device, dtype), {}, None))
+            ctx.record(BoundSymbol(_SET_AUTOCAST, (device, on), {}, None))
+
+
+_CASTS: list = []     # while autocast_casts probes an op: (probe, dtype) of each _to_copy it sees
 
 
 class _AutocastProbe(torch.Tensor):
@@ -59,6 +75,8 @@ class _AutocastProbe(torch.Tensor):
         leaves = flatten_values((args, kwargs))
         device = next((x for x in leaves if isinstance(x, torch.device)), None) or \
             next(x.device for x in leaves if isinstance(x, _AutocastProbe))
+        if func is torch.ops.aten._to_copy.default and _CASTS and isinstance(args[0], _AutocastProbe):
+            _CASTS[-1].append((args[0], (kwargs or {}).get("dtype")))
         margs, mkwargs = map_values(_as_meta, (args, kwargs or {}))
         out = func(*margs, **mkwargs)
         return map_values(lambda m: _AutocastProbe(m, device) if isinstance(m, torch.Tensor) else m,
@@ -82,6 +100,49 @@ def autocast_applies(args, kwargs) -> bool:
                if isinstance(x, TensorProxy) and x.ir.dtype.is_floating_point
                and x.ir.dtype != torch.float64}
     return any(torch.is_autocast_enabled(d) for d in devices if d in AMP_DEVICES)
+
+
+def autocast_casts(func, args, kwargs, meta_of) -> dict | None:
+    """{id(operand proxy): dtype} of the casts autocast makes of the op's operands, where the op
+    run on the cast operands without autocast gives the dtypes autocast gives (an op autocast
+    leaves alone: {}); None where it does not (a composite op whose inner ops autocast casts, a
+    custom Function), or the probe or the meta kernel refuses the call.  `meta_of(casts)` is the
+    op's meta result on its operands cast so."""
+    probes: dict = {}
+
+    def probe(x):
+        if isinstance(x, TensorProxy):
+            made = probes[id(x)] = _AutocastProbe(meta_tensor(x.ir), x.ir.device)
+            return made
+        return x._fj_value if isinstance(x, NumberProxy) else x
+    pargs, pkwargs = map_values(probe, (args, kwargs))
+    _CASTS.append([])
+    try:
+        pout = func(*pargs, **pkwargs)
+    except Exception:      # noqa: BLE001 -- the torch-call path probes it again and says why
+        return None
+    finally:
+        seen = _CASTS.pop()
+    by_probe = {id(probes[id(x)]): x for x in _proxies(args, kwargs)}
+    casts: dict = {}
+    for p, dtype in seen:
+        x = by_probe.get(id(p))
+        if x is None or dtype is None or casts.get(id(x), dtype) != dtype:
+            return None     # a cast of a value the op made (its inner ops'), or two casts of one
+        casts[id(x)] = dtype
+    try:
+        with torch._C._DisableAutocast():
+            mout = meta_of(casts)
+    except Exception:      # noqa: BLE001
+        return None
+    got, want = _tensor_leaves(mout), _tensor_leaves(pout)
+    if [(m.dtype, tuple(m.shape)) for m in got] != [(m.dtype, tuple(m.shape)) for m in want]:
+        return None
+    return casts
+
+
+def _proxies(args, kwargs) -> list:
+    return [x for x in flatten_values((args, kwargs)) if isinstance(x, TensorProxy)]
 
 
 def autocast_outputs(func, args, kwargs, mout):

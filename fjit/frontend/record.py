@@ -11,14 +11,14 @@ import torch
 
 from fjit.core.ir import (BoundSymbol, GeneratorVar, Symbol, Tag, TensorVar, flatten_values,
                           map_values)
-from fjit.core.prims import VIEW_OPS, set_recorder
+from fjit.core.prims import PRIM_OF_QUALNAME, VIEW_OPS, Prim, apply, set_recorder
 from fjit.errors import UnsupportedOpError, catalog_fix, located
 from fjit.core.meta import meta_tensor, run_meta
 from fjit.core.symbolic import same
 from fjit.frontend.callables import accepts, op_name, qualified_name
 from fjit.frontend.context import TraceContext, current
 from fjit.frontend.proxies import NumberProxy, TensorProxy
-from fjit.frontend.modes import autocast_applies, autocast_outputs
+from fjit.frontend.modes import autocast_applies, autocast_casts, autocast_outputs, autocast_region
 from fjit.strict.locate import user_location
 
 # fjit.ops fills these at import: torch callable -> decomposition into prims over proxies; and
@@ -148,7 +148,18 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
             return torch.device("meta")
         return x
 
-    amp = autocast_applies(args, kwargs)
+    # (a prim is below autocast: decompositions and VJP rules apply them to values already cast)
+    amp = not ctx.autocast_explicit and sym.qualname not in PRIM_OF_QUALNAME and autocast_applies(args, kwargs)
+    if amp:
+        def meta_of(casts):
+            def cast(x):
+                m = to_meta(x)
+                return m.to(casts[id(x)]) if id(x) in casts else m
+            return run_meta(func, *_meta_arguments(func, sym, args, kwargs, cast))
+        with torch._C.DisableTorchFunction():
+            casts = autocast_casts(func, args, kwargs, meta_of)
+        if casts is not None:
+            return _traced_with_casts(ctx, sym, func, args, kwargs, casts, decomposition, real_strides)
     try:
         with torch._C.DisableTorchFunction():   # meta tensors are real tensors, not traced ones
             margs, mkwargs = _meta_arguments(func, sym, args, kwargs, to_meta)
@@ -185,8 +196,8 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
     if numbers and mout is not None and not sym.has(Tag.ELEMENTWISE):
         _guard_numbers_reaching_metadata(func, sym, args, kwargs, to_meta, numbers, mout)
     if amp:
-        # An op autocast can change stays one torch call, run under the same autocast state
-        # (its prims' torch lowerings would be autocast too, and fused kernels would not).
+        # An op whose autocast result is not casts of its operands stays one torch call, run with
+        # autocast switched on around it as the traced code had it (the program runs with it off).
         mout, decomposition = amp_out, None
     if not any(isinstance(m, torch.Tensor) for m in flatten_values(mout)):
         return mout   # metadata-only result (a dtype, a size): static for this trace
@@ -247,7 +258,11 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
         return metas[id(mout)]
 
     ir_args, ir_kwargs = map_values(_to_ir, (args, kwargs))
+    if amp:
+        autocast_region(ctx, True)
     ctx.record(BoundSymbol(sym, ir_args, ir_kwargs, _structure(out_vars), subsymbols))
+    if amp:
+        autocast_region(ctx, False)
 
     positions = [i for i, a in enumerate(args) if isinstance(a, TensorProxy)]
 
@@ -273,6 +288,20 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
     proxies = [handle(m, v, i) if isinstance(m, torch.Tensor) else m
                for i, (m, v) in enumerate(zip(mout, out_vars))]
     return type(mout)(proxies) if isinstance(mout, tuple) and type(mout) is not tuple else type(mout)(proxies)
+
+
+def _traced_with_casts(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, casts: dict,
+                       decomposition, real_strides):
+    """The op as autocast runs it: its operands cast as `casts` says (autocast_casts), then the op
+    on them traced as without autocast, its inner ops included (autocast casts an op's operands
+    once, at the top: what the op calls inside runs below it)."""
+    ctx.autocast_explicit += 1
+    try:
+        args, kwargs = map_values(lambda x: apply(Prim.CONVERT, x, casts[id(x)])
+                                  if isinstance(x, TensorProxy) and id(x) in casts else x, (args, kwargs))
+        return trace_call(ctx, sym, func, args, kwargs, decomposition, real_strides)
+    finally:
+        ctx.autocast_explicit -= 1
 
 
 def _first_sentence(e: Exception) -> str:

@@ -98,7 +98,7 @@ def trace_function(fn, args: tuple, kwargs: dict, leaves: list, mode: Mode,
                 output = _laid_out_as(output, channels_last_of.output)
         trace = Trace(ctx.fn_name, list(ctx.inputs), list(ctx.scopes[0]), output, dict(ctx.consts),
                       stage="traced", bindings=bindings, namespace=namespace, rebuild=rebuild,
-                      checkpointed=dict(ctx.checkpointed), sizes=active())
+                      checkpointed=dict(ctx.checkpointed), sizes=active(), autocast_off=ctx.autocast_seen)
     return TraceResult(trace, frozenset(ctx.specialized), list(ctx.edges), dict(ctx.layout_keys))
 
 

@@ -218,7 +218,8 @@ class PerSizeValues:
     def __init__(self, trace: Trace, bsyms: list[BoundSymbol], outputs: list, symbols: list, consts: dict):
         inputs = [NumberVar(trace.sizes.text(s), int) for s in symbols]
         program = Trace("per_size_values", inputs, list(bsyms), tuple(outputs), dict(consts),
-                        stage="values of sizes alone", namespace=trace.namespace, sizes=trace.sizes)
+                        stage="values of sizes alone", namespace=trace.namespace, sizes=trace.sizes,
+                        autocast_off=trace.autocast_off)
         self.compute = program.python_callable()
         self.kept: collections.OrderedDict = collections.OrderedDict()
 

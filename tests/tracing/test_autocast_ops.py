@@ -11,6 +11,9 @@ import torch
 
 import fjit
 import fjit.frontend.modes as modes
+from fjit.core.ir import Tag
+
+BF16_ULPS = 4 * torch.finfo(torch.bfloat16).eps
 
 
 class _MoveAndScale(torch.autograd.Function):
@@ -166,3 +169,55 @@ def test_values_autocast_casts_carry_whether_autograd_records_them():
         traced = fjit.last_traces(jf)[0]
         matmuls = [b.output for b in traced.bsyms if b.sym.name == "matmul"]
         assert matmuls and all(v.requires_grad == grad and v.dtype == torch.bfloat16 for v in matmuls)
+
+
+def test_autocast_is_traced_as_casts_that_fuse_and_differentiate():
+    """Under autocast a module's training step is traced as the casts autocast makes (operands of
+    the linear layers to bf16), then each op without autocast: the elementwise ops and the casts
+    fuse into kernels, the joint backward is compiled, and the program runs with autocast off
+    (the caller's state is back after it).  Values and gradients are eager-under-autocast's."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                            torch.nn.Linear(32, 4))
+    jm = fjit.jit(m)
+    x = torch.randn(8, 16)
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got, want = jm(x), m(x)
+            assert torch.is_autocast_enabled("cpu")
+        assert got.dtype == want.dtype == torch.bfloat16
+        torch.testing.assert_close(got, want)
+        got.float().square().sum().backward()
+        got_grads = [p.grad.clone() for p in m.parameters()]
+        m.zero_grad()
+        want.float().square().sum().backward()
+        for g, p in zip(got_grads, m.parameters()):
+            torch.testing.assert_close(g, p.grad, rtol=BF16_ULPS, atol=BF16_ULPS * p.grad.abs().max().item())
+        m.zero_grad()
+    forward, backward = fjit.last_traces(jm)[-1], fjit.last_backward_traces(jm)[-1]
+    assert forward.autocast_off and backward.autocast_off
+    source = str(forward)
+    assert "prims.convert_element_type(" in source and "torch.set_autocast_enabled" not in source
+    assert any(b.sym.has(Tag.KERNEL) for b in forward.bsyms)
+    assert backward.stage.startswith("torch_executor")
+
+
+def test_an_op_autocast_changes_inside_stays_a_torch_call_under_autocast():
+    """tensordot is not on autocast's lists, but the mm it calls is: its result is not casts of
+    its operands, so it stays one torch call with autocast switched on around it, and the rest of
+    the program still runs with autocast off; the caller's autocast is on again after every call,
+    the compiling one included.  (einsum is fjit's own ops, each cast as autocast casts it.)"""
+    def f(x, w):
+        return torch.tensordot(x.exp(), w, dims=1) * 2 + torch.einsum("ij,jk->ik", x, w)
+    jf = fjit.jit(f)
+    x, w = torch.randn(3, 4), torch.randn(4, 5)
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = jf(x, w)
+            assert torch.is_autocast_enabled("cpu") and (x @ w).dtype == torch.bfloat16
+            want = f(x, w)
+        assert got.dtype == want.dtype == torch.bfloat16
+        torch.testing.assert_close(got, want)
+    source = str(fjit.last_traces(jf)[-1])
+    assert source.count("torch.set_autocast_enabled('cpu', True)") == 1 and "tensordot" in source
+    assert not any("einsum(" in line.split("#")[0] for line in source.splitlines())
