@@ -88,12 +88,20 @@ AMP_DEVICES = ("cpu", "cuda")      # the device types autocast has a state for
 
 
 def _without_autocast(fn: Callable) -> Callable:
-    """`fn` run with autocast off (autocast_off)."""
+    """`fn` run with autocast off (autocast_off, unrolled: this runs on every cached call)."""
+    enabled, switch, any_on = torch.is_autocast_enabled, torch.set_autocast_enabled, torch._C._is_any_autocast_enabled
+
     def run(*args):
-        if not torch._C._is_any_autocast_enabled():
+        if not any_on():
             return fn(*args)
-        with autocast_off():
+        on = [d for d in AMP_DEVICES if enabled(d)]
+        for d in on:
+            switch(d, False)
+        try:
             return fn(*args)
+        finally:
+            for d in on:
+                switch(d, True)
     return run
 
 

@@ -10,8 +10,8 @@ autocast kernels (whose kernels below autocast are meta kernels), which shows th
 makes of its operands.  The trace records those casts, then the op on the cast operands without
 autocast (its prims, so it fuses and the joint backward differentiates it), and the program runs
 with autocast off (Trace.autocast_off).  Where the probe's result is not explained by casts of the
-operands (a composite op whose inner ops autocast casts, as einsum's bmm), the op stays one torch
-call run with autocast switched on around it.
+operands (a composite op whose inner ops autocast casts, as tensordot's mm), the op stays one
+torch call run with autocast switched on around it.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 
 from fjit.core.ir import BoundSymbol, Symbol, Tag, flatten_values, map_values
 from fjit.frontend.context import AMP_DEVICES, TraceContext, autocast_state
-from fjit.core.meta import meta_tensor
+from fjit.core.symbolic import SymbolicUnsupported, active, hint
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 
 
@@ -112,9 +112,9 @@ def autocast_casts(func, args, kwargs, meta_of) -> dict | None:
 
     def probe(x):
         if isinstance(x, TensorProxy):
-            made = probes[id(x)] = _AutocastProbe(meta_tensor(x.ir), x.ir.device)
+            made = probes[id(x)] = _AutocastProbe(_hinted_meta(x.ir), x.ir.device)
             return made
-        return x._fj_value if isinstance(x, NumberProxy) else x
+        return _hinted(x)
     pargs, pkwargs = map_values(probe, (args, kwargs))
     _CASTS.append([])
     try:
@@ -126,8 +126,10 @@ def autocast_casts(func, args, kwargs, meta_of) -> dict | None:
     by_probe = {id(probes[id(x)]): x for x in _proxies(args, kwargs)}
     casts: dict = {}
     for p, dtype in seen:
+        if dtype is None or dtype == p.dtype:
+            continue        # a copy that casts nothing (a device move): the op's own, not autocast's
         x = by_probe.get(id(p))
-        if x is None or dtype is None or casts.get(id(x), dtype) != dtype:
+        if x is None or casts.get(id(x), dtype) != dtype:
             return None     # a cast of a value the op made (its inner ops'), or two casts of one
         casts[id(x)] = dtype
     try:
@@ -136,7 +138,7 @@ def autocast_casts(func, args, kwargs, meta_of) -> dict | None:
     except Exception:      # noqa: BLE001
         return None
     got, want = _tensor_leaves(mout), _tensor_leaves(pout)
-    if [(m.dtype, tuple(m.shape)) for m in got] != [(m.dtype, tuple(m.shape)) for m in want]:
+    if [(m.dtype, m.ndim) for m in got] != [(m.dtype, m.ndim) for m in want]:
         return None
     return casts
 
@@ -151,18 +153,44 @@ def autocast_outputs(func, args, kwargs, mout):
     Autocast casts tensors only, so a result without one (a size, a dtype) needs no probe."""
     if mout is not None and not _tensor_leaves(mout):
         return mout
-    probes = map_values(lambda x: _AutocastProbe(meta_tensor(x.ir), x.ir.device)
-                        if isinstance(x, TensorProxy) else
-                        x._fj_value if isinstance(x, NumberProxy) else x, (args, kwargs))
+    probes = map_values(lambda x: _AutocastProbe(_hinted_meta(x.ir), x.ir.device)
+                        if isinstance(x, TensorProxy) else _hinted(x), (args, kwargs))
     pout = func(*probes[0], **probes[1])
-    if mout is not None and [m.dtype for m in _tensor_leaves(pout)] == \
-            [m.dtype for m in _tensor_leaves(mout)]:
+    dtypes = [m.dtype for m in _tensor_leaves(pout)]
+    if mout is not None and dtypes == [m.dtype for m in _tensor_leaves(mout)]:
         return mout
     # the probe's results are fresh: whether autograd records them is the op's inputs' affair
     records = torch.is_grad_enabled() and any(
         isinstance(x, TensorProxy) and x.ir.requires_grad for x in flatten_values((args, kwargs)))
-    return map_values(lambda x: _as_meta(x).requires_grad_(records and (x.dtype.is_floating_point or x.dtype.is_complex))
-                      if isinstance(x, torch.Tensor) else _as_meta(x), pout)
+    sizes = active()
+    if sizes is None:
+        return map_values(lambda x: _as_meta(x).requires_grad_(records and _differentiable(x.dtype))
+                          if isinstance(x, torch.Tensor) else _as_meta(x), pout)
+    # symbolic sizes: the probe ran at the compiling call's sizes; the shapes are the meta result's
+    if mout is None or len(_tensor_leaves(mout)) != len(dtypes):
+        raise SymbolicUnsupported(f"{getattr(func, '__name__', func)} under autocast has no shape rule of its own")
+    retyped = iter(dtypes)
+    with sizes.shape_rules():
+        return map_values(lambda m: torch.empty_strided(m.shape, m.stride(), dtype=(d := next(retyped)), device="meta",
+                                                        requires_grad=records and _differentiable(d))
+                          if isinstance(m, torch.Tensor) else m, mout)
+
+
+def _differentiable(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
+
+
+def _hinted(x):
+    """A number argument as the probe takes it: a symbolic size at its compiling call's value."""
+    x = x._fj_value if isinstance(x, NumberProxy) else x
+    return hint(x) if isinstance(x, torch.SymInt) else x
+
+
+def _hinted_meta(v) -> torch.Tensor:
+    """A meta tensor of `v`'s dtype at the compiling call's sizes (a probe of autocast's dtype
+    choices, which sizes do not change, runs outside a symbolic program's shape rules)."""
+    return torch.empty_strided(tuple(hint(n) for n in v.shape), tuple(hint(n) for n in v.strides),
+                               dtype=v.dtype, device="meta")
 
 
 def _tensor_leaves(x) -> list:

@@ -152,9 +152,8 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
     amp = not ctx.autocast_explicit and sym.qualname not in PRIM_OF_QUALNAME and autocast_applies(args, kwargs)
     if amp:
         def meta_of(casts):
-            def cast(x):
-                m = to_meta(x)
-                return m.to(casts[id(x)]) if id(x) in casts else m
+            def cast(x):      # a cast keeps a dense layout's strides (preserve_format)
+                return meta_tensor(x.ir.replaced(dtype=casts[id(x)])) if id(x) in casts else to_meta(x)
             return run_meta(func, *_meta_arguments(func, sym, args, kwargs, cast))
         with torch._C.DisableTorchFunction():
             casts = autocast_casts(func, args, kwargs, meta_of)

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None
                                 reason="needs transformers (the test extra)")
 
 import fjit  # noqa: E402
+from fjit.core.ir import Tag  # noqa: E402
 from benchmarks.zoo_models import MODELS, Batch  # noqa: E402
 
 MODELS_UNDER_TEST = ["hf_gpt2", "hf_llama_gqa_sdpa", "hf_bert", "hf_t5"]
@@ -71,3 +72,33 @@ def test_bf16_training_step_matches_eager_autocast(name, entry):
         scale = expected.float().abs().max().item()
         torch.testing.assert_close(actual.float(), expected.float(), rtol=0,
                                    atol=BF16_ULPS * scale + 1e-6, msg=lambda m: f"{key}: {m}")
+
+
+def test_bf16_training_over_growing_lengths_is_one_symbolic_program_with_kernels():
+    """Mixed precision and shapes that vary, as a user's training loop combines them: GPT-2 under
+    bf16 autocast at three lengths compiles a symbolic program at the second (the autocast probe
+    runs at the compiling call's sizes, the shape rules at the symbols) that serves the third,
+    with fused kernels; each step's loss and gradients are eager-under-autocast's."""
+    zm = MODELS["hf_gpt2"]
+    base = zm.make(0)
+    eager_model, model = copy.deepcopy(base), copy.deepcopy(base)
+    compiled = fjit.jit(model)
+    for length in (8, 13, 21):
+        ids = torch.randint(0, 100, (2, length), generator=torch.Generator().manual_seed(length))
+        grads = []
+        for m, call in ((eager_model, eager_model), (model, compiled)):
+            m.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = call(input_ids=ids, labels=ids).loss
+            loss.backward()
+            grads.append({"loss": loss.detach(), **{n: p.grad for n, p in m.named_parameters()}})
+        want, got = grads
+        for key, expected in want.items():
+            scale = expected.float().abs().max().item()
+            torch.testing.assert_close(got[key].float(), expected.float(), rtol=0,
+                                       atol=BF16_ULPS * scale + 1e-6, msg=lambda m: f"{length} {key}: {m}")
+    assert fjit.cache_info(compiled).misses == 2
+    program = fjit.last_traces(compiled)[-1]
+    assert "symbolic sizes" in program.stage and program.autocast_off
+    assert "prims.convert_element_type(" in str(program)
+    assert any(b.sym.has(Tag.KERNEL) for b in program.bsyms)
