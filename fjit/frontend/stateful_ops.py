@@ -54,10 +54,12 @@ def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, trai
     if not all(isinstance(t, TensorProxy) for t in (x, *stats)) or \
             isinstance(momentum, (NumberProxy, TensorProxy)) or momentum is None:
         return None   # a captured tensor (FJ101) or a momentum fjit cannot read: the normal path
-    if running_mean is not None and running_var is not None and x.dtype == running_mean.dtype \
-            == running_var.dtype and x.dtype.is_floating_point:
+    if running_mean is not None and running_var is not None and x.dtype.is_floating_point and (
+            x.dtype == running_mean.dtype == running_var.dtype or _mixed_types(x, weight, bias, *stats)):
         # ATen's functional batch norm: eager's kernel, which normalizes and computes the new
-        # running statistics in one pass (what functionalization turns eager's op into).  Torch
+        # running statistics in one pass (what functionalization turns eager's op into; for a
+        # bfloat16/float16 x with float32 parameters and statistics, autocast's convolution output,
+        # its mixed-type kernel, which keeps the statistics in float32 as eager's does).  Torch
         # autograd saves the statistics it is given and the buffers are written after the call:
         # it gets them under version counters of their own (fjit_ops.unversioned, no copy).
         running = [trace_call(current(), UNVERSIONED, unversioned, (s,), {})
@@ -77,6 +79,13 @@ def _batch_norm_parts(dispatch, x, running_mean, running_var, weight, bias, trai
     dims = [0, *range(2, len(x.shape))]
     var, mean = dispatch(torch.var_mean, (detached, dims), {"correction": 1})
     return out, _stat_writes(dispatch, (running_mean, mean), (running_var, var), momentum=momentum)
+
+
+def _mixed_types(x, *params) -> bool:
+    """A CPU bfloat16/float16 `x` whose batch norm parameters and statistics (None or not) are all
+    float32: ATen's CPU batch norm kernels take that mix (autocast's convolution outputs)."""
+    return x.dtype in (torch.bfloat16, torch.float16) and x.device.type == "cpu" and all(
+        p is None or isinstance(p, TensorProxy) and p.dtype == torch.float32 for p in params)
 
 
 def _batch_statistics_only(dispatch, x, weight, bias, eps):

@@ -6,6 +6,8 @@ probe must never need data, whatever the op asks of its device (a copy to a devi
 given one, a tensor made inside a custom autograd.Function's forward).  An op autocast leaves
 alone (token ids, masks, float64, a size) is traced as without autocast, with no probe.
 """
+import copy
+
 import pytest
 import torch
 
@@ -152,6 +154,31 @@ def test_batch_norm_running_statistics_of_a_half_precision_input_are_computed_in
         eager_error = (getattr(eager, name).double() - want).abs().max().item()
         fjit_error = (getattr(compiled, name).double() - want).abs().max().item()
         assert fjit_error <= 2 * eager_error + 1e-7, (name, fjit_error, eager_error)
+
+
+def test_batch_norm_under_autocast_is_one_mixed_type_aten_pass_as_eagers():
+    """Under autocast a convolution's bfloat16 output meets a BatchNorm's float32 parameters and
+    running statistics: ATen's mixed-type functional batch norm (eager's kernel) normalizes and
+    computes the statistics in float32 in one pass, so the statistics are eager's bit for bit and
+    no float32 copy of the activation is made for a separate var_mean."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3), torch.nn.BatchNorm2d(6), torch.nn.ReLU())
+    ref = copy.deepcopy(model)
+    jm = fjit.jit(model)
+    for step in range(3):
+        x = torch.randn(4, 3, 9, 9)
+        for m, call in ((ref, ref), (model, jm)):
+            m.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = call(x)
+            out.float().square().sum().backward()
+        for (name, a), b in zip(model.state_dict().items(), ref.state_dict().values()):
+            assert torch.equal(a, b), (step, name)
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=BF16_ULPS, atol=BF16_ULPS * q.grad.abs().max().item(),
+                                       msg=name)
+    text = str(fjit.last_traces(jm)[-1])
+    assert "_native_batch_norm_legit_functional" in text and "var_mean" not in text
 
 
 def test_values_autocast_casts_carry_whether_autograd_records_them():
