@@ -7,6 +7,7 @@ given one, a tensor made inside a custom autograd.Function's forward).  An op au
 alone (token ids, masks, float64, a size) is traced as without autocast, with no probe.
 """
 import copy
+import warnings
 
 import pytest
 import torch
@@ -248,3 +249,47 @@ def test_an_op_autocast_changes_inside_stays_a_torch_call_under_autocast():
     source = str(fjit.last_traces(jf)[-1])
     assert source.count("torch.set_autocast_enabled('cpu', True)") == 1 and "tensordot" in source
     assert not any("einsum(" in line.split("#")[0] for line in source.splitlines())
+
+
+def test_activation_checkpointing_under_autocast_is_honoured_with_eagers_gradients():
+    """Autocast and torch.utils.checkpoint as a user's training step combines them: checkpointed
+    blocks of linear layers under bf16 autocast train through the joint program (no warning that
+    checkpointing is dropped), with eager-under-autocast's loss and gradients."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.norm = torch.nn.Linear(16, 64), torch.nn.Linear(64, 16), torch.nn.LayerNorm(16)
+
+        def forward(self, x):
+            return x + self.b(torch.nn.functional.gelu(self.a(self.norm(x))))
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Block() for _ in range(3)])
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=False)
+            return x.float().square().mean()
+
+    torch.manual_seed(0)
+    model = Model()
+    ref = copy.deepcopy(model)
+    jm = fjit.jit(model)
+    for _ in range(3):
+        x = torch.randn(8, 16)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                got, want = jm(x), ref(x)
+            got.backward()
+        want.backward()
+        torch.testing.assert_close(got, want)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=BF16_ULPS * q.grad.abs().max().item())
+        model.zero_grad()
+        ref.zero_grad()
+    assert fjit.last_backward_traces(jm) and fjit.last_traces(jm)[-1].autocast_off
