@@ -88,20 +88,18 @@ AMP_DEVICES = ("cpu", "cuda")      # the device types autocast has a state for
 
 
 def _without_autocast(fn: Callable) -> Callable:
-    """`fn` run with autocast off (autocast_off, unrolled: this runs on every cached call)."""
-    enabled, switch, any_on = torch.is_autocast_enabled, torch.set_autocast_enabled, torch._C._is_any_autocast_enabled
+    """`fn` run with autocast off (autocast_off, without a context manager's cost: this runs on
+    every cached call)."""
+    any_on = torch._C._is_any_autocast_enabled
 
     def run(*args):
         if not any_on():
             return fn(*args)
-        on = [d for d in AMP_DEVICES if enabled(d)]
-        for d in on:
-            switch(d, False)
+        on = _switch_off()
         try:
             return fn(*args)
         finally:
-            for d in on:
-                switch(d, True)
+            _switch_on(on)
     return run
 
 
@@ -109,14 +107,24 @@ def _without_autocast(fn: Callable) -> Callable:
 def autocast_off():
     """Autocast off on every device where it is on, and on again after: where a program that holds
     autocast's casts as ops runs (its own regions switch it on around an op and off again)."""
-    on = [d for d in AMP_DEVICES if torch.is_autocast_enabled(d)]
-    for d in on:
-        torch.set_autocast_enabled(d, False)
+    on = _switch_off()
     try:
         yield
     finally:
-        for d in on:
-            torch.set_autocast_enabled(d, True)
+        _switch_on(on)
+
+
+def _switch_off() -> list[str]:
+    """Switch autocast off where it is on; the device types it was on for."""
+    on = [d for d in AMP_DEVICES if torch.is_autocast_enabled(d)]
+    for d in on:
+        torch.set_autocast_enabled(d, False)
+    return on
+
+
+def _switch_on(devices: list[str]) -> None:
+    for d in devices:
+        torch.set_autocast_enabled(d, True)
 
 
 # A generated function whose frame holds at least this many slots (locals and stack, 8 bytes

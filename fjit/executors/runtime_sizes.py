@@ -222,7 +222,7 @@ def _py(n) -> str:
 
 
 def _symbolic(*operands) -> bool:
-    return any(isinstance(n, Size) and n.sym is not None for n in operands)
+    return any(map(symbolic_size, operands))
 
 
 def _made(a, b, op, form: str) -> "Size":

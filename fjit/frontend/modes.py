@@ -109,13 +109,7 @@ def autocast_casts(func, args, kwargs, meta_of) -> dict | None:
     custom Function), or the probe or the meta kernel refuses the call.  `meta_of(casts)` is the
     op's meta result on its operands cast so."""
     probes: dict = {}
-
-    def probe(x):
-        if isinstance(x, TensorProxy):
-            made = probes[id(x)] = _AutocastProbe(_hinted_meta(x.ir), x.ir.device)
-            return made
-        return _hinted(x)
-    pargs, pkwargs = map_values(probe, (args, kwargs))
+    pargs, pkwargs = _probed(args, kwargs, probes)
     _CASTS.append([])
     try:
         pout = func(*pargs, **pkwargs)
@@ -153,9 +147,8 @@ def autocast_outputs(func, args, kwargs, mout):
     Autocast casts tensors only, so a result without one (a size, a dtype) needs no probe."""
     if mout is not None and not _tensor_leaves(mout):
         return mout
-    probes = map_values(lambda x: _AutocastProbe(_hinted_meta(x.ir), x.ir.device)
-                        if isinstance(x, TensorProxy) else _hinted(x), (args, kwargs))
-    pout = func(*probes[0], **probes[1])
+    pargs, pkwargs = _probed(args, kwargs, {})
+    pout = func(*pargs, **pkwargs)
     dtypes = [m.dtype for m in _tensor_leaves(pout)]
     if mout is not None and dtypes == [m.dtype for m in _tensor_leaves(mout)]:
         return mout
@@ -178,6 +171,17 @@ def autocast_outputs(func, args, kwargs, mout):
 
 def _differentiable(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point or dtype.is_complex
+
+
+def _probed(args, kwargs, probes: dict) -> tuple:
+    """(args, kwargs) as the probe runs the op: each tensor a storage-less probe on its device at
+    the compiling call's sizes (filed in `probes` by id of its proxy), each number its value."""
+    def probe(x):
+        if isinstance(x, TensorProxy):
+            made = probes[id(x)] = _AutocastProbe(_hinted_meta(x.ir), x.ir.device)
+            return made
+        return _hinted(x)
+    return map_values(probe, (args, kwargs))
 
 
 def _hinted(x):
