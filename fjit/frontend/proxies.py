@@ -22,6 +22,8 @@ the trace-time value in; an object that is not a float must be converted through
 specializes the trace on the value (with a guard in the cache key).  `isinstance(s, float)` still
 answers True (its `__class__` is float); torch's argument parser accepts it anywhere because it has
 `__torch_function__`; Python arithmetic on it is recorded.
+
+An input list or dict is seen as an `InputList` / `InputDict`, whose mutating methods are FJ103.
 """
 from __future__ import annotations
 
@@ -42,6 +44,15 @@ def _dispatch(func, args, kwargs=None):
     if ctx is None:
         raise FjitError("fjit internal error: a tracing proxy was used after its trace ended")
     return ctx.dispatch(func, args, kwargs or {})
+
+
+def _metadata_via_meta(name):
+    """A metadata method answered by torch's own implementation on a meta tensor of the value."""
+    def method(self, *args, **kwargs):
+        with torch._C.DisableTorchFunction():
+            return getattr(meta_tensor(self.ir), name)(*args, **kwargs)
+    method.__name__ = name
+    return method
 
 
 class TensorProxy(torch.Tensor):
@@ -133,6 +144,24 @@ class TensorProxy(torch.Tensor):
                      "backward, which a compiled call would not repeat", *user_location(),
             "set or clear .grad outside the compiled function"))
 
+    is_contiguous = _metadata_via_meta("is_contiguous")
+    is_floating_point = _metadata_via_meta("is_floating_point")
+    is_complex = _metadata_via_meta("is_complex")
+    element_size = _metadata_via_meta("element_size")
+    is_signed = _metadata_via_meta("is_signed")
+    has_names = _metadata_via_meta("has_names")
+
+    # sizes library code asks often, answered from the value itself
+    def dim(self):
+        return len(self.ir.shape)
+
+    ndimension = dim
+
+    def numel(self):
+        return self.ir.numel()
+
+    nelement = numel
+
     def size(self, dim=None):
         shape = torch.Size(self.ir.shape)
         return shape if dim is None else shape[dim]
@@ -170,29 +199,57 @@ def set_data(x, value):
     raise AssertionError("fjit: set_data is traced, never run")
 
 
-def _metadata_via_meta(name):
-    """A metadata method answered by torch's own implementation on a meta tensor of the value."""
-    def method(self, *args, **kwargs):
-        with torch._C.DisableTorchFunction():
-            return getattr(meta_tensor(self.ir), name)(*args, **kwargs)
-    method.__name__ = name
-    return method
-
-
-for _name in ("is_contiguous", "is_floating_point", "is_complex", "element_size", "is_signed",
-              "has_names"):
-    setattr(TensorProxy, _name, _metadata_via_meta(_name))
-# sizes library code asks often, answered from the value itself
-TensorProxy.dim = TensorProxy.ndimension = lambda self: len(self.ir.shape)
-TensorProxy.numel = TensorProxy.nelement = lambda self: self.ir.numel()
-
-
 # ----------------------------------------------------------------------------------------------
 # Runtime numbers
 # ----------------------------------------------------------------------------------------------
 
 def _number_symbol(op) -> Symbol:
     return Symbol(f"operator.{op.__name__}", op, frozenset({Tag.NUMBER}))
+
+
+def _value_of(x):
+    return x.concrete() if isinstance(x, NumberProxy) else x
+
+
+def _number_op(sym: Symbol, op, *operands):
+    ctx = current()
+    values = [x._fj_value if type(x) is NumberProxy else x for x in operands]
+    result = op(*values)
+    if ctx is None or not isinstance(result, float):
+        return result
+    var = NumberVar(ctx.new_name("n"))
+    args = tuple(x.ir if type(x) is NumberProxy else x for x in operands)
+    ctx.record(BoundSymbol(sym, args, {}, var))
+    sources = frozenset().union(*(x._fj_sources for x in operands if type(x) is NumberProxy))
+    return NumberProxy(result, var, sources)
+
+
+def _number_binary(op, reflected: bool):
+    sym = _number_symbol(op)
+
+    def method(self, other):
+        if type(other) not in (int, float, bool) and type(other) is not NumberProxy:
+            return NotImplemented    # a tensor (its reflected op traces it), or anything else
+        a, b = (other, self) if reflected else (self, other)
+        return _number_op(sym, op, a, b)
+    return method
+
+
+def _number_unary(op):
+    sym = _number_symbol(op)
+
+    def method(self):
+        return _number_op(sym, op, self)
+    return method
+
+
+def _number_compare(op):
+    def method(self, other):
+        if isinstance(other, torch.Tensor):
+            return NotImplemented   # `s < x` is x's reflected op, a traced tensor comparison
+        # A Python bool decides control flow: the trace specializes on this float.
+        return op(self.concrete(), _value_of(other))
+    return method
 
 
 class NumberProxy:
@@ -274,59 +331,26 @@ class NumberProxy:
     def __reduce__(self):
         return (float, (self.concrete(),))
 
+    # Arithmetic is recorded where its result is a float (see _number_op).
+    __add__, __radd__ = _number_binary(operator.add, False), _number_binary(operator.add, True)
+    __sub__, __rsub__ = _number_binary(operator.sub, False), _number_binary(operator.sub, True)
+    __mul__, __rmul__ = _number_binary(operator.mul, False), _number_binary(operator.mul, True)
+    __truediv__ = _number_binary(operator.truediv, False)
+    __rtruediv__ = _number_binary(operator.truediv, True)
+    __floordiv__ = _number_binary(operator.floordiv, False)
+    __rfloordiv__ = _number_binary(operator.floordiv, True)
+    __mod__, __rmod__ = _number_binary(operator.mod, False), _number_binary(operator.mod, True)
+    __pow__, __rpow__ = _number_binary(operator.pow, False), _number_binary(operator.pow, True)
+    __neg__ = _number_unary(operator.neg)
+    __pos__ = _number_unary(operator.pos)
+    __abs__ = _number_unary(operator.abs)
 
-def _value_of(x):
-    return x.concrete() if isinstance(x, NumberProxy) else x
-
-
-def _number_binary(op, reflected: bool):
-    sym = _number_symbol(op)
-
-    def method(self, other):
-        if type(other) not in (int, float, bool) and type(other) is not NumberProxy:
-            return NotImplemented    # a tensor (its reflected op traces it), or anything else
-        a, b = (other, self) if reflected else (self, other)
-        return _number_op(sym, op, a, b)
-    return method
-
-
-def _number_op(sym: Symbol, op, *operands):
-    ctx = current()
-    values = [x._fj_value if type(x) is NumberProxy else x for x in operands]
-    result = op(*values)
-    if ctx is None or not isinstance(result, float):
-        return result
-    var = NumberVar(ctx.new_name("n"))
-    args = tuple(x.ir if type(x) is NumberProxy else x for x in operands)
-    ctx.record(BoundSymbol(sym, args, {}, var))
-    sources = frozenset().union(*(x._fj_sources for x in operands if type(x) is NumberProxy))
-    return NumberProxy(result, var, sources)
-
-
-for _op, _names in ((operator.add, ("__add__", "__radd__")), (operator.sub, ("__sub__", "__rsub__")),
-                    (operator.mul, ("__mul__", "__rmul__")),
-                    (operator.truediv, ("__truediv__", "__rtruediv__")),
-                    (operator.floordiv, ("__floordiv__", "__rfloordiv__")),
-                    (operator.mod, ("__mod__", "__rmod__")), (operator.pow, ("__pow__", "__rpow__"))):
-    setattr(NumberProxy, _names[0], _number_binary(_op, False))
-    setattr(NumberProxy, _names[1], _number_binary(_op, True))
-for _op, _name in ((operator.neg, "__neg__"), (operator.pos, "__pos__"), (operator.abs, "__abs__")):
-    setattr(NumberProxy, _name, (lambda op, sym: lambda self: _number_op(sym, op, self))(_op, _number_symbol(_op)))
-
-
-def _number_compare(name: str):
-    op = getattr(operator, name.strip("_"))
-
-    def method(self, other):
-        if isinstance(other, torch.Tensor):
-            return NotImplemented   # `s < x` is x's reflected op, a traced tensor comparison
-        # A Python bool decides control flow: the trace specializes on this float.
-        return op(self.concrete(), _value_of(other))
-    return method
-
-
-for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"):
-    setattr(NumberProxy, _name, _number_compare(_name))
+    __eq__ = _number_compare(operator.eq)
+    __ne__ = _number_compare(operator.ne)
+    __lt__ = _number_compare(operator.lt)
+    __le__ = _number_compare(operator.le)
+    __gt__ = _number_compare(operator.gt)
+    __ge__ = _number_compare(operator.ge)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -359,22 +383,6 @@ def _writes_same_values(container, method: str, args, kwargs) -> bool:
     return all(k in container and dict.__getitem__(container, k) is v for k, v in items)
 
 
-class InputList(list):
-    """An input list seen by the traced function: mutating it is FJ103.  In the permissive modes the
-    mutation applies to this trace-private copy, never to the caller's list."""
-
-
-class InputDict(dict):
-    """An input dict seen by the traced function: mutating it is FJ103 (see InputList)."""
-
-
-for _m in ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "__setitem__",
-           "__delitem__", "__iadd__", "__imul__"):
-    setattr(InputList, _m, _container_edge("list", _m))
-for _m in ("__setitem__", "__delitem__", "pop", "popitem", "clear", "update", "setdefault", "__ior__"):
-    setattr(InputDict, _m, _container_edge("dict", _m))
-
-
 # A copy is the function's own container: mutating it touches nothing the caller holds, so
 # copy.copy / copy.deepcopy return a plain list/dict (as list.copy() and dict(d) already do), not
 # another read-only input.  (Without these, copy's __reduce_ex__ path rebuilds an InputList.)
@@ -396,5 +404,34 @@ def _plain_deepcopy(kind):
     return __deepcopy__
 
 
-InputList.__copy__, InputList.__deepcopy__ = _plain_copy(list), _plain_deepcopy(list)
-InputDict.__copy__, InputDict.__deepcopy__ = _plain_copy(dict), _plain_deepcopy(dict)
+class InputList(list):
+    """An input list seen by the traced function: mutating it is FJ103.  In the permissive modes the
+    mutation applies to this trace-private copy, never to the caller's list."""
+
+    append = _container_edge("list", "append")
+    extend = _container_edge("list", "extend")
+    insert = _container_edge("list", "insert")
+    pop = _container_edge("list", "pop")
+    remove = _container_edge("list", "remove")
+    clear = _container_edge("list", "clear")
+    sort = _container_edge("list", "sort")
+    reverse = _container_edge("list", "reverse")
+    __setitem__ = _container_edge("list", "__setitem__")
+    __delitem__ = _container_edge("list", "__delitem__")
+    __iadd__ = _container_edge("list", "__iadd__")
+    __imul__ = _container_edge("list", "__imul__")
+    __copy__, __deepcopy__ = _plain_copy(list), _plain_deepcopy(list)
+
+
+class InputDict(dict):
+    """An input dict seen by the traced function: mutating it is FJ103 (see InputList)."""
+
+    __setitem__ = _container_edge("dict", "__setitem__")
+    __delitem__ = _container_edge("dict", "__delitem__")
+    pop = _container_edge("dict", "pop")
+    popitem = _container_edge("dict", "popitem")
+    clear = _container_edge("dict", "clear")
+    update = _container_edge("dict", "update")
+    setdefault = _container_edge("dict", "setdefault")
+    __ior__ = _container_edge("dict", "__ior__")
+    __copy__, __deepcopy__ = _plain_copy(dict), _plain_deepcopy(dict)
