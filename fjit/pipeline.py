@@ -23,7 +23,7 @@ import fjit.config as config
 import fjit.program_choice as program_choice
 from fjit.config import Executor, TraceMode
 from fjit.core.ir import Tag, TensorVar
-from fjit.core.meta import relaid_channels_last, same_layout
+from fjit.core.meta import same_layout
 from fjit.core.symbolic import SymbolicSizes, SymbolicUnsupported, symbolic
 from fjit.core.trace import Trace
 from fjit.executors import fusing_executor, kernel_executor, torch_executor
@@ -308,10 +308,9 @@ def _measured_choice(joint, traces: list[Trace], forward: Callable, backward: li
                                          joint.program.flat(), _kept_as_compiled(*shown)))
     else:
         shown = (traces, backward)
-    grouped = any(_grouped_convolution(b) for b in traces[-1].bsyms)
     for stages, what, margin in ((traces, "torch autograd's forward and backward", "MARGIN"),
                                  (channels_last, "torch autograd over channels-last convolutions",
-                                  "CHANNELS_LAST_MARGIN_GROUPED" if grouped else "CHANNELS_LAST_MARGIN")):
+                                  program_choice.channels_last_margin(traces[-1].bsyms))):
         if stages is None:
             continue
         final = stages[-1]
@@ -331,13 +330,10 @@ def _measured_choice(joint, traces: list[Trace], forward: Callable, backward: li
 def _channels_last_traces(fn, args, kwargs, leaves, mode, first: Trace) -> list[Trace] | None:
     """The stages of `fn` traced again with its 2-D CPU convolutions' inputs made channels-last,
     for torch calls alone (what torch autograd runs), its outputs laid out as `first`'s (this
-    call's trace); None where it has no such convolution, or more dense ones than
-    program_choice.CHANNELS_LAST_DENSE_CONVOLUTIONS and no grouped one, or where tracing it so fails or its
-    real layouts are not the recorded ones (it is a faster form at best: `first`'s program
-    runs either way)."""
-    relaid = sum(_relaid_convolution(b) for b in first.bsyms)
-    if mode is not TraceMode.ERROR or not relaid or relaid > program_choice.CHANNELS_LAST_DENSE_CONVOLUTIONS \
-            and not any(_grouped_convolution(b) for b in first.bsyms):
+    call's trace); None where program_choice does not offer the form (offers_channels_last), or
+    where tracing it so fails or its real layouts are not the recorded ones (it is a faster form
+    at best: `first`'s program runs either way)."""
+    if mode is not TraceMode.ERROR or not program_choice.offers_channels_last(first.bsyms):
         return None
     observed: dict = {}
     for _ in range(3):    # as _trace_with_real_layouts: a layout a meta kernel got wrong, retraced
@@ -369,20 +365,6 @@ def _relaid(v) -> bool:
     """A 4-D value laid out otherwise than contiguous (the channels-last form's activations)."""
     return isinstance(v, TensorVar) and v.ndim == 4 and not same_layout(
         tuple(v.shape), tuple(v.strides), tuple(make_contiguous_strides_for(tuple(v.shape))))
-
-
-def _relaid_convolution(b) -> bool:
-    """A 2-D convolution whose input the channels-last form would make channels-last."""
-    x = b.args[0] if b.args else None
-    return b.sym.fn is torch.conv2d and isinstance(x, TensorVar) and relaid_channels_last(x)
-
-
-def _grouped_convolution(b) -> bool:
-    """A 2-D convolution of more than one group (depthwise included)."""
-    if b.sym.fn is not torch.conv2d:
-        return False
-    groups = b.kwargs.get("groups", b.args[6] if len(b.args) > 6 else 1)
-    return not isinstance(groups, int) or groups > 1
 
 
 def _backward_context(trace: Trace, counter: int) -> TraceContext:

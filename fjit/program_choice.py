@@ -1,7 +1,9 @@
 """Measured choice between correct forms of a program, kept per compiled program:
 - training: the joint program (a compiled forward and a compiled, fused backward), torch autograd
   over the forward's torch calls, and, for a CPU program with 2-D convolutions, torch autograd over
-  the same function traced with its convolutions' inputs in channels-last layout;
+  the same function traced with its convolutions' inputs in channels-last layout (where that form
+  is offered, and the margin it must win by, is decided here: offers_channels_last,
+  channels_last_margin; fjit/pipeline.py traces it);
 - a forward with kernels: the kernels' program or the same program's torch calls alone.
 
 Which one is faster depends on the machine, the model and the sizes: a fused backward saves memory
@@ -39,6 +41,8 @@ import torch.utils._pytree as pytree
 
 import fjit.config as config
 from fjit.config import Measure
+from fjit.core.ir import TensorVar
+from fjit.core.meta import relaid_channels_last
 from fjit.executors import kernels_pending, wait_for_kernels
 from fjit.frontend.rng import rng_preserved
 
@@ -87,6 +91,37 @@ def wants_measuring_forward(leaves: list) -> bool:
     mode = config.measure()
     return mode is Measure.ALL or (mode is Measure.AUTO and sum(
         x.numel() for x in leaves if isinstance(x, torch.Tensor)) >= MIN_NUMEL)
+
+
+def offers_channels_last(bsyms: list) -> bool:
+    """Whether a training program of these forward ops is also traced with its 2-D convolutions'
+    inputs channels-last, as a form to measure: where it relays a convolution (core/meta.py's
+    relaid_channels_last), and no more than CHANNELS_LAST_DENSE_CONVOLUTIONS of them unless one is
+    grouped."""
+    relaid = sum(_relaid_convolution(b) for b in bsyms)
+    return bool(relaid) and (relaid <= CHANNELS_LAST_DENSE_CONVOLUTIONS or _has_grouped_convolution(bsyms))
+
+
+def channels_last_margin(bsyms: list) -> str:
+    """The margin (a module constant's name, as Form.margin) the channels-last form of a program of
+    these ops must beat the form kept before it by."""
+    return "CHANNELS_LAST_MARGIN_GROUPED" if _has_grouped_convolution(bsyms) else "CHANNELS_LAST_MARGIN"
+
+
+def _relaid_convolution(b) -> bool:
+    """A 2-D convolution whose input the channels-last form would make channels-last."""
+    x = b.args[0] if b.args else None
+    return b.sym.fn is torch.conv2d and isinstance(x, TensorVar) and relaid_channels_last(x)
+
+
+def _has_grouped_convolution(bsyms: list) -> bool:
+    """Whether a 2-D convolution of more than one group (depthwise included) is among `bsyms`."""
+    for b in bsyms:
+        if b.sym.fn is torch.conv2d:
+            groups = b.kwargs.get("groups", b.args[6] if len(b.args) > 6 else 1)
+            if not isinstance(groups, int) or groups > 1:
+                return True
+    return False
 
 
 @dataclasses.dataclass
