@@ -1,4 +1,5 @@
-"""The compiled backward: per-prim VJP rules (rules.py), the joint forward/backward program split
+"""The compiled backward: per-prim VJP rules (rules.py), the backwards of the ops eager
+differentiates by one ATen function (aten_backward.py), the joint forward/backward program split
 into two traces (joint.py), and the autograd.Function that runs them (function.py).
 
 `compile_with_backward` is what the compile pipeline calls when an input requires grad under grad

@@ -6,7 +6,7 @@ Each top-level op of the (cleaned) forward trace is one of
   as prims the kernel executors fuse, like the forward;
 - aten: a convolution, a training batch norm, a 2-D pool or a flash attention; it runs as traced
   (or as a kernel also returning what its backward reads), and its backward is the ATen function
-  eager's autograd node calls (convolution_backward on its saved operands, ...: `aten_backward`);
+  eager's autograd node calls (convolution_backward on its saved operands, ...: aten_backward.py);
 - custom: an autograd.Function whose forward the frontend traced into its prims (Tag.CUSTOM_VJP):
   its forward is those prims, and its backward is the Function's own backward, recorded on the
   backward's proxies (CUSTOM_VJPS), whose ops fuse like the rules';
@@ -36,7 +36,8 @@ from torch._prims_common import make_contiguous_strides_for
 
 from fjit.core.ir import CUSTOM_VJPS, BoundSymbol, NumberVar, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.trace import Trace
-from fjit.autodiff.function import aten_backward, dense, record, torch_vjp
+from fjit.autodiff.aten_backward import aten_backward, dense
+from fjit.autodiff.function import record, torch_vjp
 from fjit.autodiff.rules import NONDIFF, VJP, Pieces, fit, full, has_rule, recomputable
 from fjit.core.prims import Prim, apply, prim_of
 from fjit.core.prims.layout import undo_index
