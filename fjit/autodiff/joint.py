@@ -19,7 +19,7 @@ The backward is recorded by running the rules on proxies in a trace context of i
 value's metadata comes from torch's meta kernels, as in a traced forward; the context and the
 proxies are the frontend's, handed in as a Recorder.  A rule asks for the forward values it reads;
 `_Backward.value` decides for each: views, and cheap pointwise values of RECOMPUTE_FROM elements
-(rules.py) or more, are recomputed from their operands in the backward (fused there for free, and never
+(recompute.py) or more, are recomputed from their operands in the backward (fused there for free, and never
 written by the forward) unless that would save an operand as large that a matmul or another op
 not recomputed makes; everything else (smaller pointwise values, inputs, the caller's outputs,
 reductions, matmuls, random draws, opaque results) is saved: an extra output of the forward
@@ -38,9 +38,11 @@ from fjit.core.ir import CUSTOM_VJPS, BoundSymbol, NumberVar, Symbol, Tag, Tenso
 from fjit.core.trace import Trace
 from fjit.autodiff.aten_backward import aten_backward, dense
 from fjit.autodiff.function import record, torch_vjp
-from fjit.autodiff.rules import NONDIFF, VJP, Pieces, fit, full, has_rule, recomputable
+from fjit.autodiff.recompute import recomputable
+from fjit.autodiff.rules import NONDIFF, VJP, Pieces, fit, has_rule
 from fjit.core.prims import Prim, apply, prim_of
 from fjit.core.prims.layout import undo_index
+from fjit.core.prims.toolkit import full
 
 RECORD = Symbol("fjit_autodiff.record", record, frozenset({Tag.FALLBACK, Tag.RANDOM}))
 TORCH_VJP = Symbol("fjit_autodiff.torch_vjp", torch_vjp, frozenset({Tag.FALLBACK}))

@@ -1,11 +1,13 @@
 """The VJP rules of the compiled backward, as JAX's `ad.primitive_transposes[p] = rule`: read from
 the prim blocks (fjit/core/prims/, where each prim's rule is written beside its row), plus `fit`,
-which turns a rule's contribution into an operand's cotangent.
+which turns a rule's contribution into an operand's cotangent, and `Pieces`, which holds the
+cotangents of a value's slices apart until the value's own cotangent is read.
 
 A rule gets the forward bound symbol, the cotangent of its output and `value(var)` (a proxy for a
-forward value: saved by the forward or recomputed in the backward, as joint.py decides), and
-returns `[(forward var, its cotangent contribution), ...]` (core/prims/toolkit.py says more).  The
-caller reduces broadcast dims and casts to each operand's dtype (`fit`), and sums contributions.
+forward value: saved by the forward or recomputed in the backward, as joint.py decides by
+recompute.py's policy), and returns `[(forward var, its cotangent contribution), ...]`
+(core/prims/toolkit.py says more).  The caller reduces broadcast dims and casts to each operand's
+dtype (`fit`), and sums contributions.
 
 Prims in NONDIFF have no cotangent flowing through them (integer or bool results, factories,
 rounding: torch's gradient there is zero or undefined).  A prim in neither table keeps torch autograd
@@ -19,49 +21,12 @@ import dataclasses
 import math
 from typing import Any
 
-from fjit.core.ir import BoundSymbol, Tag, TensorVar
-from fjit.core.prims import ROWS, Prim, apply, prim_of
-from fjit.core.prims.layout import pad_back, reshape_copies
-from fjit.core.prims.toolkit import full  # noqa: F401  (joint.py's full-shape cotangents)
-from fjit.core.symbolic import known
+from fjit.core.ir import TensorVar
+from fjit.core.prims import ROWS, Prim, apply
+from fjit.core.prims.layout import pad_back
 
 VJP: dict = {p: b.vjp for p, b in ROWS.items() if b.vjp is not None}
 NONDIFF = frozenset(p for p, b in ROWS.items() if b.nondiff)
-
-
-# -- what the joint program's backward recomputes rather than saves (joint.py's _Backward.value) --
-
-# A computed value of fewer elements than this is saved by the forward rather than recomputed in
-# the backward, a view excepted.  Recomputing saves memory traffic, which on small values is
-# nothing next to the op a recomputation adds wherever it does not fuse into a backward kernel
-# (a transformer's step with batch 2 and width 64: backward 1.30x eager's recomputing, 0.98x
-# saving).
-RECOMPUTE_FROM = 1 << 16
-# Transcendental prims are saved at any size: recomputed, each is a libm or vector-math call per
-# element again.  Not erf: GELU's backward kernel computes it again from h, which it reads
-# anyway, as eager's gelu_backward does; saving it too held a third tensor per MLP block where
-# eager holds two (h and GELU's output, which fc2's weight gradient reads), for no measured
-# gain (ViT-Tiny, MLP-Mixer and Swin steps within 3% either way).
-COSTLY = frozenset({Prim.EXP, Prim.EXP2, Prim.EXPM1, Prim.LOG, Prim.LOG2, Prim.LOG10, Prim.LOG1P,
-                     Prim.SIN, Prim.COS, Prim.TAN, Prim.ASIN, Prim.ACOS, Prim.ATAN, Prim.ASINH,
-                     Prim.SINH, Prim.COSH, Prim.TANH, Prim.SIGMOID, Prim.ERFC, Prim.POW,
-                     Prim.ATAN2})
-
-
-def recomputable(b: BoundSymbol | None) -> bool:
-    """Cheap to run again in the backward: view prims, and arithmetic pointwise ones (or a reshape
-    that copies) of RECOMPUTE_FROM elements or more (random ones are draws)."""
-    p = prim_of(b) if b is not None else None
-    if p is None or p in COSTLY or b.sym.has(Tag.RANDOM):
-        return False
-    copy = p is Prim.RESHAPE and reshape_copies(b.args[0], b.args[1])
-    if b.sym.has(Tag.SHAPE) and not copy:
-        return True
-    # of symbolic sizes: recomputed where that holds at every size (either choice is right; a
-    # guard would split the program by size class)
-    return (b.sym.has(Tag.ELEMENTWISE) or copy or p in (Prim.FULL, Prim.IOTA, Prim.CONTIGUOUS)) and \
-        all(known(v.numel() >= RECOMPUTE_FROM) for v in b.outputs() if isinstance(v, TensorVar))
-
 
 
 def has_rule(p: Prim | None) -> bool:
