@@ -37,7 +37,7 @@ from fjit.frontend.tracer import trace_function
 from fjit.ops import TRACE_NAMESPACE
 from fjit.passes.basic import (autograd_may_record, constant_fold, cse, dce, free_dead_values,
                                reuse_buffers, simplify_views)
-from fjit.passes.matmuls import choose_gemms
+from fjit.passes.gemms import choose_gemms
 from fjit.logs import recompiles
 from fjit.passes.verify import TraceVerificationError, verify
 

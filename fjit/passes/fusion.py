@@ -22,9 +22,8 @@ from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.symbolic import same
 from fjit.core.trace import Trace
-from fjit.passes.matmuls import split_ops
 from fjit.passes.regroup import (absorb_into_cats, broadcasts_to, delay_column_sums, read_through_views,
-                                 sink_relabels)
+                                 sink_relabels, split_ops)
 
 # The widest row a reduction region takes by default (a generator without looped kernels).
 MAX_ROW = 1 << 16

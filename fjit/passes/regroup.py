@@ -1,16 +1,21 @@
 """Rewrites that put a trace's prims in the shape a kernel takes, before fusion partitions them.
 
-Each moves work to where a kernel can read it at the index it computes: `sink_relabels` computes an
-elementwise prim in the shape a reshape views it in, `absorb_into_cats` hands a concatenation
-the elementwise prims only it reads, which a kernel then computes along each piece of the
-concatenated dim (a rotary embedding's `cat([-x2, x1])`), instead of running them and the
+`split_ops` makes the ops the partitioner sees: each torch-level op as its prims where a kernel
+takes them.  For the C executor it also turns work BLAS or ATen runs slowly into prims a C kernel
+computes: matmuls one of whose dims is a handful (`unroll_thin_matmuls`), and copies ATen makes
+slowly through strides (`copies_in_kernels`).
+
+The others move work to where a kernel can read it at the index it computes: `sink_relabels`
+computes an elementwise prim in the shape a reshape views it in, `absorb_into_cats` hands a
+concatenation the elementwise prims only it reads, which a kernel then computes along each piece
+of the concatenated dim (a rotary embedding's `cat([-x2, x1])`), instead of running them and the
 concatenation as separate ops, and `delay_column_sums` moves a bias gradient's sum to the kernel
 reading its value.  Once regions are made, `read_through_views` has a kernel read an input that
-views another value from that value.  (The C executor's matmul and copy rewrites are
-passes/matmuls.py.)
+views another value from that value.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -18,11 +23,220 @@ from torch._prims_common import make_contiguous_strides_for as contiguous_stride
 
 from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, flatten_values
 from fjit.core.prims import Prim, prim_of
-from fjit.core.symbolic import same, shape_rules_for
+from fjit.core.prims.layout import reshape_copies
+from fjit.core.symbolic import hint, is_symbolic, same, shape_rules_for
 from fjit.core.trace import Trace
 
 # The most prims a concatenation takes into its kernel (each in the code of the piece reading it).
 MAX_ABSORBED = 12
+# The longest inner dim a matmul is unrolled over (unroll_thin_matmuls), and the fewest elements of
+# its result (below it a BLAS call costs a few microseconds either way: the trace stays readable).
+THIN_MATMUL_K = 8
+THIN_MATMUL_MIN_NUMEL = 4096
+# The most bytes of w's K rows (K x N) an unrolled kernel reads again for every output row: past
+# an L1's share, its K loads an output element run from L2 and MKL's register-blocked kernel is
+# faster (float32, 2-core Xeon: K=8 N=512 0.80-0.92x MKL's time, K=8 N=2048 1.47x, K=4 N=4096
+# 1.17-1.38x; AlexNet's classifier weight gradients, [4096, 8] @ [8, 9216], made its step 1.08x
+# eager's).
+THIN_MATMUL_PANEL_BYTES = 16384
+# The fewest elements a copy has to be made a kernel's (copies_in_kernels).
+COPY_MIN_NUMEL = 1024
+
+
+def split_ops(bsyms: list, supported: Callable[[BoundSymbol], bool], whole_ops: frozenset,
+              split_partial_ops: bool, cpu_rewrites: bool) -> list:
+    """The ops a partitioner sees: each torch-level op as its prims where they are all supported
+    (or with `split_partial_ops` always, but never the `whole_ops`), with thin matmuls unrolled or
+    swapped (unroll_thin_matmuls) and copies made kernels' (copies_in_kernels) where
+    `cpu_rewrites`."""
+    flat = []
+    dense: dict = {}       # copies_in_kernels' copies so far: a value two ops read is copied once
+    for b in bsyms:
+        if cpu_rewrites and b.sym.qualname not in whole_ops:
+            prims = b.subsymbols or [b]
+            rewritten = copies_in_kernels(unroll_thin_matmuls(prims, supported), supported, dense)
+            if rewritten is not prims:
+                flat.extend(rewritten)
+                continue
+        split = b.subsymbols and b.sym.qualname not in whole_ops and (
+            split_partial_ops or all(map(supported, b.subsymbols)))
+        flat.extend(b.subsymbols if split else (b,))
+    return flat
+
+
+def unroll_thin_matmuls(flat: list, supported: Callable[[BoundSymbol], bool]) -> list:
+    """A float matmul `a @ w` of a 2-D `w` (or one with a's batch dims) over an inner dim of at most
+    THIN_MATMUL_K (MLP-Mixer's token MLP over 4 tokens, its backward's cotangent times that weight,
+    attention over windows of 4) as the sum of its K broadcast products,
+    `a[..., k:k+1] * w[..., k:k+1, :]` added in order of k: elementwise prims a kernel
+    computes per output element, reading a and w where they lie, and fuses with the bias add and
+    activation around it.  A BLAS call on such a product runs at a fraction of memory speed (MKL:
+    0.18 ms for [4096, 4] @ [4, 256], 0.07 ms as one kernel), while w's K rows stay in L1
+    (THIN_MATMUL_PANEL_BYTES).  Rounding: each product is rounded
+    and the sum runs in k order, where BLAS may fuse multiply-adds; results agree to rounding.
+    Returns `flat` itself where it unrolls nothing."""
+    out, changed = [], False
+    for b in flat:
+        unrolled = _unrolled(b) if prim_of(b) is Prim.MATMUL else None
+        if unrolled is not None and all(map(supported, unrolled[1])):
+            out += unrolled[0] + unrolled[1]
+        elif (swapped := _swapped(b) if prim_of(b) is Prim.MATMUL else None) is not None:
+            out += swapped
+        else:
+            out.append(b)
+            continue
+        changed = True
+    return out if changed else flat
+
+
+def _swapped(m: BoundSymbol) -> list | None:
+    """`a @ b` of a transposed 2-D `a` [M, K] and at most THIN_MATMUL_K columns (a weight's
+    gradient `g.T @ x` where x has a few features: MLP-Mixer's token MLP) as `(b.T @ a.T).T`,
+    copied to the result's layout: MKL takes 5x as long on the first form ([256, 4096] @ [4096, 4]:
+    1.0 ms against 0.18 ms)."""
+    a, b = m.args[:2] if len(m.args) >= 2 and not m.kwargs else (None, None)
+    z = m.outputs()[0]
+    if any(isinstance(v, TensorVar) and is_symbolic(v.shape) for v in (a, b, z)):
+        return None      # a choice per size, not made for a symbolic program
+    if not (isinstance(a, TensorVar) and isinstance(b, TensorVar) and a.ndim == b.ndim == 2
+            and b.shape[1] <= THIN_MATMUL_K and a.shape[0] > 4 * b.shape[1] and a.strides[0] == 1
+            and a.strides[1] >= a.shape[0] and a.dtype == b.dtype == z.dtype and len(m.outputs()) == 1
+            and tuple(z.strides) == tuple(contiguous_strides(tuple(z.shape)))):
+        return None
+    permute = Prim.PERMUTE.block.symbol
+
+    def var(suffix, shape, strides, grad):
+        return TensorVar(f"{z.name}_{suffix}", tuple(shape), z.dtype, z.device, tuple(strides), grad)
+    bt = var("bt", b.shape[::-1], b.strides[::-1], b.requires_grad)
+    at = var("at", a.shape[::-1], a.strides[::-1], a.requires_grad)
+    y = var("t", z.shape[::-1], contiguous_strides(tuple(z.shape[::-1])), z.requires_grad)
+    yt = var("tt", z.shape, y.strides[::-1], z.requires_grad)
+    return [BoundSymbol(permute, (b, (1, 0)), {}, bt), BoundSymbol(permute, (a, (1, 0)), {}, at),
+            BoundSymbol(m.sym, (bt, at), {}, y), BoundSymbol(permute, (y, (1, 0)), {}, yt),
+            BoundSymbol(Prim.CONTIGUOUS.block.symbol, (yt,), {}, z)]
+
+
+def _unrolled(m: BoundSymbol) -> tuple | None:
+    """(reads: w made dense and the slices of a and w; products and sums) computing matmul `m` as
+    unroll_thin_matmuls says, or None."""
+    a, w = m.args[:2] if len(m.args) >= 2 and not m.kwargs else (None, None)
+    z = m.outputs()[0]
+    # In a symbolic program K must be a static size (the unrolled form has K products); the
+    # other sizes decide only whether the form is faster, so they are read at the compiling
+    # call's values without a guard (`hint`), and shapes compare as expressions (`same`): the
+    # unrolled form is right at every size.
+    if not (isinstance(a, TensorVar) and isinstance(w, TensorVar) and a.ndim >= 2
+            and (w.ndim == 2 or w.ndim == a.ndim and same(tuple(w.shape[:-2]), tuple(a.shape[:-2])))
+            and not is_symbolic(w.shape[-2]) and 0 < w.shape[-2] <= THIN_MATMUL_K
+            and same(a.shape[-1], w.shape[-2]) and z.ndim == a.ndim
+            and math.prod(map(hint, z.shape)) >= THIN_MATMUL_MIN_NUMEL
+            and w.shape[-2] * hint(w.shape[-1]) * w.dtype.itemsize <= THIN_MATMUL_PANEL_BYTES
+            and a.dtype == w.dtype == z.dtype and a.dtype in (torch.float32, torch.float64)
+            and a.device == w.device == z.device and len(m.outputs()) == 1
+            and same(tuple(z.strides), tuple(contiguous_strides(tuple(z.shape))))):
+        return None
+    with shape_rules_for(a, w, z):
+        return _unrolled_products(a, w, z)
+
+
+def _unrolled_products(a: TensorVar, w: TensorVar, z: TensorVar) -> tuple:
+    """_unrolled's (reads, products and sums) of `z = a @ w`, once the form is chosen."""
+    reads, sums, total = [], [], None
+    if not same(w.strides[-1], 1):     # a transposed weight: rows of w read along the output's rows
+        dense = TensorVar(f"{z.name}_w", tuple(w.shape), w.dtype, w.device,
+                          tuple(contiguous_strides(tuple(w.shape))), w.requires_grad)
+        reads.append(BoundSymbol(Prim.CONTIGUOUS.block.symbol, (w,), {}, dense))
+        w = dense
+    for k in range(w.shape[-2]):
+        pair = []
+        for x, index in ((a, (Ellipsis, slice(k, k + 1))), (w, (Ellipsis, slice(k, k + 1), slice(None)))):
+            view = torch.empty_strided(x.shape, x.strides, dtype=x.dtype, device="meta")[index]
+            v = TensorVar(f"{z.name}_{'aw'[x is w]}{k}", tuple(view.shape), x.dtype, x.device,
+                          tuple(view.stride()), x.requires_grad)
+            reads.append(BoundSymbol(Prim.SLICE.block.symbol, (x, index), {}, v))
+            pair.append(v)
+        last = k == w.shape[-2] - 1
+        product = z if last and total is None else TensorVar(
+            f"{z.name}_p{k}", tuple(z.shape), z.dtype, z.device, tuple(z.strides), z.requires_grad)
+        sums.append(BoundSymbol(Prim.MUL.block.symbol, tuple(pair), {}, product))
+        if total is not None:
+            added = z if last else TensorVar(f"{z.name}_s{k}", tuple(z.shape), z.dtype, z.device,
+                                             tuple(z.strides), z.requires_grad)
+            sums.append(BoundSymbol(Prim.ADD.block.symbol, (total, product), {}, added))
+            product = added
+        total = product
+    return reads, sums
+
+
+def copies_in_kernels(flat: list, supported: Callable[[BoundSymbol], bool], dense: dict | None = None) -> list:
+    """A reshape that copies (a permuted value read in another shape: attention's heads merged
+    back, a window partition, the qkv cotangent's concatenation regrouped) is a contiguous() a
+    kernel writes, then a view of it; and a batched matmul operand torch.matmul would copy in its
+    own reshape (batch dims that do not merge) is copied so first.  ATen's strided copy of a
+    permuted 5-D value took 20-30 us where the kernel takes 10, and the copy joins the kernel
+    that computes its input.  `dense` (name -> its copy) holds the copies made by earlier calls
+    over the same program: a value two matmuls read (attention's output cotangent, by the
+    gradients of its probabilities and of V) is copied once.  Returns `flat` itself where
+    nothing copies."""
+    out, changed = [], False
+    dense = {} if dense is None else dense
+    for b in flat:
+        p = prim_of(b)
+        new = _reshape_copy(b, supported, dense) if p is Prim.RESHAPE else \
+            _matmul_copies(b, supported, dense) if p is Prim.MATMUL else None
+        if new is None:
+            out.append(b)
+            # an op's own copy (torch.matmul's recorded with the operand it copies) goes apart
+            changed |= p is Prim.CONTIGUOUS and len(flat) > 1 and supported(b) and \
+                worth_a_copy_kernel(b.outputs()[0].shape)
+        else:
+            out += new
+            changed = True
+    return out if changed else flat
+
+
+def worth_a_copy_kernel(shape: tuple) -> bool:
+    """Whether a copy of this shape is worth a kernel of its own: COPY_MIN_NUMEL elements or more.
+    Of a symbolic size, yes, without a guard: either way is right, the kernel copy is the faster
+    at all but the smallest sizes, and a guard would split the program by size class."""
+    numel = math.prod(shape)
+    return True if is_symbolic(numel) else numel >= COPY_MIN_NUMEL
+
+
+def _dense(x: TensorVar, name: str, supported, dense: dict) -> tuple:
+    """(x copied row-major: the contiguous() a kernel takes, or None; the copies to record) where
+    `dense` holds no copy of x yet, else (that copy, [])."""
+    if x.name in dense:
+        return dense[x.name], []
+    c = BoundSymbol(Prim.CONTIGUOUS.block.symbol, (x,), {}, TensorVar(
+        name, tuple(x.shape), x.dtype, x.device, tuple(contiguous_strides(tuple(x.shape))), x.requires_grad))
+    if not supported(c):
+        return None, []
+    dense[x.name] = c.output
+    return c.output, [c]
+
+
+def _reshape_copy(r: BoundSymbol, supported, dense: dict) -> list | None:
+    x, z = r.args[0], r.outputs()[0]
+    if not isinstance(x, TensorVar) or not worth_a_copy_kernel(x.shape) or len(r.outputs()) != 1 \
+            or tuple(z.strides) != tuple(contiguous_strides(tuple(z.shape))) or not reshape_copies(x, tuple(z.shape)):
+        return None
+    c, copies = _dense(x, f"{z.name}_dense", supported, dense)
+    return None if c is None else [*copies, r.replace(args=(c, *r.args[1:]))]
+
+
+def _matmul_copies(m: BoundSymbol, supported, dense: dict) -> list | None:
+    a, b = m.args[:2] if len(m.args) >= 2 and not m.kwargs else (None, None)
+    if not (isinstance(a, TensorVar) and isinstance(b, TensorVar) and a.ndim >= 3
+            and (b.ndim == 2 or b.ndim == a.ndim and tuple(a.shape[:-2]) == tuple(b.shape[:-2]))):
+        return None
+    copies, args = [], []
+    for k, x in enumerate((a, b)):
+        c, made = _dense(x, f"{m.outputs()[0].name}_in{k}", supported, dense) if x.ndim >= 3 and \
+            worth_a_copy_kernel(x.shape) and reshape_copies(x, (-1, *x.shape[-2:])) else (None, [])
+        copies += made
+        args.append(c if c is not None else x)
+    return copies + [m.replace(args=(*args, *m.args[2:]))] if args[0] is not a or args[1] is not b else None
 
 
 def sink_relabels(flat: list, trace: Trace, supported: Callable[[BoundSymbol], bool]) -> list:

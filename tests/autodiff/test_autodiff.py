@@ -1092,7 +1092,7 @@ def _gemm_calls(jf) -> list:
 
 @pytest.mark.parametrize("measure", ["0", "auto"])
 def test_linear_layers_as_onednn_convolutions_train_as_eager(monkeypatch, measure):
-    """FJIT_GEMM=onednn: a linear layer's products are oneDNN's 1x1 convolution (passes/matmuls.py
+    """FJIT_GEMM=onednn: a linear layer's products are oneDNN's 1x1 convolution (passes/gemms.py
     choose_gemms).  In the joint program (FJIT_MEASURE=0) the forward's F.linear (a 1x1
     convolution), the backward's g @ w (its data gradient, reading w where it lies) and the weight
     gradient g.T @ x (its weight gradient) are; in the program torch autograd records (the lone
@@ -1146,14 +1146,14 @@ def test_onednn_product_forms_equal_matmul(shape):
 def test_gemm_choice_times_a_shape_once_and_keeps_small_products_on_torch(monkeypatch):
     """FJIT_GEMM=auto (the default) times oneDNN's form against torch's matmul once per shape and
     process, and never below GEMM_MIN_MACS multiply-adds; FJIT_GEMM=torch never rewrites."""
-    from fjit.passes import matmuls
+    from fjit.passes import gemms
     timed = []
 
     def seconds(fn, inputs, grad, samples=5):
         timed.append(fn)
         return 1.0 if fn in (torch.matmul, F.linear) else 0.5      # oneDNN's "faster"
-    monkeypatch.setattr(matmuls, "_seconds", seconds)
-    monkeypatch.setattr(matmuls, "_timed", {})
+    monkeypatch.setattr(gemms, "_seconds", seconds)
+    monkeypatch.setattr(gemms, "_timed", {})
     monkeypatch.setenv("FJIT_GEMM", "auto")
     big = (_f32(256, 64, grad=False), _f32(96, 64, seed=1, grad=False), _f32(96, seed=2, grad=False))
     small = (_f32(8, 64, grad=False), *big[1:])
@@ -1167,7 +1167,7 @@ def test_gemm_choice_times_a_shape_once_and_keeps_small_products_on_torch(monkey
     jf = fjit.jit(lambda x, w, b: F.linear(x, w, b))
     jf(*rows32)
     assert _gemm_calls(jf) == ["linear_as_conv"] and len(timed) == 4
-    assert not matmuls._onednn_faster(matmuls.MATMUL_AS_WEIGHT_GRAD, (), torch.matmul, False, 32, 1 << 30)
+    assert not gemms._onednn_faster(gemms.MATMUL_AS_WEIGHT_GRAD, (), torch.matmul, False, 32, 1 << 30)
     assert len(timed) == 4
     monkeypatch.setenv("FJIT_GEMM", "torch")
     jf = fjit.jit(lambda x, w, b: F.linear(x, w, b))
@@ -1222,13 +1222,13 @@ def _gemm_vjps(jf) -> int:
 @pytest.mark.parametrize("gemm, calls", [("torch", 1), ("onednn", 0)])
 def test_a_convolutions_weight_gradient_over_few_positions_as_a_gemm(monkeypatch, gemm, calls):
     """In the joint program, a convolution's backward over at most CONV_GEMM_POSITIONS output
-    positions an image may compute the weight's gradient as a GEMM (passes/matmuls.py
+    positions an image may compute the weight's gradient as a GEMM (passes/gemms.py
     choose_gemms): always with FJIT_GEMM=torch, never with onednn.  Gradients agree with eager's,
     compiling and cached."""
     monkeypatch.setenv("FJIT_GEMM", gemm)
     monkeypatch.setenv("FJIT_MEASURE", "0")
-    from fjit.passes import matmuls
-    monkeypatch.setattr(matmuls, "GEMM_MIN_MACS", 1 << 17)
+    from fjit.passes import gemms
+    monkeypatch.setattr(gemms, "GEMM_MIN_MACS", 1 << 17)
     jf = _grads_match(_small_cnn, _small_cnn_inputs(), rtol=1e-4, atol=1e-4)
     assert _gemm_vjps(jf) == calls * 2
 
@@ -1237,7 +1237,7 @@ def test_the_convolution_gemm_choice_is_timed_once_per_shape(monkeypatch):
     """FJIT_GEMM=auto times the GEMM form against ATen's convolution_backward once per shape and
     process, keeps ATen's where the GEMM form is not under GEMM_MARGIN of its time, and never
     times a convolution with more than CONV_GEMM_POSITIONS output positions an image."""
-    from fjit.passes import matmuls
+    from fjit.passes import gemms
     from fjit.runtime import convolution_vjp_by_gemm
     timed = []
     verdict = {"gemm": 0.5}
@@ -1245,9 +1245,9 @@ def test_the_convolution_gemm_choice_is_timed_once_per_shape(monkeypatch):
     def seconds(fn, inputs, grad, samples=5):
         timed.append((fn, tuple(inputs[2].shape)))
         return verdict["gemm"] if fn is convolution_vjp_by_gemm else 1.0
-    monkeypatch.setattr(matmuls, "_seconds", seconds)
-    monkeypatch.setattr(matmuls, "_timed", {})
-    monkeypatch.setattr(matmuls, "GEMM_MIN_MACS", 1 << 17)
+    monkeypatch.setattr(gemms, "_seconds", seconds)
+    monkeypatch.setattr(gemms, "_timed", {})
+    monkeypatch.setattr(gemms, "GEMM_MIN_MACS", 1 << 17)
     monkeypatch.setenv("FJIT_GEMM", "auto")
     monkeypatch.setenv("FJIT_MEASURE", "0")
     for _ in range(2):
@@ -1256,7 +1256,7 @@ def test_the_convolution_gemm_choice_is_timed_once_per_shape(monkeypatch):
     # the two filters over 2x2 outputs, each form once
     assert sorted(shape for _, shape in timed) == [(64, 64, 1, 1)] * 2 + [(64, 64, 3, 3)] * 2
     verdict["gemm"] = 0.95
-    monkeypatch.setattr(matmuls, "_timed", {})
+    monkeypatch.setattr(gemms, "_timed", {})
     jf = _grads_match(_small_cnn, _small_cnn_inputs(), rtol=1e-4, atol=1e-4)
     assert _gemm_vjps(jf) == 0
 

@@ -1111,7 +1111,7 @@ def test_a_thin_matmul_unrolls_only_while_its_weight_rows_fit_the_panel(k):
     """A weight gradient over a batch of k rows (`g.t() @ x`, AlexNet's classifier: [4096, 8] @
     [8, 9216]) is thin, but its k rows of x are read again for every output row: past
     THIN_MATMUL_PANEL_BYTES they stream from L2 and BLAS is the faster, so the matmul stays."""
-    from fjit.passes.matmuls import THIN_MATMUL_PANEL_BYTES
+    from fjit.passes.regroup import THIN_MATMUL_PANEL_BYTES
     wide = THIN_MATMUL_PANEL_BYTES // (4 * k) * 2          # twice the panel
     narrow = THIN_MATMUL_PANEL_BYTES // (4 * k) // 2       # half of it
     g = torch.Generator().manual_seed(0)

@@ -50,7 +50,7 @@ from fjit.executors.c.build import build_key, build_library, compiler, kernel_fl
 from fjit.executors.c.launch import HEADER, entry, launcher, python_entry
 from fjit.logs import kernels as log
 from fjit.passes.fusion import Partitioner, Region
-from fjit.passes.matmuls import worth_a_copy_kernel
+from fjit.passes.regroup import worth_a_copy_kernel
 
 # The largest tensors a prim may touch to be claimed.  Vectorized loops (arithmetic, and float32
 # exp/log/tanh/sigmoid/erf/sin/cos through vecmath) win at every size; a scalar libm call costs
