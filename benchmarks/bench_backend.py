@@ -64,7 +64,7 @@ def _warm_imports(quick: bool) -> None:
     for backend in ("fjit", "inductor"):
         torch._dynamo.reset()
         torch.compile(f, backend=backend)(torch.randn(8, requires_grad=True)).sum().backward()
-    c_executor.wait_for_builds()
+    c_executor.wait()
 
 
 def bench_model(name: str, train: bool, quick: bool) -> dict:

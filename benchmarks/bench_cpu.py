@@ -75,7 +75,7 @@ def bench_elementwise(quick: bool) -> list[dict]:
         y = torch.randn(numel, generator=gen)
         args = (x, y, SCALE)
         prep = H.prepare(elementwise10, args, fjit_options=FJIT_OPTIONS)
-        c_executor.wait_for_builds()   # cached calls: the steady state, with the kernels built
+        c_executor.wait()   # cached calls: the steady state, with the kernels built
         if "fjit" in prep.candidates:    # prepare() checked the calls before the build: again
             mismatch = H.check_close(prep.candidates["fjit"](), elementwise10(*args))
             if mismatch:
@@ -143,7 +143,7 @@ def bench_cold(quick: bool) -> dict:
     for i in range(5 if quick else 10):
         fn = fresh_chain50(100 + i)
         warm_ns.append(H.time_once_ns(lambda: fjit.jit(fn, **FJIT_OPTIONS)(x, y, SCALE)))
-        c_executor.wait_for_builds()
+        c_executor.wait()
     compile_ns = None
     fn = fresh_chain50(1000)
     compiled = torch.compile(fn)
@@ -170,7 +170,7 @@ def _cold_chain50_ms(index: int, args: tuple) -> float:
     _forget_c_kernels()
     f = fjit.jit(fresh_chain50(index), **FJIT_OPTIONS)
     ms = H.time_once_ns(lambda: f(*args)) / 1e6
-    c_executor.wait_for_builds()    # the background build must not overlap the next sample
+    c_executor.wait()    # the background build must not overlap the next sample
     return ms
 
 
@@ -345,7 +345,7 @@ def bench_workloads(quick: bool, names=None, shapes=WORKLOAD_SHAPES) -> dict:
             y = torch.randn(shape, generator=gen) + 3.0
             args = (x, y, SCALE)
             prep = H.prepare(fn, args, fjit_options=FJIT_OPTIONS, rtol=1e-4, atol=1e-4)
-            c_executor.wait_for_builds()
+            c_executor.wait()
             iters = H.calibrate_iters(prep.candidates["eager"], timer, 20e6 if quick else 60e6)
             stats = H.measure(prep.candidates, timer, rounds=5 if quick else 11, iters=iters)
             fjit_us = stats["fjit"].median_us if "fjit" in stats else None

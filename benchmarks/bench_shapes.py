@@ -140,9 +140,9 @@ def run(name: str, mode: str, entries: list[str], shapes: list[tuple[int, int]],
             for k, x in enumerate(data):
                 call(x)
                 if k == 1:        # the second distinct shape: its kernels built, then count
-                    c_executor.wait_for_builds(600)
+                    c_executor.wait(600)
                     built_by_two = c_executor.builds()
-            c_executor.wait_for_builds(600)
+            c_executor.wait(600)
             for x in data:            # settle: kernels loaded, the measured choice made
                 call(x)
                 call(x)
@@ -157,7 +157,7 @@ def run(name: str, mode: str, entries: list[str], shapes: list[tuple[int, int]],
                     call(x)
                     again.append(time.perf_counter() - start)
                 new_cached.append(statistics.median(again))
-            c_executor.wait_for_builds(600)
+            c_executor.wait(600)
             cached, ratios = [], []
             for x in data:
                 mine, theirs = [], []

@@ -479,7 +479,7 @@ def time_model(zm: ZooModel, rounds: int, seed: int = 0, timed: tuple = TIMED,
         candidates[entry] = thunk
     try:
         from fjit.executors.c import executor as c_executor
-        c_executor.wait_for_builds()
+        c_executor.wait()
     except (ImportError, AttributeError):
         pass
     if "eager" not in candidates:

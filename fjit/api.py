@@ -26,11 +26,12 @@ import fjit.logs as logs
 import fjit.pipeline as pipeline
 from fjit.cache import SYMBOLIC_TRIES, CacheInfo, ProgramCache
 from fjit.capture import captured
-from fjit.config import DEFAULT_EXECUTORS, CacheMode, Executor, SharpEdges, TraceMode
+from fjit.config import DEFAULT_EXECUTORS, CacheMode, SharpEdges, TraceMode
 from fjit.core.ir import Binding
 from fjit.core.trace import Trace
 from fjit.core.meta import clear_memo
 from fjit.errors import FjitError, SharpEdge, UnsupportedInputError, located, user_traceback
+from fjit.executors import parse_executors
 from fjit.frontend.context import current
 from fjit.frontend.inputs import MISS, call_key, key_labels, transform_tensor, transformed
 from fjit.frontend.light_imports import light_imports
@@ -45,7 +46,7 @@ _grad = torch._C.is_grad_enabled
 P = ParamSpec("P")
 R = TypeVar("R")
 SharpEdgesOption = Union[SharpEdges, Literal["error", "warn", "allow"]]
-ExecutorOption = Union[Executor, Literal["triton", "c", "torch"]]
+ExecutorOption = Union[Literal["triton", "c", "torch"], str]   # a registered executor's name
 CacheOption = Union[CacheMode, Literal["metadata", "static", "symbolic"], None]
 # cache= -> when the program cache makes sizes symbolic (cache.ProgramCache.dims_to_make_symbolic)
 _SIZES = {CacheMode.METADATA: "auto", CacheMode.STATIC: "static", CacheMode.SYMBOLIC: "symbolic",
@@ -68,9 +69,7 @@ class JittedFunction(Generic[P, R]):
         self._fn = fn
         self._options = {"sharp_edges": sharp_edges, "executors": executors, "cache": cache}
         self._mode = TraceMode.of(config.parse(SharpEdges, sharp_edges, "fjit.jit: sharp_edges"))
-        if isinstance(executors, (str, Executor)):
-            executors = (executors,)
-        self._executors = tuple(config.parse(Executor, e, "fjit.jit: executors") for e in executors)
+        self._executors = parse_executors(executors, "fjit.jit: executors")
         mode = config.parse(CacheMode, cache, "fjit.jit: cache")
         self._cache = ProgramCache(keep=mode is not CacheMode.NONE, sizes=_SIZES[mode])
         self._lock = threading.Lock()

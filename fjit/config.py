@@ -17,7 +17,7 @@ test or a notebook may change them between compilations; FJIT_LOGS is read when 
 | FJIT_KEEP_FORM | 0, 1, 2 | stress testing: every measured choice still times its forms but keeps the form at that position (0: the joint program or the program with kernels; 1: torch autograd or the torch calls; 2: torch autograd over channels-last convolutions), where it has one (else the fastest) |
 | FJIT_C_BUILD_DELAY | seconds | stress testing: each background C kernel build waits a random time up to this first, so programs switch from torch calls to kernels at random points between calls |
 | FJIT_FRAME_CACHE | 1 (default), 0 | on CPython 3.11 and 3.12, keep a few freed frame-stack chunks for reuse (fjit/executors/c/frame_stack.py: a call crossing a chunk's end otherwise maps and unmaps memory every time, as 3.13+ no longer does) |
-| FJIT_GEMM | auto (default), torch, onednn | who computes a float32 CPU linear layer's matmuls of at least 2^20 multiply-adds: the faster of torch's matmul and oneDNN's 1x1 convolution, timed once per shape and process (fjit/passes/matmuls.py), and likewise a 2-D convolution's weight gradient over at most 4 output positions an image: oneDNN's or a GEMM over the input's patches; torch's always (the weight gradient as the GEMM wherever it applies); oneDNN's wherever the layouts allow, at any size |
+| FJIT_GEMM | auto (default), torch, onednn | who computes a float32 CPU linear layer's matmuls of at least 2^20 multiply-adds: the faster of torch's matmul and oneDNN's 1x1 convolution, timed once per shape and process (fjit/passes/gemms.py), and likewise a 2-D convolution's weight gradient over at most 4 output positions an image: oneDNN's or a GEMM over the input's patches; torch's always (the weight gradient as the GEMM wherever it applies); oneDNN's wherever the layouts allow, at any size |
 | FJIT_TRITON_CPU | 0 | with TRITON_INTERPRET=1, keep CPU tensors away from the Triton interpreter |
 | FJIT_TRITON_DUMP_TARGET | a directory | every Triton kernel built is also written there as generated for a GPU, for `python -m fjit.executors.triton.target DIR` (compiles them for sm_90/sm_80, reports spills) |
 | FJIT_TRITON_LAUNCH | compiled (default), jit | on a GPU: call each kernel compiled once through a pre-bound launcher, or through `kernel[grid]` |
@@ -41,13 +41,6 @@ class SharpEdges(enum.Enum):
     ALLOW = "allow"     # compile the same program silently
 
 
-class Executor(enum.Enum):
-    """`executors=`: who runs the program, tried in the given order."""
-    TRITON = "triton"   # fused Triton kernels: CUDA tensors (CPU ones under TRITON_INTERPRET=1)
-    C = "c"             # fused C kernels for CPU tensors
-    TORCH = "torch"     # everything else, as direct torch calls
-
-
 class CacheMode(enum.Enum):
     """`cache=`: when a compiled program is reused."""
     METADATA = "metadata"   # one program per input metadata, floats runtime values, and a dim whose
@@ -57,7 +50,10 @@ class CacheMode(enum.Enum):
     NONE = None             # retrace on every call
 
 
-DEFAULT_EXECUTORS = (Executor.TRITON.value, Executor.C.value, Executor.TORCH.value)
+# `executors=`: who runs the program, tried in the given order (fjit/executors/ registers them):
+# "triton" fuses CUDA tensors (CPU ones under TRITON_INTERPRET=1), "c" CPU tensors, and "torch"
+# runs everything else as direct torch calls.
+DEFAULT_EXECUTORS = ("triton", "c", "torch")
 
 # -- internal modes (not options a user passes) -----------------------------------------------
 
@@ -96,7 +92,7 @@ class Measure(enum.Enum):
 
 
 class Gemm(enum.Enum):
-    """FJIT_GEMM: who computes a float32 CPU matmul of a linear layer's form (passes/matmuls.py)."""
+    """FJIT_GEMM: who computes a float32 CPU matmul of a linear layer's form (passes/gemms.py)."""
     AUTO = "auto"       # the faster of torch's matmul and oneDNN's 1x1 convolution, timed per shape
     TORCH = "torch"     # always torch's matmul (a convolution's weight gradient too, where it may)
     ONEDNN = "onednn"   # oneDNN's convolution wherever the operands' layouts allow (tests)

@@ -21,12 +21,12 @@ import torch.utils._pytree as pytree
 import fjit.autodiff as autodiff
 import fjit.config as config
 import fjit.program_choice as program_choice
-from fjit.config import Executor, TraceMode
+from fjit.config import TraceMode
 from fjit.core.ir import Tag, TensorVar
 from fjit.core.meta import same_layout
 from fjit.core.symbolic import SymbolicSizes, SymbolicUnsupported, symbolic
 from fjit.core.trace import Trace
-from fjit.executors import fusing_executor, kernel_executor, torch_executor
+from fjit.executors import TORCH, fusing_executor, kernel_executor, torch_executor
 from fjit.executors.c import frame_stack
 from fjit.frontend.context import AMP_DEVICES, Mode, TraceContext, autocast_state
 from fjit.frontend.dispatch import dispatch
@@ -62,7 +62,7 @@ class Compilation:
 
 def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: TraceMode,
                  executors: tuple) -> Compilation:
-    """Trace `fn` on this call and compile it for `executors` (a tuple of config.Executor)."""
+    """Trace `fn` on this call and compile it for `executors` (a tuple of executor names)."""
     frame_stack.install_in_background()
     with light_imports():
         result, traces, first, executors = _trace_with_real_layouts(fn, args, kwargs, leaves, mode,
@@ -166,8 +166,8 @@ def lower(trace: Trace, executors: tuple, leaves: list, cleanup: bool = True,
     traces = [trace]
     for stage in CLEANUP if cleanup else ():
         traces.append(stage(traces[-1]))
-    for option in executors:
-        executor = kernel_executor(option)
+    for name in executors:
+        executor = kernel_executor(name)
         claimed = executor.claim(traces[-1], leaves) if executor is not None else None
         if claimed is not None:
             traces.append(claimed)
@@ -187,7 +187,7 @@ def _verified_program(trace: Trace, traces: list[Trace], leaves: list) -> tuple[
     program, error = _verified(trace.name, "the program with kernels", traces[-1])
     if program is not None:
         return traces, program
-    plain = lower(trace, (Executor.TORCH,), leaves)
+    plain = lower(trace, (TORCH,), leaves)
     plain[-1] = plain[-1].with_stage(f"torch_executor: the program with kernels failed verification ({error})")
     return plain, torch_executor.compile_trace(plain[-1])
 
@@ -234,7 +234,7 @@ def _trace_with_real_layouts(fn, args, kwargs, leaves, mode, executors, sizes: S
             wrong = _symbolic_layouts(traced, wrong)
         observed.update(result.observed(wrong))
     if wrong:                # torch calls read any layout
-        return result, lower(result.trace, (Executor.TORCH,), leaves), first, (Executor.TORCH,)
+        return result, lower(result.trace, (TORCH,), leaves), first, (TORCH,)
     return result, traces, first, executors
 
 
@@ -259,7 +259,7 @@ def _restoring_modes_on_error(program):
 def _measured_forward(program, trace: Trace, traces: list[Trace], leaves: list):
     """The program with kernels, or its torch calls alone if they measure faster on the second
     call (fjit/program_choice.py)."""
-    plain = lower(trace, (Executor.TORCH,), leaves)
+    plain = lower(trace, (TORCH,), leaves)
     torch_calls, _ = _verified(trace.name, "its torch calls", plain[-1])
     if torch_calls is None:
         return program
@@ -342,7 +342,7 @@ def _channels_last_traces(fn, args, kwargs, leaves, mode, first: Trace) -> list[
                                     channels_last_of=first)
         except Exception:       # noqa: BLE001 -- a layout the function cannot take: no such form
             return None
-        traces = lower(result.trace, (Executor.TORCH,), leaves)
+        traces = lower(result.trace, (TORCH,), leaves)
         if any(b.sym.has(Tag.RANDOM) and any(_relaid(v) for v in b.inputs()) for b in traces[0].bsyms):
             # a draw shaped like a channels-last value (dropout after a convolution) fills it in
             # memory order: other numbers at each position than eager's
@@ -388,7 +388,7 @@ def _lowering(trace: Trace, leaves: list, executors: tuple) -> autodiff.Lowering
     are on several devices), these stages, and the frontend's recording."""
     devices = {v.device for v in trace.inputs if isinstance(v, TensorVar)}
     executor = fusing_executor(executors, devices.pop()) if len(devices) == 1 else None
-    return autodiff.Lowering(decompose=executor.decompose if executor is not None else None,
+    return autodiff.Lowering(fusion=executor,
                              lower=lambda t, cleanup: lower(t, executors, leaves, cleanup, untracked=True),
                              compile=torch_executor.compile_trace, recorder=_RECORDER)
 

@@ -233,7 +233,7 @@ def max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
     return _MaxPool2dViaChannelsLast.apply(x, kernel_size, stride, padding, dilation, ceil_mode)
 
 
-# A product of rows by a weight as oneDNN's 1x1 convolution (passes/matmuls.py choose_gemms, which
+# A product of rows by a weight as oneDNN's 1x1 convolution (passes/gemms.py choose_gemms, which
 # times it against torch's matmul for each shape): `rows` [M, K] contiguous is an image of M pixels
 # of K channels in channels-last order, and the weight [N, K] a 1x1 filter bank; the output,
 # channels-last again, is the [M, N] product in row-major order.  Where torch's CPU GEMM is MKL's
@@ -296,7 +296,7 @@ def convolution_vjp_by_gemm(g, x, w, bias_sizes, stride, padding, dilation, grou
     the output cotangent's rows [O, N*OH*OW] by the input's patches [N*OH*OW, C*kh*kw] (F.unfold;
     for a 1x1 filter without padding, the strided positions themselves), and for such a 1x1 filter
     the input's cotangent too (the rows by the filter bank, placed at the strided positions).  The
-    input's cotangent of a larger filter is ATen's.  passes/matmuls.py choose_gemms times this
+    input's cotangent of a larger filter is ATen's.  passes/gemms.py choose_gemms times this
     against convolution_vjp per shape: oneDNN's weight gradient over a 2x2 output (a CNN's last
     stage on small images) measured 4x these GEMMs' time.  Same products, summed in another order:
     results agree to rounding."""

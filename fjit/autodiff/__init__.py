@@ -14,7 +14,7 @@ records the backward on the frontend's proxies.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -41,9 +41,9 @@ class Compiled:
 @dataclasses.dataclass(frozen=True)
 class Lowering:
     """What the backward needs from the pipeline that builds it."""
-    # decompose(op, fused=False) of the kernel executor that fuses on the trace's device (see
-    # fjit.executors.KernelExecutor.decompose); None where none does
-    decompose: Callable | None
+    # the kernel executor that fuses on the trace's device: its differentiates(op) and
+    # fused_prims(op) split the backward (fjit.executors.KernelExecutor); None where none does
+    fusion: Any
     # (trace, cleanup) -> its stages, passes and executors, for a program autograd does not record
     lower: Callable[[Trace, bool], list]
     # a final stage -> the function that runs it, once it verifies (else TraceVerificationError)
@@ -60,9 +60,9 @@ def compile_with_backward(trace: Trace, leaves: list, lowering: Lowering) -> Com
     grad under grad mode); a string: why torch autograd runs the backward."""
     if not wants_backward(trace):
         return None
-    if lowering.decompose is None:
+    if lowering.fusion is None:
         return "no kernel executor in this function's executors fuses on its device"
-    joint = build(_complex_values_kept_inside(trace), leaves, lowering.decompose, lowering.recorder)
+    joint = build(_complex_values_kept_inside(trace), leaves, lowering.fusion, lowering.recorder)
     if isinstance(joint, str):
         return joint
     with torch.no_grad():     # as inside autograd.Function: the kernel executors may claim

@@ -92,11 +92,11 @@ class Unsupported(Exception):
     """Something the joint program does not handle: the whole function keeps torch autograd."""
 
 
-def build(trace: Trace, leaves: list, decompose: Callable[..., bool | int],
-          recorder: Recorder) -> Joint | str:
+def build(trace: Trace, leaves: list, fusion, recorder: Recorder) -> Joint | str:
     """The joint program of `trace`, or why torch autograd should run it as before (nothing
-    would be fused, or something is unsupported).  `decompose(b)` says whether to differentiate
-    an op through its prims, `decompose(b, fused=True)` how many of its prims kernels would take."""
+    would be fused, or something is unsupported).  `fusion` is the kernel executor that fuses on
+    the trace's device: `fusion.differentiates(b)` says whether to differentiate an op through its
+    prims, `fusion.fused_prims(b)` how many of its prims its kernels would take."""
     if any(b.sym.has(Tag.MODE) for b in trace.bsyms):
         # grad-mode regions inside the function: eager's semantics need autograd
         return "the function enters a grad-mode region (no_grad/enable_grad) itself"
@@ -115,14 +115,14 @@ def build(trace: Trace, leaves: list, decompose: Callable[..., bool | int],
         prims = b.subsymbols or ((b,) if prim_of(b) is not None else ())
         # a piece no cotangent reaches needs no rule (the detached rows of an embedding's padding)
         ok = prims and all(has_rule(prim_of(s)) or not any(differentiable(v) for v in s.outputs())
-                           for s in prims) and decompose(b)
+                           for s in prims) and fusion.differentiates(b)
         custom = b.sym in CUSTOM_VJPS and b.subsymbols     # an autograd.Function's own backward
         kinds.append("custom" if custom else "prims" if ok else "aten" if aten_backward(b) else "record")
     # Worth it when kernels take enough work: a recorded op costs a graph in the forward and a
     # nested autograd call in the backward (tens of us on the CPU), which a few fused prims do
     # not pay back; otherwise torch autograd over the forward's torch calls is as fast.
     # (an op kept whole with eager's backward counts where a kernel takes it whole: a batch norm)
-    fused = sum(decompose(b, fused=True) for b, kind in zip(trace.bsyms, kinds) if kind in ("prims", "aten", "custom"))
+    fused = sum(fusion.fused_prims(b) for b, kind in zip(trace.bsyms, kinds) if kind in ("prims", "aten", "custom"))
     # (checkpointing is honoured by the joint program alone: it is built whatever it fuses)
     if fused < max(2, 4 * kinds.count("record")) and not trace.checkpointed:
         return (f"kernels would take {fused} prims of the backward against "

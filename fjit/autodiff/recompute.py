@@ -1,12 +1,13 @@
 """What the joint program's backward recomputes rather than saves: `recomputable` says of the op
 that made a forward value whether running it again in the backward is cheap (views, and arithmetic
-pointwise prims of RECOMPUTE_FROM elements or more; never the COSTLY transcendental ones).
+pointwise prims of RECOMPUTE_FROM elements or more; never the COSTLY ones, whose blocks' kernel
+forms call a library or vector-math function).
 joint.py's `_Backward.value` asks it for each forward value a rule reads, and saves what it refuses.
 """
 from __future__ import annotations
 
 from fjit.core.ir import BoundSymbol, Tag, TensorVar
-from fjit.core.prims import Prim, prim_of
+from fjit.core.prims import ROWS, Prim, prim_of
 from fjit.core.prims.layout import reshape_copies
 from fjit.core.symbolic import known
 
@@ -16,15 +17,9 @@ from fjit.core.symbolic import known
 # (a transformer's step with batch 2 and width 64: backward 1.30x eager's recomputing, 0.98x
 # saving).
 RECOMPUTE_FROM = 1 << 16
-# Transcendental prims are saved at any size: recomputed, each is a libm or vector-math call per
-# element again.  Not erf: GELU's backward kernel computes it again from h, which it reads
-# anyway, as eager's gelu_backward does; saving it too held a third tensor per MLP block where
-# eager holds two (h and GELU's output, which fc2's weight gradient reads), for no measured
-# gain (ViT-Tiny, MLP-Mixer and Swin steps within 3% either way).
-COSTLY = frozenset({Prim.EXP, Prim.EXP2, Prim.EXPM1, Prim.LOG, Prim.LOG2, Prim.LOG10, Prim.LOG1P,
-                     Prim.SIN, Prim.COS, Prim.TAN, Prim.ASIN, Prim.ACOS, Prim.ATAN, Prim.ASINH,
-                     Prim.SINH, Prim.COSH, Prim.TANH, Prim.SIGMOID, Prim.ERFC, Prim.POW,
-                     Prim.ATAN2})
+# Prims saved at any size: recomputed, each would be a library or vector-math call per element
+# again (their blocks' kernel forms say so, or their block says otherwise: erf is recomputed).
+COSTLY = frozenset(p for p, b in ROWS.items() if b.costly)
 
 
 def recomputable(b: BoundSymbol | None) -> bool:

@@ -30,13 +30,13 @@ import torch
 import torch.fx
 from torch.fx.passes.split_module import split_module
 
-import fjit.config as config
 import fjit.pipeline as pipeline
 from fjit.api import JittedFunction, last_traces
-from fjit.config import DEFAULT_EXECUTORS, Executor, SharpEdges, TraceMode
+from fjit.config import DEFAULT_EXECUTORS, SharpEdges, TraceMode
 from fjit.core.ir import Tag
 from fjit.core.trace import Trace
 from fjit.dynamo import aten as aten_table
+from fjit.executors import parse_executors
 from fjit.dynamo.split import (SplitReason, assign, describe_error, is_compute, is_symbolic,
                                node_of_error, op_name, static_reason, writes_across_pieces)
 from fjit.frontend.inputs import call_key, transformed
@@ -91,9 +91,7 @@ class Backend:
     """A torch.compile backend: `torch.compile(model, backend=Backend())`."""
 
     def __init__(self, executors=DEFAULT_EXECUTORS, split_executor="torch", autograd="fjit"):
-        if isinstance(executors, str):
-            executors = (executors,)
-        self.executors = tuple(config.parse(Executor, e, "fjit.backend: executors") for e in executors)
+        self.executors = parse_executors(executors, "fjit.backend: executors")
         if split_executor not in SPLIT_EXECUTORS:
             raise ValueError(f"fjit.backend: split_executor={split_executor!r} is not one of "
                              f"{', '.join(map(repr, SPLIT_EXECUTORS))}")
@@ -116,7 +114,7 @@ class Backend:
         self.subgraph_infos.clear()
 
     def __repr__(self):
-        return (f"<fjit torch.compile backend executors={tuple(e.value for e in self.executors)} "
+        return (f"<fjit torch.compile backend executors={self.executors} "
                 f"split_executor={self.split_executor!r} autograd={self.autograd!r}>")
 
     # ------------------------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """Executors turn the final trace into what runs: Triton kernels, C kernels, torch calls.
 
-A kernel executor (the KernelExecutor protocol) says on which devices it fuses, claims regions of
-a trace, and says how the compiled backward should split ops for it: which ops are differentiated
-through their prims, and how many of those prims its kernels would take.  The pipeline
+An executor is registered once (`register`: its `executors=` name, the module that is its
+KernelExecutor, imported when first asked for, and whether it could fuse anything in this process,
+asked before that import), from its own package; its kernel language registers itself with the
+prim blocks' coverage (core/prims/registry.py `register_language`).  A kernel executor (the
+KernelExecutor protocol) says on which devices it fuses, claims regions of a trace, says how the
+compiled backward should split ops for it, and reports its background builds.  The pipeline
 (fjit/pipeline.py) asks the executors in the user's `executors=` order; each sees what the earlier
 ones left.  The torch executor is the catch-all: it runs whatever is left as torch calls, so it is
 not in the registry and always runs last.
@@ -12,21 +15,24 @@ inputs can be read by a kernel at all, and the bound symbol that stands for a re
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import os
 import tempfile
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import torch
 
-from fjit.config import Executor, kernel_cache_root, triton_on_cpu
+from fjit.config import kernel_cache_root
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Var, map_values
 from fjit.core.trace import Trace
 from fjit.runtime import register_kernel
 
-__all__ = ["Executor", "KernelExecutor", "kernel_executor", "fusing_executor", "kernel_inputs_usable",
-           "kernel_bsym", "kernel_cache_dir", "kernels_pending", "wait_for_kernels"]   # Executor (the `executors=` option) lives in fjit.config
+__all__ = ["TORCH", "KernelExecutor", "register", "parse_executors", "kernel_executor", "fusing_executor",
+           "kernel_inputs_usable", "kernel_bsym", "kernel_cache_dir", "kernels_pending", "wait_for_kernels"]
+
+TORCH = "torch"     # the catch-all executor's name: direct torch calls
 
 
 class KernelExecutor(Protocol):
@@ -38,54 +44,84 @@ class KernelExecutor(Protocol):
     def claim(self, trace: Trace, leaves: list) -> Trace | None:
         """`trace` with the regions it takes replaced by one kernel call each, or None."""
 
-    def decompose(self, b: BoundSymbol, fused: bool = False) -> bool | int:
-        """For the compiled backward: fused=False, whether to differentiate the op `b` through its
-        prims (else torch autograd keeps it, with torch's own backward kernel); fused=True, how
-        many of its prims this executor's kernels would take."""
+    def differentiates(self, b: BoundSymbol) -> bool:
+        """For the compiled backward: whether to differentiate the op `b` through its prims (else
+        torch autograd keeps it, with torch's own backward kernel)."""
+
+    def fused_prims(self, b: BoundSymbol) -> int:
+        """For the compiled backward: how many of the op `b`'s prims this executor's kernels take."""
+
+    def pending(self) -> bool:
+        """Whether it is still building kernels in the background (no waiting)."""
+
+    def wait(self) -> bool:
+        """Block until its background builds are done; False if they did not finish in time."""
 
 
-# Kernel executors by option, imported when first asked for: Triton is optional (a missing triton
-# makes its executor unavailable, not fjit).
-_MODULES = {Executor.TRITON: "fjit.executors.triton.executor", Executor.C: "fjit.executors.c.executor"}
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    name: str                      # the `executors=` spelling
+    module: str                    # the module that is its KernelExecutor
+    may_fuse: Callable[[], bool]   # whether it could claim anything in this process (before importing it)
+
+
+REGISTERED: dict[str, Registration] = {}
 _LOADED: dict = {}
 
 
-def _may_fuse(option: Executor) -> bool:
-    """Whether the executor could claim anything in this process: Triton's only with a CUDA device
-    or its interpreter on the CPU (a CPU-only program imports none of fjit's Triton modules)."""
-    return option is not Executor.TRITON or triton_on_cpu() or torch.cuda.is_available()
+def register(name: str, module: str, may_fuse: Callable[[], bool] = lambda: True) -> None:
+    """Register a kernel executor: `fjit.jit(..., executors=(name, ...))` then asks `module` (a
+    KernelExecutor, imported when first asked for; an ImportError makes it unavailable, not fjit)."""
+    if name == TORCH:
+        raise ValueError(f"executor name {name!r} is the torch executor's")
+    REGISTERED[name] = Registration(name, module, may_fuse)
+    _LOADED.pop(name, None)
 
 
-def kernel_executor(option: Executor) -> KernelExecutor | None:
-    """The executor registered for `option`, or None (torch, an executor that cannot load, or one
+def parse_executors(value, option: str) -> tuple[str, ...]:
+    """The executor names `value` gives (one name or an iterable of them, an Enum's value counts
+    as its name); a ValueError naming the registered ones where one is unknown."""
+    names = [value] if isinstance(value, str) or not isinstance(value, Iterable) else list(value)
+    out = []
+    for v in names:
+        v = getattr(v, "value", v)
+        if v != TORCH and v not in REGISTERED:
+            allowed = ", ".join(repr(n) for n in (*REGISTERED, TORCH))
+            raise ValueError(f"{option}={v!r} is not one of {allowed}")
+        out.append(v)
+    return tuple(out)
+
+
+def kernel_executor(name: str) -> KernelExecutor | None:
+    """The executor registered as `name`, or None (torch, an executor that cannot load, or one
     with nothing to fuse in this process)."""
-    if option not in _LOADED:
-        if not _may_fuse(option):
+    if name not in _LOADED:
+        registration = REGISTERED.get(name)
+        if registration is None or not registration.may_fuse():
             return None
         try:
-            _LOADED[option] = importlib.import_module(_MODULES[option]) if option in _MODULES else None
+            _LOADED[name] = importlib.import_module(registration.module)
         except ImportError:
-            _LOADED[option] = None
-    return _LOADED[option]
+            _LOADED[name] = None
+    return _LOADED[name]
 
 
 def kernels_pending() -> bool:
     """Whether a loaded executor is still building kernels in the background (no waiting)."""
-    return any(getattr(executor, "builds_pending", lambda: False)() for executor in list(_LOADED.values()))
+    return any(executor.pending() for executor in list(_LOADED.values()) if executor is not None)
 
 
 def wait_for_kernels() -> None:
     """Block until the kernels the loaded executors are building in the background are built."""
     for executor in list(_LOADED.values()):
-        wait = getattr(executor, "wait_for_builds", None)
-        if wait is not None:
-            wait()
+        if executor is not None:
+            executor.wait()
 
 
 def fusing_executor(executors: tuple, device: torch.device) -> KernelExecutor | None:
     """The first kernel executor of `executors` that fuses on `device`, or None."""
-    for option in executors:
-        executor = kernel_executor(option)
+    for name in executors:
+        executor = kernel_executor(name)
         if executor is not None and executor.fuses_on(device):
             return executor
     return None
@@ -163,3 +199,7 @@ def kernel_cache_dir() -> str:
     except OSError:
         path = _FALLBACK_DIRS.setdefault(path, tempfile.mkdtemp(prefix="fjit-kernels-"))
     return path
+
+
+# The executors fjit ships, each registered by its own package (their kernel languages with them).
+from fjit.executors import triton, c  # noqa: E402, F401  (the default order's)

@@ -19,7 +19,7 @@ import fjit.config as config
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.symbolic import same
 from fjit.core.trace import Trace, autocast_off
-from fjit.core.prims import Prim, prim_of
+from fjit.core.prims import Kind, of_kind, prim_of
 from fjit.core.meta import meta_tensor, run_meta, same_layout
 from fjit.passes.verify import verify
 from fjit.runtime import reinterpret, restride
@@ -177,9 +177,10 @@ def _reinterprets(made, meta, root, v: TensorVar) -> bool:
             (made.is_conj(), made.is_neg()) == (root.is_conj(), root.is_neg()))
 
 
-# Prims whose strides come from a meta kernel that may not be the real kernel's (the others are
-# TensorIterator's or view arithmetic, the same code for meta and real tensors).
-_OPAQUE_PRIMS = frozenset({Prim.MATMUL, Prim.SDPA})
+# Prims whose strides come from a meta kernel that may not be the real kernel's: the opaque ones,
+# which torch's own kernel runs (the others are TensorIterator's or view arithmetic, the same code
+# for meta and real tensors).
+_OPAQUE_PRIMS = of_kind(Kind.OPAQUE)
 
 
 def has_opaque_ops(trace: Trace) -> bool:

@@ -79,25 +79,28 @@ class _Open:
     view_names: set = dataclasses.field(default_factory=set)
 
 
+@dataclasses.dataclass(frozen=True)
+class FusionPolicy:
+    """What a kernel executor's regions may hold: the prims its generator emits (`supported`),
+    and the shapes of work it takes beyond elementwise regions and row reductions."""
+    supported: Callable[[BoundSymbol], bool]
+    # A torch-level op is replaced by its prims when all of them are supported; with
+    # split_partial_ops also when only some are (the rest then run as single prims, which on a GPU
+    # costs little next to the fusion won, but on a CPU can cost more than the op's own torch call)
+    split_partial_ops: bool = True
+    whole_ops: frozenset = frozenset()   # qualnames of torch-level ops never split into their prims
+    max_row: int | None = MAX_ROW        # widest row a reduction region takes (None: any)
+    columns: bool = False                # a region takes sums over its outer dims
+    read_views: bool = False             # a kernel reads an input view from the value it views
+    cpu_rewrites: bool = False           # thin matmuls and copies become prims (passes/regroup.py)
+    external_rows: bool = False          # per-row values may read per-row inputs
+
+
 class Partitioner:
-    """Greedy, in trace order.  `supported(bsym)` says whether the kernel generator can emit a prim.
+    """Greedy, in trace order, within an executor's FusionPolicy."""
 
-    A torch-level op is replaced by its prims when all of them are supported; with
-    `split_partial_ops` also when only some are (the rest then run as single prims, which on a GPU
-    costs little next to the fusion won, but on a CPU can cost more than the op's own torch call)."""
-
-    def __init__(self, supported: Callable[[BoundSymbol], bool], split_partial_ops: bool = True,
-                 whole_ops: frozenset = frozenset(), max_row: int | None = MAX_ROW,
-                 columns: bool = False, read_views: bool = False, cpu_rewrites: bool = False,
-                 external_rows: bool = False):
-        self.supported = supported
-        self.external_rows = external_rows   # whether per-row values may read per-row inputs
-        self.columns = columns    # whether a region takes sums over its outer dims
-        self.read_views = read_views   # whether a kernel reads an input view from what it views
-        self.cpu_rewrites = cpu_rewrites   # thin matmuls and copies for C kernels (passes/matmuls.py)
-        self.max_row = max_row    # widest row a reduction region takes (None: any)
-        self.split_partial_ops = split_partial_ops
-        self.whole_ops = whole_ops    # qualnames of torch-level ops never split into their prims
+    def __init__(self, policy: FusionPolicy):
+        self.policy = policy
 
     def _try_add(self, region: Region | None, b: BoundSymbol, supported, privates=()) -> Region | None:
         """`region` extended by `b` (a CAT: with the prims only its pieces read), a new region for
@@ -132,7 +135,8 @@ class Partitioner:
                 region.columns.add(out.name)
                 return region
             width = math.prod(x.shape[x.ndim - k:])
-            if dims != tuple(range(x.ndim - k, x.ndim)) or self.max_row is not None and width > self.max_row:
+            max_row = self.policy.max_row
+            if dims != tuple(range(x.ndim - k, x.ndim)) or max_row is not None and width > max_row:
                 return None
             outer, inner = x.shape[:x.ndim - k], x.shape[x.ndim - k:]
             if region is None:
@@ -177,7 +181,7 @@ class Partitioner:
         its own it cut the row kernel in two, each pass reading the rows from memory."""
         out = b.outputs()[0]
         row = tuple(region.outer) + (1,) * len(region.inner)
-        if not (self.external_rows and region.has_reduction and tuple(out.shape) == row
+        if not (self.policy.external_rows and region.has_reduction and tuple(out.shape) == row
                 and math.prod(region.inner) > 1):
             return False
         # (a value the region made broadcasts to the row only as a keepdim row value: its full
@@ -190,7 +194,7 @@ class Partitioner:
         over the leading dims of a value of the whole domain, that are the region's outer dims
         (or become them: a region without reductions), into a contiguous result."""
         k = len(dims)
-        return (self.columns and prim_of(b) is Prim.SUM and 0 < k < x.ndim and dims == tuple(range(k))
+        return (self.policy.columns and prim_of(b) is Prim.SUM and 0 < k < x.ndim and dims == tuple(range(k))
                 and x.dtype in (torch.float32, torch.float64) and out.dtype == x.dtype
                 and tuple(x.shape) == region.domain and x.name not in region.row_vars
                 and (not (region.has_reduction or region.columns)
@@ -206,11 +210,12 @@ class Partitioner:
         def supported(b: BoundSymbol) -> bool:
             verdict = verdicts.get(id(b))
             if verdict is None:
-                verdict = verdicts[id(b)] = self.supported(b)
+                verdict = verdicts[id(b)] = self.policy.supported(b)
             return verdict
-        flat = split_ops(trace.bsyms, supported, self.whole_ops, self.split_partial_ops, self.cpu_rewrites)
+        policy = self.policy
+        flat = split_ops(trace.bsyms, supported, policy.whole_ops, policy.split_partial_ops, policy.cpu_rewrites)
         flat = sink_relabels(flat, trace, supported)
-        flat = delay_column_sums(flat, supported) if self.columns else flat
+        flat = delay_column_sums(flat, supported) if self.policy.columns else flat
         flat, absorbed = absorb_into_cats(flat, trace, supported)
         privates = {id(p) for ps in absorbed.values() for p in ps}
         items: list = []
@@ -277,7 +282,7 @@ class Partitioner:
             return None
         if _rematerialize(items, trace, kernels):
             _connect(items, trace)
-        if self.read_views:
+        if self.policy.read_views:
             read_through_views(items, kernels)
         bsyms = []
         for item in items:

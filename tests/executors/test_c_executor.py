@@ -1,4 +1,5 @@
 """The C executor: small CPU regions as C kernels built by the system compiler (FJIT_C_KERNELS)."""
+import dataclasses
 import math
 import os
 import re
@@ -287,7 +288,7 @@ def test_background_build_runs_torch_until_the_kernel_is_loaded(monkeypatch, fre
     assert binary.fn is None and not binary.done.is_set()
     torch.testing.assert_close(jf(x, y, 0.25), _elementwise10(x, y, 0.25))  # the torch fallback
     go.touch()
-    assert c_executor.wait_for_builds(60)
+    assert c_executor.wait(60)
     assert binary.fn is not None and binary.error is None
     torch.testing.assert_close(jf(x, y, 0.25), _elementwise10(x, y, 0.25))  # the kernel
     assert fjit.cache_info(jf).misses == 1
@@ -306,7 +307,7 @@ def test_every_case_is_right_while_its_kernel_is_still_building(monkeypatch, fre
             assert all(c_executor._BINARIES[k].fn is None for k in _kernels(jf)), name
     finally:
         go.touch()
-        assert c_executor.wait_for_builds(120)
+        assert c_executor.wait(120)
 
 
 def test_a_kernel_no_program_refers_to_is_unloaded(fresh_cache, monkeypatch):
@@ -400,7 +401,7 @@ def test_threads_share_one_build(monkeypatch, fresh_cache):
         t.join()
     assert not errors, errors
     assert fjit.cache_info(jf).misses == 1
-    assert c_executor.wait_for_builds(60)
+    assert c_executor.wait(60)
     assert len(c_executor._BINARIES) == 1
 
 
@@ -462,7 +463,7 @@ def test_build_state_is_reset_in_a_forked_child(monkeypatch, fresh_cache):
     pid = os.fork()
     if pid == 0:   # the child: a build it inherited unfinished is queued again by the next call
         signal.alarm(120)    # a hung child must fail the test, not hang it
-        ok = torch.equal(jf(x), x * 7 + 1) and c_executor.wait_for_builds(60)
+        ok = torch.equal(jf(x), x * 7 + 1) and c_executor.wait(60)
         ok = ok and all(b.fn is not None for b in c_executor._BINARIES.values())
         os._exit(0 if ok and torch.equal(jf(x), x * 7 + 1) else 1)
     _, status = os.waitpid(pid, 0)
@@ -502,11 +503,16 @@ def _float32_sample(step: int) -> torch.Tensor:
     return (bits - (bits >= 2**31).long() * 2**32).to(torch.int32).view(torch.float32)
 
 
+def _vector_forms() -> dict:
+    """prim -> its C float32 vector form (each states its measured ulp bound)."""
+    from fjit.core.prims import ROWS
+    return {p: b.kernels["c_vector"] for p, b in ROWS.items() if "c_vector" in b.kernels}
+
+
 def _max_ulp_against_torch(step: int) -> dict:
-    from fjit.executors.c import vecmath
     x = _float32_sample(step)
     out = {}
-    for prim in vecmath.ULP_BOUND:
+    for prim in _vector_forms():
         op = getattr(torch, prim.name.lower())
         jf = fjit.jit(lambda x: op(x * 1.0))            # x * 1.0 keeps every value: one kernel
         got, want = jf(x), op(x)
@@ -518,20 +524,21 @@ def _max_ulp_against_torch(step: int) -> dict:
 
 
 def test_vector_math_ulp_error_against_torch():
-    """float32 exp, log, log1p, tanh, sigmoid, erf, sin, cos in C kernels: within vecmath.ULP_BOUND ulps of
-    torch over a dense sample of float32 (NaN where torch gives NaN); sin/cos of huge arguments
-    (past vecmath's range) are recomputed with the C library."""
-    from fjit.executors.c import vecmath
+    """float32 exp, log, log1p, tanh, sigmoid, erf, sin, cos in C kernels: within their vector
+    forms' `ulp` of torch over a dense sample of float32 (NaN where torch gives NaN); sin/cos of
+    huge arguments (past vecmath's range) are recomputed with the C library."""
+    forms = _vector_forms()
+    assert len(forms) == 8 and all(f.ulp is not None for f in forms.values())
     for prim, ulps in _max_ulp_against_torch(65537).items():
-        assert ulps <= vecmath.ULP_BOUND[prim], (prim, ulps)
+        assert ulps <= forms[prim].ulp, (prim, ulps)
 
 
 @pytest.mark.slow
 def test_vector_math_ulp_error_dense_sweep():
     """The same over every 61st float32 (70 million values): the figures in docs/design.md."""
-    from fjit.executors.c import vecmath
+    forms = _vector_forms()
     for prim, ulps in _max_ulp_against_torch(61).items():
-        assert ulps <= vecmath.ULP_BOUND[prim], (prim, ulps)
+        assert ulps <= forms[prim].ulp, (prim, ulps)
 
 
 def test_denormals_survive_in_torch_after_kernels_load():
@@ -798,7 +805,7 @@ def test_a_prim_run_by_torch_gives_its_result_the_recorded_layout(program):
     jf = fjit.jit(program)
     x = torch.randn(1, 1, 2, 2).permute(3, 2, 1, 0)
     jf(x)
-    executor.wait_for_builds()
+    executor.wait()
     for seed in range(3):
         x = torch.randn(1, 1, 2, 2, generator=torch.Generator().manual_seed(seed)).permute(3, 2, 1, 0)
         got, want = jf(x), program(x)
@@ -1241,7 +1248,8 @@ def test_a_kernel_with_many_pointers_and_column_sums_is_vectorized_by_gcc(monkey
     (The kernel is the row-sum kernel of the layer norm backward in three kernels, as partitioned
     before per-row values read the forward's row statistics: the one kernel made now has fewer
     pointers in that loop, which gcc vectorizes either way.)"""
-    monkeypatch.setattr(c_executor._PARTITIONER, "external_rows", False)
+    monkeypatch.setattr(c_executor._PARTITIONER, "policy",
+                        dataclasses.replace(c_executor._PARTITIONER.policy, external_rows=False))
     compiler = _gcc()
     if compiler is None:
         assert c_build.GCC_PARAMS[0] not in c_build.kernel_flags()   # clang: no such parameter

@@ -1,12 +1,13 @@
 """The prims: the small closed set of operations every executor must implement, one block each.
 
 Each prim is declared by one `define(...)` call in its family's file (unary.py, transcendental.py,
-arithmetic.py, logic.py, reductions.py, layout.py, opaque.py), next to everything else about it:
-its decompositions, its VJP rule, its C and Triton expressions, its ATen overloads and the reason
-for each part it lacks (registry.py says what a block holds).  Everything below is derived from
-the blocks, as are the tables of ops/math_ops.py (decompositions), autodiff/rules.py (VJP,
-NONDIFF), the kernel generators (expressions) and dynamo/aten.py (ATen overloads);
-coverage.py prints what each prim has (`python -m fjit.core.prims`).
+arithmetic.py, logic.py, reductions.py, layout.py, opaque.py, or a new file: every module of this
+package but the machinery is a family), next to everything else about it: its decompositions, its
+VJP rule, its kernel forms, its ATen overloads and the reason for each part it lacks (registry.py
+says what a block holds).  Everything below is derived from the blocks, as are the tables of
+ops/math_ops.py (decompositions), autodiff (VJP rules, what is recomputed), the kernel languages
+(forms) and dynamo/aten.py (ATen overloads); coverage.py prints what each prim has and each
+registered kernel language covers (`python -m fjit.core.prims`).
 
 Elementwise prims have torch's broadcasting and type promotion, so a torch-level elementwise op is
 exactly one prim.  This package is the IR's vocabulary: it imports nothing from the tracing
@@ -14,15 +15,23 @@ frontend, the ops, autodiff or the executors; the frontend registers how `apply`
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import types
 
 import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, Symbol, TensorVar
-# The families, in the order Prim iterates them; importing a family defines its prims.
-from fjit.core.prims import unary, transcendental, arithmetic, logic, reductions, layout, opaque  # noqa: F401
-from fjit.core.prims.registry import (Block, Domain, Kind, Prim, apply, set_recorder,  # noqa: F401
+from fjit.core.prims.registry import (LANGUAGES, Block, Cost, Domain, Form, KernelLanguage,  # noqa: F401
+                                      Kind, Prim, apply, register_language, set_recorder,
                                       torch_callables)
+
+# The machinery of this package; every other module is a family, and importing it defines its
+# prims (in name order, so a new family file is all a new prim needs).
+_MACHINERY = frozenset({"registry", "toolkit", "coverage", "__main__"})
+FAMILIES = tuple(importlib.import_module(f"{__name__}.{m.name}")
+                 for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name)
+                 if m.name not in _MACHINERY)
 
 # Every prim's block, keyed by prim (its row fields are what the rest of fjit reads most).
 ROWS: dict[Prim, Block] = {p: p.block for p in Prim}
@@ -45,9 +54,9 @@ NAMESPACE = types.SimpleNamespace(**{p.value: s.fn for p, s in PRIMS.items()})
 
 
 def kernel_table(part: str) -> dict:
-    """prim -> its expression in one of a block's expression fields ("c", "c_vector", "triton",
-    "triton_interpreted", "triton_compiled", "triton_f32"), for the prims that have one."""
-    return {p: getattr(b, part) for p, b in ROWS.items() if getattr(b, part) is not None}
+    """prim -> its Form for kernel part `part` (a language's spelling, or "expr"), for the prims
+    whose block has one."""
+    return {p: b.kernels[part] for p, b in ROWS.items() if part in b.kernels}
 
 
 def aten_overloads() -> dict:

@@ -7,7 +7,7 @@ import math
 import torch
 
 from fjit.core.ir import Var
-from fjit.core.prims.registry import Domain, Kind, Prim, apply, define
+from fjit.core.prims.registry import Cost, Domain, Form, Kind, Prim, apply, define
 from fjit.core.prims.toolkit import is_tensor, operand, operands, square, zeros_like
 
 _F, B = Domain.FLOAT, Kind.BINARY
@@ -80,10 +80,10 @@ def _remainder_vjp(b, g, value):
 
 
 define("REMAINDER", B, _F, names=("remainder", "__mod__"), reflected="__rmod__", vjp=_remainder_vjp,
-       c="FJ_REMAINDER({0}, {1}, fmod{f}({0}, {1}))", aten=("remainder.Tensor", "remainder.Scalar"),
+       c=Form("FJ_REMAINDER({0}, {1}, fmod{f}({0}, {1}))", Cost.LIBM), aten=("remainder.Tensor", "remainder.Scalar"),
        notes={"triton": "not written: Triton's float % truncates (C's fmod); Python's remainder "
                         "needs the divisor's sign fix that C's FJ_REMAINDER applies"})
-define("FMOD", B, _F, vjp=_remainder_vjp, c="fmod{f}({0}, {1})", aten=("fmod.Tensor", "fmod.Scalar"),
+define("FMOD", B, _F, vjp=_remainder_vjp, c=Form("fmod{f}({0}, {1})", Cost.LIBM), aten=("fmod.Tensor", "fmod.Scalar"),
        notes={"triton": _NOT_WRITTEN.format("fmod")})
 
 
@@ -118,7 +118,7 @@ def _pow_vjp(b, g, value):
 
 
 define("POW", B, _F, names=("pow", "__pow__"), reflected="__rpow__", vjp=_pow_vjp,
-       c="pow{f}({0}, {1})", aten=("pow.Tensor_Scalar", "pow.Tensor_Tensor"),
+       c=Form("pow{f}({0}, {1})", Cost.LIBM), aten=("pow.Tensor_Scalar", "pow.Tensor_Tensor"),
        notes={"triton": _NOT_WRITTEN.format("pow")})
 
 
@@ -179,5 +179,5 @@ def _atan2_vjp(b, g, value):
     return out
 
 
-define("ATAN2", B, _F, names=("atan2", "arctan2"), vjp=_atan2_vjp, c="atan2{f}({0}, {1})",
+define("ATAN2", B, _F, names=("atan2", "arctan2"), vjp=_atan2_vjp, c=Form("atan2{f}({0}, {1})", Cost.LIBM),
        aten=("atan2.default",), notes={"triton": _NOT_WRITTEN.format("atan2")})

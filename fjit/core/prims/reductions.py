@@ -1,6 +1,6 @@
 """The reduction prims: sum, prod, amax, amin over dims, and argmax, argmin over one dim.  One
-block per prim (see registry.py).  A reduction has no kernel expression: each generator writes
-its own reduction loop for the ones it takes (`notes` say which)."""
+block per prim (see registry.py).  A reduction has no kernel form: each kernel language loops over
+the ones it takes itself (its `reductions`), and `notes` say why a language takes none."""
 from __future__ import annotations
 
 import torch
@@ -9,8 +9,6 @@ from fjit.core.prims.registry import Kind, Prim, apply, define, torch_callables
 from fjit.core.prims.toolkit import reduced_dims, unreduce
 
 R = Kind.REDUCTION
-_C_LOOP = "a reduction loop of the C generator (c/codegen.py), not an expression"
-_TRITON_LOOP = "a reduction of the Triton generator (tl.{0}), not an expression"
 _NO_LOOP = "no generator reduces it ({0}): it stays a torch call"
 
 
@@ -40,8 +38,7 @@ def _sum_vjp(b, g, value):
 
 define("SUM", R, lowering=lambda x, dims, keepdim: torch.sum(x, dims, keepdim=keepdim),
        decompositions=((tuple(torch_callables("sum")), _sum),), vjp=_sum_vjp,
-       aten=("sum.dim_IntList", "sum.default"),
-       notes={"c": _C_LOOP, "triton": _TRITON_LOOP.format("sum")})
+       aten=("sum.dim_IntList", "sum.default"))
 
 
 def _prod(x, dim=None, keepdim=False, *, dtype=None):
@@ -54,7 +51,7 @@ define("PROD", R, lowering=_prod_lowering, decompositions=((tuple(torch_callable
        aten=("prod.dim_int",), notes={
            "vjp": "no rule written (a zero in the product needs torch's special case): autodiff "
                   "records the torch-level op and torch autograd differentiates it",
-           "c": _C_LOOP, "triton": _NO_LOOP.format("the Triton generator reduces sum, amax, amin")})
+           "triton": _NO_LOOP.format("the Triton generator reduces sum, amax, amin")})
 
 
 def _amax(x, dim=(), keepdim=False):
@@ -76,10 +73,10 @@ def _extremum_vjp(b, g, value):
 
 define("AMAX", R, lowering=lambda x, dims, keepdim: torch.amax(x, dims, keepdim=keepdim),
        decompositions=((tuple(torch_callables("amax")), _amax),), vjp=_extremum_vjp,
-       aten=("amax.default",), notes={"c": _C_LOOP, "triton": _TRITON_LOOP.format("max")})
+       aten=("amax.default",))
 define("AMIN", R, lowering=lambda x, dims, keepdim: torch.amin(x, dims, keepdim=keepdim),
        decompositions=((tuple(torch_callables("amin")), _amin),), vjp=_extremum_vjp,
-       aten=("amin.default",), notes={"c": _C_LOOP, "triton": _TRITON_LOOP.format("min")})
+       aten=("amin.default",))
 
 
 def _argmax(x, dim=None, keepdim=False):

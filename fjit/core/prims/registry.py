@@ -4,10 +4,14 @@ which records a prim through the active tracing context.
 
 A block holds the prim's row (kind, domain, bool result, the torch callables that are exactly it,
 its reflected method, alias behaviour, torch lowering), its decompositions from torch-level ops,
-its VJP rule (or `nondiff`), its kernel expressions (C, C's float32 vector form, Triton's common,
-interpreted, compiled and compiled-float32 forms), its ATen overloads for the torch.compile
-backend, and `notes`: for each part it lacks, why.  Expression strings are data: the generators
-read them, so core names no kernel language's machinery.
+its VJP rule (or `nondiff`), its kernel forms, its ATen overloads for the torch.compile backend,
+and `notes`: for each part it lacks, why.
+
+Kernel forms are data keyed by part name (`kernels`): a `Form` is an expression template with
+its facts (what it costs an element, its measured error, the range outside which it is inexact).
+A kernel language (`KernelLanguage`, registered by its executor) names the parts it reads and
+says which blocks it covers; core knows no language by name.  The part "expr" is the infix form
+that several languages write alike (`({0} + {1})`); the others are each language's own spellings.
 """
 from __future__ import annotations
 
@@ -65,6 +69,72 @@ class Kind(enum.Enum):
 ELEMENTWISE_KINDS = (Kind.UNARY, Kind.BINARY, Kind.WHERE, Kind.CAST)
 
 
+class Cost(enum.Enum):
+    """What a kernel form costs per element, as the executors and autodiff weigh it."""
+    ARITHMETIC = "arithmetic"   # a few instructions (a hardware sqrt or floor among them): vectorizes
+    VECTOR = "vector"           # an inline vector-math function: vectorizes, tens of instructions
+    LIBM = "libm"               # a scalar library call (~10 ns an element): its loop does not vectorize
+
+
+@dataclasses.dataclass(frozen=True)
+class Form:
+    """One kernel form of a prim: `expr`, a template over the operands ({0}, {1}, ...; a
+    language may define more fields, as C's {f} float suffix), and its facts."""
+    expr: str
+    cost: Cost | None = None       # None: not stated (arithmetic; a language may require it stated)
+    ulp: int | None = None         # measured maximum error against torch, in ulps (None: torch's own)
+    guard: str | None = None       # a template true where the form is inexact; the generator then
+    #                                computes those elements again with the part's exact form
+
+    @property
+    def costly(self) -> bool:
+        """A library or vector-math call per element (unstated costs count as arithmetic)."""
+        return self.cost in (Cost.VECTOR, Cost.LIBM)
+
+
+class KernelLanguage:
+    """A kernel language as coverage and the blocks see it: its `name`, the block parts it reads
+    (`parts`, in the order it prefers them) and which blocks it can compute.  An executor
+    registers its language (`register_language`); subclasses say more where the language needs
+    (Triton: interpreted and compiled spellings; C: a library call's cost stated)."""
+    name: str = ""
+    parts: tuple = ()
+    reductions: frozenset = frozenset()    # reduction prims its generator loops over itself
+
+    def forms(self, block: "Block") -> dict:
+        """part -> Form, for the parts of this language the block has."""
+        return {part: block.kernels[part] for part in self.parts if part in block.kernels}
+
+    def describe(self, block: "Block") -> str | None:
+        """What it has for the prim, in a few words (None: nothing)."""
+        if block.prim in self.reductions:
+            return "reduction loop"
+        return ", ".join(self.forms(block)) or None
+
+    def covers(self, block: "Block") -> bool:
+        """Whether its kernels can compute the prim (by default: it loops the reduction, or the
+        block has one of its parts)."""
+        return block.prim in self.reductions or bool(self.forms(block))
+
+    def problems(self, block: "Block") -> list[str]:
+        """What is wrong with the block's forms for this language (each a short text)."""
+        return []
+
+
+LANGUAGES: dict[str, KernelLanguage] = {}
+
+
+def register_language(language: KernelLanguage) -> KernelLanguage:
+    """Make `language` known to coverage (one registration, by its executor's package)."""
+    LANGUAGES[language.name] = language
+    return language
+
+
+def known_parts() -> frozenset:
+    """Every block part a registered language reads."""
+    return frozenset(part for lang in LANGUAGES.values() for part in lang.parts)
+
+
 class Domain(enum.Enum):
     """The computation dtypes the prim's math is defined on (the kernel expression's domain)."""
     ANY = "any"
@@ -86,15 +156,20 @@ class Block:
     lowering: Callable | None = None   # how torch runs it (None: torch.<prim value>)
     vjp: Callable | None = None    # rule(b, g, value) -> [(forward var, cotangent), ...]
     nondiff: bool = False          # no cotangent flows through it
-    c: str | None = None           # C expression ({0}, {1}: operands; {f}: float suffix)
-    c_vector: str | None = None    # C's vectorizable float32 form (executors/c/vecmath.py)
-    triton: str | None = None      # Triton expression, interpreted and compiled ({t}: dtype)
-    triton_interpreted: str | None = None   # under TRITON_INTERPRET=1 only
-    triton_compiled: str | None = None      # compiled for a GPU only
-    triton_f32: str | None = None  # compiled, float32 computation
+    kernels: dict = dataclasses.field(default_factory=dict)   # part -> Form (languages read them)
+    recompute: bool | None = None  # the backward may recompute its value rather than have it saved
+    #                                (None: unless a kernel form is costly)
     aten: tuple = ()               # "<op>.<overload>" the backend maps to torch.<op>
     notes: dict = dataclasses.field(default_factory=dict)   # part -> why it is missing
     symbol: Symbol | None = None
+
+    @property
+    def costly(self) -> bool:
+        """Whether computing it again costs a library or vector-math call per element in some
+        kernel language: the backward saves such a value rather than recompute it."""
+        if self.recompute is not None:
+            return not self.recompute
+        return any(form.costly for form in self.kernels.values())
 
     @property
     def tags(self) -> frozenset:
@@ -124,18 +199,23 @@ def _binary_lowering(block: Block, fn: Callable) -> Callable:
     return lower
 
 
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Block))
+
+
 def define(name: str, kind: Kind, domain: Domain = Domain.ANY, *, value: str | None = None,
-           names: tuple | None = None, expr: str | None = None, **parts) -> Prim:
+           names: tuple | None = None, **parts) -> Prim:
     """Declare prim `Prim.<name>` (its value is `value`, by default the name in lower case) and its
     block.  Unary and binary prims are by default exactly torch.<value>/Tensor.<value> (`names`
-    overrides); `expr` is an expression C and Triton both write alike."""
+    overrides).  A keyword that is not a Block field is a kernel form, keyed by its part name (a
+    string is a Form of unstated cost): `expr=` the infix form several languages share, `c=`,
+    `triton=`, ... each language's own (coverage flags a part no registered language reads)."""
     p = Prim(name, value or name.lower())
     if names is None:
         names = (p.value,) if kind in (Kind.UNARY, Kind.BINARY) else ()
-    if expr is not None:
-        parts.setdefault("c", expr)
-        parts.setdefault("triton", expr)
-    block = Block(p, kind, domain, torch_names=names, **parts)
+    kernels = {part: form if isinstance(form, Form) else Form(form)
+               for part, form in parts.items() if part not in _FIELDS and form is not None}
+    fields = {k: v for k, v in parts.items() if k in _FIELDS}
+    block = Block(p, kind, domain, torch_names=names, kernels=kernels, **fields)
     fn = block.lowering or getattr(torch, p.value)
     if kind is Kind.BINARY:
         fn = _binary_lowering(block, fn)

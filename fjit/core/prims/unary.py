@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fjit.core.prims.registry import Domain, Kind, Prim, apply, define, torch_callables
+from fjit.core.prims.registry import Cost, Domain, Form, Kind, Prim, apply, define, torch_callables
 from fjit.core.prims.toolkit import derivative, identity, no_kwargs, zeros_like
 
 _F, _I, U = Domain.FLOAT, Domain.INT, Kind.UNARY
@@ -45,7 +45,8 @@ def _rounding(name, **parts):
 
 define("ABS", U, names=("abs", "absolute", "__abs__"),
        vjp=derivative(lambda x, o, v: apply(Prim.SIGN, v(x))),
-       c="({0} < 0 ? -{0} : {0})", triton="tl.abs({0})", aten=("abs.default",))
+       c="({0} < 0 ? -{0} : {0})", triton="tl.abs({0})", aten=("abs.default",),
+       c_float=Form("fabs{f}({0})", Cost.ARITHMETIC))     # the ternary would keep -0.0 negative
 define("NEG", U, names=("neg", "negative", "__neg__"),
        vjp=lambda b, g, value: [(b.args[0], apply(Prim.NEG, g))],
        expr="(-{0})", aten=("neg.default",))
@@ -53,12 +54,12 @@ define("RELU", U, names=(), decompositions=(((torch.relu, torch.Tensor.relu, F.r
        vjp=_relu_vjp,
        c="({0} < 0 ? 0 : {0})", triton="tl.where({0} < 0, 0, {0})",   # -0.0 and NaN stay, as torch.relu
        aten=("relu.default",))
-_rounding("FLOOR", c="floor{f}({0})", triton="tl.floor({0})")
-_rounding("CEIL", c="ceil{f}({0})", triton="tl.ceil({0})")
+_rounding("FLOOR", c=Form("floor{f}({0})", Cost.ARITHMETIC), triton="tl.floor({0})")
+_rounding("CEIL", c=Form("ceil{f}({0})", Cost.ARITHMETIC), triton="tl.ceil({0})")
 _rounding("ROUND", names=(), decompositions=((tuple(torch_callables("round")), _round),),
-          c="nearbyint{f}({0})",   # the default rounding mode: half to even, as torch.round
+          c=Form("nearbyint{f}({0})", Cost.ARITHMETIC),   # the default rounding mode: half to even, as torch.round
           triton="_round_half_even({0})")
-_rounding("TRUNC", names=("trunc", "fix"), c="trunc{f}({0})",
+_rounding("TRUNC", names=("trunc", "fix"), c=Form("trunc{f}({0})", Cost.ARITHMETIC),
           triton="tl.where({0} >= 0, tl.floor({0}), tl.ceil({0}))")
 define("SIGN", U, nondiff=True, c="(({0} > 0) - ({0} < 0))",
        triton="(({0} > 0).to({t}) - ({0} < 0).to({t}))", aten=("sign.default",))
@@ -67,6 +68,7 @@ define("RECIPROCAL", U, _F, vjp=derivative(lambda x, o, v: apply(Prim.NEG, apply
 define("LOGICAL_NOT", U, bool_result=True, nondiff=True, expr="({0} == 0)",
        aten=("logical_not.default",))
 define("BITWISE_NOT", U, _I, names=("bitwise_not", "__invert__"), nondiff=True, expr="(~{0})",
+       c_bool="(!{0})",    # C's ~ of a bool promotes it to int: ~1 is -2, true again
        aten=("bitwise_not.default",))
 define("ISNAN", U, _F, bool_result=True, nondiff=True, expr="({0} != {0})", aten=("isnan.default",))
 define("ISINF", U, _F, bool_result=True, nondiff=True, c="isinf({0})",

@@ -23,7 +23,7 @@ import torch
 
 from fjit.core.ir import BoundSymbol, TensorVar
 from fjit.core.prims import Prim, prim_of
-from fjit.executors.c.language import C_TYPE, storage
+from fjit.executors.c.language import C_TYPE, PARTS, storage
 from fjit.executors.render import domain_strides, held, index_terms
 from fjit.executors.runtime_sizes import preferred, symbolic_size
 
@@ -61,7 +61,7 @@ ROW_BLOCK = 32
 STAGED_ELEMENTS = 1 << 13
 # The last inner dim a pass's loop nests inside the others at (see RowLoops.pass_loop).
 NESTED_MIN = 8
-REDUCE = frozenset({Prim.SUM, Prim.PROD, Prim.AMAX, Prim.AMIN})
+REDUCE = PARTS.reductions
 
 
 def indent(line: str) -> str:

@@ -18,9 +18,10 @@ Values are computed in the dtype torch computes them in: a Python number is roun
 first (`x * 0.1` on float32 is `x * (float)0.1`, as torch's CPU kernels do), integers wrap (the
 kernel is built with -fwrapv), max/min propagate NaN.  Float products and float64 sums accumulate
 in double, float32 sums in blocks of float lanes (SUM_BLOCK).
-float32 exp, log, tanh, sigmoid, erf, sin and cos use the vectorizable forms of vecmath.py (their
-measured error against torch is in vecmath.ULP_BOUND); the other transcendental functions, and all
-of float64's, are the C library's scalar ones.
+A prim's form is its block's, as language.py chooses it: float32 exp, log, tanh, sigmoid, erf, sin
+and cos use the vectorizable forms of vecmath.py (their measured error against torch is each
+form's `ulp`); the other transcendental functions, and all of float64's, are the C library's
+scalar ones.
 """
 from __future__ import annotations
 
@@ -30,28 +31,22 @@ import math
 import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
-from fjit.core.prims import Prim, kernel_table, prim_of
+from fjit.core.prims import ROWS, Prim, prim_of
 from fjit.executors import render
 from fjit.executors.c import vecmath
 from fjit.executors.c.accumulators import REDUCE, ColumnSums, RowLoops, indent
 from fjit.executors.c.elementwise import ElementLoops
-from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, CLanguage, literal, storage, \
-    vector_form
+from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, PARTS, CLanguage, calls_libm, literal, \
+    storage, vector_form
 from fjit.executors.render import HALF, contiguous_strides, held, index_decomposition, \
     index_terms, small_power
 from fjit.executors.runtime_sizes import Size, symbolic_size
 from fjit.passes.fusion import Region
 
 
-# C's expression of each prim, from the prim blocks (fjit/core/prims/): libm calls ({f} is the
-# suffix: "f" for float, "" for double), NaN-propagating max/min macros, Python's remainder.
-_C_EXPRS = kernel_table("c")
-# float32 prims computed by vecmath's inline vector forms rather than by a libm call
-_VEC_EXPRS = {**_C_EXPRS, **vecmath.VECTOR_FORMS}
-_CHEAP_LIBM = {Prim.SQRT, Prim.RSQRT, Prim.FLOOR, Prim.CEIL, Prim.TRUNC, Prim.ROUND}
-
-
-C = CLanguage("c", _C_EXPRS, frozenset(DTYPES), REDUCE, "INFINITY")
+# The prims C has a general form for (language.py picks the form per computation dtype).
+C = CLanguage("c", {p: form.expr for p, b in ROWS.items() if (form := PARTS.general(b)) is not None},
+              frozenset(DTYPES), REDUCE, "INFINITY")
 
 
 def supported(b: BoundSymbol) -> bool:
@@ -77,14 +72,6 @@ PARALLEL_MIN = 1 << 15
 # ... and a region with row reductions and a costly value per element (softmax's exp) from this
 # many: torch's softmax shares rows of 16 among threads from 4096 elements too.
 PARALLEL_MIN_COSTLY_ROWS = 1 << 12
-
-
-def calls_libm(b: BoundSymbol) -> bool:
-    """Whether the prim's C code calls a costly scalar C library function (float64's sin, exp;
-    tan, asin, pow, ...): a loop calling one is not vectorized."""
-    p = prim_of(b)
-    return "{f}(" in _C_EXPRS.get(p, "") and p not in _CHEAP_LIBM and small_power(b) is None \
-        and not vector_form(b)
 
 
 @dataclasses.dataclass
@@ -185,22 +172,16 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
 
     def form(self, b: BoundSymbol, ct: torch.dtype, ops: list, lines: list) -> str:
         """C's form of the prim; a guarded vector form adds its range check to `lines`."""
-        p = prim_of(b)
-        if p is Prim.BITWISE_NOT and ct == torch.bool:
-            return f"(!{ops[0]})"
         if power := small_power(b):
-            template = power
-        elif p is Prim.ABS and ct.is_floating_point:
-            template = "fabs{f}({0})"      # the ternary would keep -0.0 negative
-        elif ct == torch.float32 and p in vecmath.VECTOR_FORMS and not self.exact and not (
-                p in vecmath.GUARDED and self.columns.sums):   # a rerun would add a row twice
-            template = _VEC_EXPRS[p]
-            if p in vecmath.GUARDED:
-                self.guarded = True
-                lines.append(f"fj_bad |= fabsf({ops[0]}) > FJ_TRIG_LIMIT;")
-        else:
-            template = _C_EXPRS[p]
-        return template.format(*ops, f="f" if ct == torch.float32 else "")
+            return power.format(*ops)
+        f = "f" if ct == torch.float32 else ""
+        form = PARTS.form(prim_of(b), ct, vector=not self.exact)
+        if form.guard is not None and self.columns.sums:   # a rerun would add a row twice
+            form = PARTS.form(prim_of(b), ct, vector=False)
+        if form.guard is not None:
+            self.guarded = True
+            lines.append(f"fj_bad |= {form.guard.format(*ops, f=f)};")
+        return form.expr.format(*ops, f=f)
 
     def load(self, v: TensorVar, k: int, offset: str | None = None) -> str:
         """Input k's element at `offset` (v's offset at the loop indices by default, or its copy

@@ -45,18 +45,19 @@ from fjit.core.symbolic import is_symbolic, known
 from fjit.core.trace import Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable, runtime_sizes, symbolic_kernels
 from fjit.executors.c import batch_norm, max_pool
-from fjit.executors.c.codegen import Kernel, calls_libm, generate, supported
+from fjit.executors.c.codegen import Kernel, generate, supported
+from fjit.executors.c.language import calls_libm
 from fjit.executors.c.build import build_key, build_library, compiler, kernel_flags
 from fjit.executors.c.launch import HEADER, entry, launcher, python_entry
 from fjit.logs import kernels as log
-from fjit.passes.fusion import Partitioner, Region
+from fjit.passes.fusion import FusionPolicy, Partitioner, Region
 from fjit.passes.regroup import worth_a_copy_kernel
 
-# The largest tensors a prim may touch to be claimed.  Vectorized loops (arithmetic, and float32
-# exp/log/tanh/sigmoid/erf/sin/cos through vecmath) win at every size; a scalar libm call costs
-# ~10 ns per element against ~1 ns in torch's vectorized kernel, so past a few hundred elements
-# the saved dispatch (~2.5 us) is lost.  Measured with benchmarks/bench_cpu.py --c-crossover.
-MAX_NUMEL = 1 << 62
+# The largest tensors a prim calling a scalar C library function may touch to be claimed.
+# Vectorized loops (arithmetic, and float32 exp/log/tanh/sigmoid/erf/sin/cos through vecmath) win
+# at every size and have no limit; a scalar libm call costs ~10 ns per element against ~1 ns in
+# torch's vectorized kernel, so past a few hundred elements the saved dispatch (~2.5 us) is lost.
+# Measured with benchmarks/bench_cpu.py --c-crossover.
 MAX_NUMEL_LIBM = 256
 _ARG_TYPES = {"p": ctypes.c_void_p, "d": ctypes.c_double, "q": ctypes.c_int64}
 
@@ -69,25 +70,21 @@ def mode() -> str:
 def _claimable(b: BoundSymbol) -> bool:
     """Whether a C kernel takes the prim `b`: the generator supports it, and a prim calling a
     scalar libm function touches at most MAX_NUMEL_LIBM elements per tensor."""
-    libm = calls_libm(b)
-    return supported(b) and all(_fits(math.prod(v.shape), libm)
-                                for v in b.inputs() + b.outputs() if isinstance(v, TensorVar))
+    return supported(b) and (not calls_libm(b) or all(
+        _within_libm_limit(math.prod(v.shape)) for v in b.inputs() + b.outputs() if isinstance(v, TensorVar)))
 
 
-def _fits(numel, libm: bool) -> bool:
-    """numel within the kernels' limit.  Symbolic, decided without a guard: MAX_NUMEL holds for
-    any tensor that can exist, and a scalar libm prim is a torch call unless MAX_NUMEL_LIBM holds
-    at every size (a guard would split the program by size class for a crossover)."""
-    if is_symbolic(numel):
-        return known(numel <= MAX_NUMEL_LIBM) if libm else True
-    return numel <= (MAX_NUMEL_LIBM if libm else MAX_NUMEL)
+def _within_libm_limit(numel) -> bool:
+    """numel at most MAX_NUMEL_LIBM.  Symbolic, decided without a guard: a torch call unless it
+    holds at every size (a guard would split the program by size class for a crossover)."""
+    return known(numel <= MAX_NUMEL_LIBM) if is_symbolic(numel) else numel <= MAX_NUMEL_LIBM
 
 
 # gelu stays one torch call: eager's vectorized CPU kernel gives nan at +-inf (AVX512 here), where
 # its erf/tanh prims computed in C give +-inf, and the contract is eager's answer.
-_PARTITIONER = Partitioner(_claimable, split_partial_ops=False,
-                           whole_ops=frozenset({"torch.nn.functional.gelu"}), columns=True, read_views=True,
-                           cpu_rewrites=True, external_rows=True)
+_PARTITIONER = Partitioner(FusionPolicy(
+    _claimable, split_partial_ops=False, whole_ops=frozenset({"torch.nn.functional.gelu"}), columns=True,
+    read_views=True, cpu_rewrites=True, external_rows=True))
 
 
 name = "c"
@@ -104,7 +101,7 @@ def claim(trace: Trace, leaves: list) -> Trace | None:
         return None
     # a region of one prim stays a torch call: that costs what a kernel call does; but a copy of
     # a permuted value is twice as fast in a kernel as ATen's strided copy_
-    # (a copy of symbolic size is a kernel: matmuls.py's copies were made for one)
+    # (a copy of symbolic size is a kernel: regroup.py's copies were made for one)
     worth = lambda r: len(r.bsyms) > 1 or (prim_of(r.bsyms[0]) is Prim.CONTIGUOUS  # noqa: E731
                                            and worth_a_copy_kernel(tuple(r.domain)))
     if trace.sizes is not None:      # a symbolic program: kernels made per call's sizes
@@ -133,16 +130,24 @@ def _written_binary(name: str, source: str, arg_types: list) -> "_Binary":
     return _binary(Kernel(unique, source.replace(f"void {name}(", f"void {unique}("), [], arg_types, True))
 
 
-def decompose(b: BoundSymbol, fused: bool = False) -> bool | int:
-    """fused=False: whether to differentiate b through its prims (a single pointwise prim costs
-    what eager's backward does even unfused).  fused=True: how many of its pointwise and reduction
-    prims go into C kernels (0 unless C kernels take all of its prims; a batch norm the written
-    kernels take counts as the prims they replace: batch_norm.worth)."""
-    prims = b.subsymbols or (b,)
-    work = [s for s in prims if s.sym.has(Tag.ELEMENTWISE) or s.sym.has(Tag.REDUCTION)]
-    if fused:
-        return len(work) if all(_claimable(s) for s in prims) else batch_norm.worth(b)
+def _pointwise_and_reductions(b: BoundSymbol) -> list:
+    """The pointwise and reduction prims of the op `b`."""
+    return [s for s in b.subsymbols or (b,) if s.sym.has(Tag.ELEMENTWISE) or s.sym.has(Tag.REDUCTION)]
+
+
+def differentiates(b: BoundSymbol) -> bool:
+    """Whether to differentiate b through its prims: C kernels take all of its pointwise and
+    reduction prims, or it has one (a single pointwise prim costs what eager's backward does even
+    unfused)."""
+    work = _pointwise_and_reductions(b)
     return len(work) <= 1 or all(_claimable(s) for s in work)
+
+
+def fused_prims(b: BoundSymbol) -> int:
+    """How many of b's pointwise and reduction prims go into C kernels: 0 unless C kernels take all
+    of its prims; a batch norm the written kernels take counts as the prims they replace
+    (batch_norm.worth)."""
+    return len(_pointwise_and_reductions(b)) if all(_claimable(s) for s in b.subsymbols or (b,)) else batch_norm.worth(b)
 
 
 _SIZES_POLICY = runtime_sizes.Policy()
@@ -344,13 +349,13 @@ def _work() -> None:
         _build(binary)
 
 
-def builds_pending() -> bool:
+def pending() -> bool:
     """Whether a queued kernel is not built yet."""
     with _LOCK:
         return any(b.queued and not b.done.is_set() for b in list(_BINARIES.values()))
 
 
-def wait_for_builds(timeout: float = 60.0) -> bool:
+def wait(timeout: float = 60.0) -> bool:
     """Block until every queued kernel is built or failed (tests and benchmarks); False on timeout."""
     with _LOCK:
         pending = [b for b in list(_BINARIES.values()) if b.queued and not b.done.is_set()]

@@ -1,6 +1,13 @@
-"""How C spells a kernel's values: the C type of each dtype (half types held in float, stored as
-their 16 bits), literals of Python numbers, what C accepts beyond the shared rules (CPU tensors),
-and which prims C computes in a form of its own (x ** 2, x ** 3, vecmath's float32 functions).
+"""The C language of kernels: which block parts it reads and which form of a prim it computes (the
+language registered for coverage), the C type of each dtype (half types held in float, stored as
+their 16 bits), literals of Python numbers, and what C accepts beyond the shared rules (CPU
+tensors).
+
+A block's C forms: `c_vector` (a float32 vector-math form of vecmath.py, Cost.VECTOR), `c_float`
+and `c_bool` (for a floating or bool computation dtype), `c`, then the shared infix `expr`.  In
+C's templates `{f}` is the float suffix ("f" for float, "" for double): a form calling a C library
+function states its cost (an instruction, Cost.ARITHMETIC; a scalar call, Cost.LIBM), and
+coverage fails on one that does not.
 """
 from __future__ import annotations
 
@@ -9,11 +16,43 @@ import math
 import torch
 
 from fjit.core.ir import BoundSymbol, TensorVar
-from fjit.core.prims import prim_of
+from fjit.core.prims import ROWS, Block, Cost, Form, KernelLanguage, Prim, prim_of, register_language
 from fjit.executors import render
-from fjit.executors.c import vecmath
 from fjit.executors.render import HALF
 from fjit.executors.runtime_sizes import Size
+
+
+class CParts(KernelLanguage):
+    """The block parts C reads, and the form it computes a prim in."""
+    name = "c"
+    parts = ("c_vector", "c_float", "c_bool", "c", "expr")
+    reductions = frozenset({Prim.SUM, Prim.PROD, Prim.AMAX, Prim.AMIN})   # accumulators.py's loops
+
+    def covers(self, block: Block) -> bool:
+        # the general form is needed; the others refine it for some dtypes
+        return block.prim in self.reductions or "c" in block.kernels or "expr" in block.kernels
+
+    def problems(self, block: Block) -> list[str]:
+        return [f"{part} form {form.expr!r} calls a C library function but states no cost "
+                f"(Cost.ARITHMETIC where it compiles to an instruction, else Cost.LIBM)"
+                for part, form in self.forms(block).items() if "{f}(" in form.expr and form.cost is None]
+
+    def general(self, block: Block) -> Form | None:
+        return block.kernels.get("c") or block.kernels.get("expr")
+
+    def form(self, p: Prim, ct: torch.dtype, vector: bool = True) -> Form:
+        """The form of prim `p` computed in dtype `ct` (`vector`: float32 vector forms allowed)."""
+        kernels = ROWS[p].kernels
+        if vector and ct == torch.float32 and "c_vector" in kernels:
+            return kernels["c_vector"]
+        if ct.is_floating_point and "c_float" in kernels:
+            return kernels["c_float"]
+        if ct == torch.bool and "c_bool" in kernels:
+            return kernels["c_bool"]
+        return self.general(ROWS[p])
+
+
+PARTS = register_language(CParts())
 
 # C types of values; half types are held in float (rounded to their dtype after every op, as
 # torch's CPU kernels round each op's result) and stored as their 16 bits.
@@ -41,12 +80,31 @@ class CLanguage(render.Language):
         return all(v.device.type == "cpu" for v in b.inputs() + b.outputs() if isinstance(v, TensorVar))
 
 
+def form_of(b: BoundSymbol, vector: bool = True) -> Form | None:
+    """The C form that computes the elementwise prim `b` (None: C has none, or its computation
+    dtype cannot be told)."""
+    p = prim_of(b)
+    if p is None or PARTS.general(ROWS[p]) is None:
+        return None
+    try:
+        return PARTS.form(p, render.computes_in(b), vector)
+    except (TypeError, RuntimeError):
+        return None
+
+
 def vector_form(b: BoundSymbol) -> bool:
     """Whether `b` is computed by one of vecmath's vectorizable float32 functions."""
-    try:
-        return prim_of(b) in vecmath.VECTOR_FORMS and render.computes_in(b) == torch.float32
-    except (TypeError, RuntimeError):
-        return False
+    form = form_of(b)
+    return form is not None and form.cost is Cost.VECTOR
+
+
+def calls_libm(b: BoundSymbol) -> bool:
+    """Whether the prim's C code calls a scalar C library function (float64's sin, exp; tan, asin,
+    pow, ...): a loop calling one is not vectorized.  A form calling one without saying what it
+    costs counts as one (coverage flags it)."""
+    form = form_of(b)
+    return form is not None and render.small_power(b) is None and (
+        form.cost is Cost.LIBM or form.cost is None and "{f}(" in form.expr)
 
 
 def literal(value, ct: torch.dtype) -> str:

@@ -10,26 +10,18 @@ with explicit fused multiply-adds; `+ - * /` of the user's program are never con
 
 sin and cos reduce their argument by pi/2 in double (exact product in an fma, pi/2 in two
 doubles), which is accurate for |x| <= FJ_TRIG_LIMIT; a chunk of elements that holds a larger
-argument is recomputed with the C library's sinf/cosf (the kernel keeps a flag, see codegen).
+argument is recomputed with the C library's sinf/cosf (their forms' guard sets a flag the kernel
+keeps, see codegen).
 
 Measured maximum errors against torch's CPU results over a dense float32 sample (every value in
 tests/executors/test_c_executor.py::test_vector_math_ulp_error_against_torch, all special values included):
-see ULP_BOUND, which that test asserts.  Every function maps NaN to NaN, +-inf and signed zeros as
+each block's `c_vector` form states its `ulp`, which that test asserts.  Every function maps NaN to NaN, +-inf and signed zeros as
 torch does, and keeps denormal inputs and results (no flush to zero).
 """
 from __future__ import annotations
 
-from fjit.core.prims import Prim, kernel_table
-
-# Prims with a vector form, by the C function that computes them in float32 (the blocks' c_vector).
-VECTOR_FORMS = kernel_table("c_vector")
-# Prims whose vector form is exact only for |argument| <= FJ_TRIG_LIMIT.
-GUARDED = frozenset({Prim.SIN, Prim.COS})
+# The argument bound of sin's and cos's reduction (their blocks' guards test against it).
 TRIG_LIMIT = "0x1p20f"
-
-# Max error in ulps against torch (float32), measured; the test asserts these.
-ULP_BOUND = {Prim.EXP: 1, Prim.LOG: 1, Prim.LOG1P: 2, Prim.TANH: 2, Prim.SIGMOID: 3, Prim.ERF: 2,
-             Prim.SIN: 2, Prim.COS: 2}
 
 SOURCE = r"""
 static inline float fj_asf(int32_t i) { float f; memcpy(&f, &i, 4); return f; }

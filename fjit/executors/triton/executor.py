@@ -33,12 +33,12 @@ from fjit.executors.triton import target
 from fjit.executors.triton.codegen import Kernel, generate, supported
 from fjit.executors.triton.launch import Stage, bind_stage, compile_for_device, compile_stage, make_launcher
 from fjit.logs import kernels as log
-from fjit.passes.fusion import Partitioner, Region
+from fjit.passes.fusion import FusionPolicy, Partitioner, Region
 
 _KERNELS: dict[str, object] = {}      # kernel name (its source's hash) -> its loaded module
 _LOCK = threading.Lock()
-_PARTITIONER = Partitioner(supported, max_row=None)   # looped kernels take rows of any width
-_GPU_PARTITIONER = Partitioner(functools.partial(supported, interpret=False), max_row=None)
+_PARTITIONER = Partitioner(FusionPolicy(supported, max_row=None))   # looped kernels take rows of any width
+_GPU_PARTITIONER = Partitioner(FusionPolicy(functools.partial(supported, interpret=False), max_row=None))
 
 
 def interpreting() -> bool:
@@ -62,10 +62,23 @@ def claim(trace: Trace, leaves: list) -> Trace | None:
     return _PARTITIONER.fuse(trace, "triton_fusion", _region_bsym)
 
 
-def decompose(b: BoundSymbol, fused: bool = False) -> bool | int:
-    """Every op is differentiated through its prims, and Triton's kernels take all of them (they
-    fuse at any size)."""
-    return len(b.subsymbols or (b,)) if fused else True
+def differentiates(b: BoundSymbol) -> bool:
+    """Every op is differentiated through its prims (Triton's kernels fuse them at any size)."""
+    return True
+
+
+def fused_prims(b: BoundSymbol) -> int:
+    """Triton's kernels take all of an op's prims."""
+    return len(b.subsymbols or (b,))
+
+
+def pending() -> bool:
+    """Triton kernels are built when first launched, never in the background."""
+    return False
+
+
+def wait() -> bool:
+    return True
 
 
 _SIZES_POLICY = runtime_sizes.Policy()

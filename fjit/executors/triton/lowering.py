@@ -15,7 +15,7 @@ import torch
 
 import fjit.config as config
 from fjit.core.ir import BoundSymbol, NumberVar
-from fjit.core.prims import Prim, kernel_table, prim_of
+from fjit.core.prims import ROWS, Block, KernelLanguage, Prim, prim_of, register_language
 from fjit.executors import render
 from fjit.executors.render import computes_in
 
@@ -29,15 +29,37 @@ PTR_TYPE = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16",
             torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
 SCALAR_TYPE = {float: "fp32", int: "i64", bool: "i1"}
 
-# Triton's expressions of the prims, from the prim blocks (fjit/core/prims/); {t} is the
-# computation dtype.  The forms both the interpreter and a GPU run:
-_COMMON = kernel_table("triton")
-# Under the interpreter: tl.* only, with forms that keep small arguments' relative precision.
-INTERPRETED = {**_COMMON, **kernel_table("triton_interpreted")}
-# Compiled for a GPU: libdevice, as torch's CUDA kernels.
-COMPILED = {**_COMMON, **kernel_table("triton_compiled")}
-# float32 ops torch rounds correctly on CUDA, where Triton's default is an approximation
-COMPILED_F32 = kernel_table("triton_f32")
+
+
+class TritonParts(KernelLanguage):
+    """The block parts Triton reads; {t} in them is the computation dtype.  `triton` (or the
+    shared `expr`) is the form both the interpreter and a GPU run; `triton_interpreted` runs under
+    the interpreter only (tl.* only, with forms that keep small arguments' relative precision),
+    `triton_compiled` on a GPU only (libdevice, as torch's CUDA kernels), and `triton_f32` on a GPU
+    for a float32 computation torch rounds correctly where Triton's default approximates."""
+    name = "triton"
+    parts = ("triton_f32", "triton_interpreted", "triton_compiled", "triton", "expr")
+    reductions = frozenset({Prim.SUM, Prim.AMAX, Prim.AMIN})   # REDUCE below
+
+    def variant(self, block: Block, interpreted: bool) -> str | None:
+        kernels = block.kernels
+        form = kernels.get("triton_interpreted" if interpreted else "triton_compiled") or \
+            kernels.get("triton") or kernels.get("expr")
+        return form.expr if form is not None else None
+
+    def covers(self, block: Block) -> bool:
+        return block.prim in self.reductions or (
+            self.variant(block, True) is not None and self.variant(block, False) is not None)
+
+    def table(self, interpreted: bool) -> dict:
+        """prim -> its expression under the interpreter or compiled for a GPU."""
+        return {p: e for p, b in ROWS.items() if (e := self.variant(b, interpreted)) is not None}
+
+
+PARTS = register_language(TritonParts())
+INTERPRETED = PARTS.table(interpreted=True)
+COMPILED = PARTS.table(interpreted=False)
+COMPILED_F32 = {p: b.kernels["triton_f32"].expr for p, b in ROWS.items() if "triton_f32" in b.kernels}
 REDUCE = {Prim.SUM: "tl.sum", Prim.AMAX: "tl.max", Prim.AMIN: "tl.min"}
 ACCUMULATE = {Prim.SUM: "{acc} + {x}", Prim.AMAX: "tl.maximum({acc}, {x})", Prim.AMIN: "tl.minimum({acc}, {x})"}
 
