@@ -1,7 +1,7 @@
 """`fjit.jit(module)`: an `nn.Module` whose call runs a compiled forward (the design contract's
 section 7, ../shared/DESIGN.md outside the repository; how it works: docs/design.md, "Modules").
 
-The wrapper is built on a `JittedFunction` of one traced function,
+The wrapper is built on a `JittedFunction` (fjit/jitted.py) of one traced function,
 
     forward(*parameters, *buffers, training_flags, *args, **kwargs)
         -> module(*args, **kwargs) run with {name: tensor} swapped in, {buffer: new value}
@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 import fjit.state_objects as state_objects
 from fjit.capture import captured
 from fjit.errors import FjitError, UnsupportedInputError, UnsupportedOpError, located, user_traceback
+from fjit.jitted import JittedFunction
 from fjit.module_forward import LayoutChanged, traced_forward
 from fjit.module_layout import (GLOBAL_FORWARD_HOOKS, Layout, backward_hook_owner, config_bindings,
                                 keyword_positions, replace_tensor)
@@ -45,7 +46,7 @@ class FjitModule(torch.nn.Module):
     `state_dict()`, `parameters()` act on the wrapped module (the wrapper adds no state of its
     own); attributes not found on the wrapper are the wrapped module's."""
 
-    def __init__(self, module: torch.nn.Module, jit_class, options: dict):
+    def __init__(self, module: torch.nn.Module, options: dict):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"FjitModule wraps an nn.Module, got {type(module).__qualname__}")
         super().__init__()
@@ -56,7 +57,7 @@ class FjitModule(torch.nn.Module):
         self.__dict__["_parameters"] = module._parameters
         self.__dict__["_buffers"] = module._buffers
         self.training = module.training
-        self.__dict__["_fj_options"] = (jit_class, dict(options))
+        self.__dict__["_fj_options"] = dict(options)      # fjit.jit's options, for each bind
         self._fj_bind()
 
     def _fj_compiled_module(self) -> torch.nn.Module:
@@ -68,7 +69,7 @@ class FjitModule(torch.nn.Module):
     def _fj_bind(self) -> None:
         """A new layout and jitted function for the module as it is now."""
         module = self._fj_compiled_module()
-        jit_class, options = self.__dict__["_fj_options"]
+        options = self.__dict__["_fj_options"]
         owner = backward_hook_owner(module)
         if owner is not None:
             raise UnsupportedOpError(located(
@@ -86,7 +87,7 @@ class FjitModule(torch.nn.Module):
                 "shard the compiled module instead: fully_shard(fjit.jit(m)) keeps FSDP's "
                 "all-gathers and reduce-scatters around the compiled forward"))
         layout = Layout(module)
-        jitted = jit_class(traced_forward(module, layout), **options)
+        jitted = JittedFunction(traced_forward(module, layout), **options)
         # share programs with every wrapper of an equal module
         jitted.share_programs(_SHARED_CACHES, (layout.key, tuple(sorted(options.items()))))
         self.__dict__["_fj_layout"] = layout

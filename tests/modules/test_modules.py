@@ -106,7 +106,7 @@ def test_pickle_and_deepcopy_give_a_working_wrapper_of_a_copy():
             getattr(clone, "0").weight.add_(1.0)
         assert not torch.allclose(clone(x), model(x))   # its own parameters, read per call
     with pytest.raises(TypeError):
-        fjit.FjitModule(lambda x: x, fjit.api.JittedFunction, {})
+        fjit.FjitModule(lambda x: x, {})
 
 
 # ----------------------------------------------------------------------------- runtime inputs, key
