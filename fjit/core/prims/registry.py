@@ -216,7 +216,9 @@ def define(name: str, kind: Kind, domain: Domain = Domain.ANY, *, value: str | N
                for part, form in parts.items() if part not in _FIELDS and form is not None}
     fields = {k: v for k, v in parts.items() if k in _FIELDS}
     block = Block(p, kind, domain, torch_names=names, kernels=kernels, **fields)
-    fn = block.lowering or getattr(torch, p.value)
+    fn = block.lowering or getattr(torch, p.value, None)
+    if fn is None:
+        raise ValueError(f"prim {name}: torch.{p.value} does not exist; give lowering= (how torch runs it)")
     if kind is Kind.BINARY:
         fn = _binary_lowering(block, fn)
     block.symbol = Symbol(f"prims.{p.value}", fn, block.tags)
