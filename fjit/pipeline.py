@@ -27,7 +27,6 @@ from fjit.core.meta import same_layout
 from fjit.core.symbolic import SymbolicSizes, SymbolicUnsupported, symbolic
 from fjit.core.trace import Trace
 from fjit.executors import TORCH, fusing_executor, kernel_executor, torch_executor
-from fjit.executors.c import frame_stack
 from fjit.frontend.context import AMP_DEVICES, Mode, TraceContext, autocast_state
 from fjit.frontend.dispatch import dispatch
 from fjit.frontend.light_imports import light_imports
@@ -63,7 +62,6 @@ class Compilation:
 def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: TraceMode,
                  executors: tuple) -> Compilation:
     """Trace `fn` on this call and compile it for `executors` (a tuple of executor names)."""
-    frame_stack.install_in_background()
     with light_imports():
         result, traces, first, executors = _trace_with_real_layouts(fn, args, kwargs, leaves, mode,
                                                                     executors)

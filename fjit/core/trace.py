@@ -135,7 +135,8 @@ def _switch_on(devices: list[str]) -> None:
 # KiB (1100+ locals), a big module's fast path and state reader 2-5 KiB: whether a step paid that
 # depended on the caller's stack depth.  LeViT's step read 19.5 ms called from a module's top
 # level and 24.3 ms from inside a function (10 chunks a step), eager's 21.5 ms.  (The smaller
-# frames a program calls can cross a chunk's end too: executors/c/frame_stack.py caches chunks.)
+# frames a program calls can cross a chunk's end too: executors/c/frame_stack.py caches chunks,
+# started by the C executor.)
 RESUMABLE_MIN_SLOTS = 256
 
 

@@ -50,7 +50,7 @@ def test_the_tables_are_derived_from_the_blocks():
     from fjit.autodiff.rules import NONDIFF, VJP
     from fjit.dynamo.aten import ATEN_TO_TORCH
     from fjit.executors.c import codegen, language
-    from fjit.executors.triton import lowering
+    from fjit.executors.triton import language as triton_language
     from fjit.frontend.record import DECOMPOSITIONS
     for p, b in ROWS.items():
         assert (p in VJP) == (b.vjp is not None) and (p in NONDIFF) == b.nondiff
@@ -59,7 +59,7 @@ def test_the_tables_are_derived_from_the_blocks():
         if "c_vector" in b.kernels:
             assert language.PARTS.form(p, torch.float32) is b.kernels["c_vector"]
         common = b.kernels.get("triton") or b.kernels.get("expr")
-        for interpreted, table in ((True, lowering.INTERPRETED), (False, lowering.COMPILED)):
+        for interpreted, table in ((True, triton_language.INTERPRETED), (False, triton_language.COMPILED)):
             own = b.kernels.get("triton_interpreted" if interpreted else "triton_compiled") or common
             assert table.get(p) == (own.expr if own else None)
         for name in b.aten:

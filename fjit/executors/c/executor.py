@@ -44,7 +44,7 @@ from fjit.core.prims import Prim, prim_of
 from fjit.core.symbolic import is_symbolic, known
 from fjit.core.trace import Trace
 from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable, runtime_sizes, symbolic_kernels
-from fjit.executors.c import batch_norm, max_pool
+from fjit.executors.c import batch_norm, frame_stack, max_pool
 from fjit.executors.c.codegen import Kernel, generate, supported
 from fjit.executors.c.language import calls_libm
 from fjit.executors.c.build import build_key, build_library, compiler, kernel_flags
@@ -425,3 +425,8 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# The frame-stack chunk cache (frame_stack.py) serves every program this process runs, and is built
+# with this executor's C compiler: the executor starts it when a program first loads it.
+frame_stack.install_in_background()

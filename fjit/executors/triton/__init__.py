@@ -6,7 +6,7 @@ import torch
 
 from fjit.config import triton_on_cpu
 from fjit.executors import register
-from fjit.executors.triton import lowering  # noqa: F401  (registers Triton's parts with coverage)
+from fjit.executors.triton import language  # noqa: F401  (registers Triton's parts with coverage)
 
 register("triton", "fjit.executors.triton.executor",
          may_fuse=lambda: triton_on_cpu() or torch.cuda.is_available())

@@ -9,7 +9,7 @@ A region with reductions is a tile of ROWS rows x BLOCK columns: persistent (the
 tile), looped over the row, or split in two kernels (plan.py has the table).  Per-row values are
 [ROWS, 1] tensors, so they broadcast against the tile as torch broadcasts a keepdim result.
 
-The expressions (libdevice on a GPU, precise `tl.*` forms under the interpreter) are lowering.py's.
+The expressions (libdevice on a GPU, precise `tl.*` forms under the interpreter) are language.py's.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.core.prims import prim_of
 from fjit.executors.render import held
-from fjit.executors.triton.lowering import (ACCUMULATE, HELPERS, INTERPRETER_HELPERS,
+from fjit.executors.triton.language import (ACCUMULATE, HELPERS, INTERPRETER_HELPERS,
                                             PTR_TYPE, SCALAR_TYPE, TL_DTYPE, supported)
 from fjit.executors.triton.plan import Kernel
 from fjit.executors.triton.tiles import TileEmitter

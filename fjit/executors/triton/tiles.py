@@ -15,7 +15,7 @@ from fjit.executors import render
 from fjit.executors.render import HALF, collapse, domain_strides, held, index_decomposition, levels, small_power
 from fjit.executors.runtime_sizes import Size
 from fjit.executors.triton import plan as P
-from fjit.executors.triton.lowering import COMPILED_F32, REDUCE, TL_DTYPE, language
+from fjit.executors.triton.language import COMPILED_F32, REDUCE, TL_DTYPE, spelling
 from fjit.passes.fusion import Region
 
 
@@ -25,7 +25,7 @@ class TileEmitter(render.RegionEmitter):
     def __init__(self, region: Region, interpret: bool):
         super().__init__(region)
         self.interpret = interpret
-        self.lang = language(interpret)
+        self.lang = spelling(interpret)
         self.lines: list[str] = []
         self.depth = 1
         self.values: dict[str, tuple[str, torch.dtype]] = {}   # var name -> (expr, compute dtype)

@@ -1,5 +1,6 @@
-"""Triton's lowering of the prims: the expression of each, for the interpreter and for a GPU, the
-reductions, the types of a compiled kernel's signature, and the jit helpers a kernel may call.
+"""The Triton language of kernels: which block parts it reads (the language registered for
+coverage) and the expression of each prim for the interpreter and for a GPU, the reductions, the
+types of a compiled kernel's signature, and the jit helpers a kernel may call.
 
 Precise math: compiled for a GPU, tanh, expm1, log1p, sinh, cosh, erf, erfc, ... are libdevice's
 (as torch's CUDA kernels call them), and float32 division and square root are IEEE-rounded; under
@@ -130,12 +131,12 @@ def _sinh(x):
 '''
 
 
-def language(interpret: bool | None = None) -> TritonLanguage:
-    """Triton for the interpreter or for a GPU (by default as TRITON_INTERPRET says)."""
+def spelling(interpret: bool | None = None) -> TritonLanguage:
+    """Triton as spelled for the interpreter or for a GPU (by default as TRITON_INTERPRET says)."""
     return TRITON_INTERPRETED if (config.triton_interpret() if interpret is None else interpret) else TRITON
 
 
 def supported(b: BoundSymbol, interpret: bool | None = None) -> bool:
     """Whether this generator can emit `b` inside a region (for the interpreter or a GPU; by
     default as TRITON_INTERPRET says)."""
-    return render.supported(b, language(interpret))
+    return render.supported(b, spelling(interpret))
