@@ -2,7 +2,7 @@
 
     python benchmarks/bench_cpu.py                # full run, a few minutes
     python benchmarks/bench_cpu.py --quick        # short run, under a minute
-    python benchmarks/bench_cpu.py --c-crossover  # C kernels vs torch calls by size (sets MAX_NUMEL*)
+    python benchmarks/bench_cpu.py --c-crossover  # C kernels vs torch calls by size (sets MAX_NUMEL_LIBM)
     python benchmarks/bench_cpu.py --workloads    # pointwise chains and row norms, 4 elements to 16M
 
 Writes benchmarks/results/cpu.json and prints the table and the PASS/MISS targets.
@@ -25,7 +25,7 @@ import torch
 
 import fjit
 from benchmarks import harness as H
-from fjit.executors.c import executor as c_executor
+from fjit.executors.c import build_queue as c_build_queue, executor as c_executor
 from fjit.core import meta
 from fjit.frontend import tracer
 
@@ -108,7 +108,7 @@ def bench_elementwise(quick: bool) -> list[dict]:
 def _forget_c_kernels() -> None:
     """A fresh kernel cache directory and no kernel in memory: the next C kernel is compiled anew."""
     os.environ["FJIT_CACHE_DIR"] = tempfile.mkdtemp(dir=COLD_CACHE_ROOT)
-    c_executor._BINARIES.clear()
+    c_build_queue._BINARIES.clear()
 
 
 def bench_cold(quick: bool) -> dict:
@@ -131,7 +131,7 @@ def bench_cold(quick: bool) -> dict:
         out = {}
         try:
             samples_ns.append(H.time_once_ns(lambda: out.setdefault("v", jf(x, y, SCALE))))
-            build_ms.append(H.time_once_ns(c_executor.wait_for_builds) / 1e6)
+            build_ms.append(H.time_once_ns(c_executor.wait) / 1e6)
         except Exception as exc:  # noqa: BLE001 - reported in the results
             errors["fjit"] = H.describe_error(exc)
             break
@@ -379,9 +379,9 @@ def bench_workloads(quick: bool, names=None, shapes=WORKLOAD_SHAPES) -> dict:
 
 def bench_c_crossover(quick: bool) -> list[dict]:
     """The C executor against fjit's torch calls and eager at growing sizes, every region claimed
-    whatever its size: where C stops paying is what MAX_NUMEL and MAX_NUMEL_LIBM are set from."""
-    limits = c_executor.MAX_NUMEL, c_executor.MAX_NUMEL_LIBM
-    c_executor.MAX_NUMEL = c_executor.MAX_NUMEL_LIBM = 1 << 40
+    whatever its size: where C stops paying is what MAX_NUMEL_LIBM is set from."""
+    limit = c_executor.MAX_NUMEL_LIBM
+    c_executor.MAX_NUMEL_LIBM = 1 << 40
     os.environ["FJIT_C_KERNELS"] = "sync"
     timer, rows = H.CpuTimer(), []
     try:
@@ -406,9 +406,9 @@ def bench_c_crossover(quick: bool) -> list[dict]:
                              "c_over_eager": H.paired_ratio(stats, "c", "eager"),
                              "torch_calls_over_eager": H.paired_ratio(stats, "torch_calls", "eager")})
     finally:
-        c_executor.MAX_NUMEL, c_executor.MAX_NUMEL_LIBM = limits
+        c_executor.MAX_NUMEL_LIBM = limit
         os.environ.pop("FJIT_C_KERNELS")
-    print(f"C kernels vs torch calls (MAX_NUMEL={limits[0]}, MAX_NUMEL_LIBM={limits[1]} lifted)")
+    print(f"C kernels vs torch calls (MAX_NUMEL_LIBM={limit} lifted)")
     print(H.format_table(["function", "elements", "eager us", "C/eager", "torch calls/eager"], [
         [r["function"], f"{r['numel']:,}", H.fmt(r["eager_us"]), H.fmt(r["c_over_eager"], ".2f"),
          H.fmt(r["torch_calls_over_eager"], ".2f")] for r in rows]))

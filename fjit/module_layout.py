@@ -34,7 +34,7 @@ import torch
 from torch.nn.modules import module as _torch_module
 
 from fjit.core.ir import Binding
-from fjit.core.trace import compile_function
+from fjit.core.generated import compile_function
 
 # Per-module hook tables that change what a forward call does (the *_with_kwargs and
 # *_always_called tables are keyed by the same handle ids as these).

@@ -38,6 +38,7 @@ from fjit.passes.basic import (autograd_may_record, constant_fold, cse, dce, fre
                                reuse_buffers, simplify_views)
 from fjit.passes.gemms import choose_gemms
 from fjit.logs import recompiles
+from fjit.passes import layouts
 from fjit.passes.verify import TraceVerificationError, verify
 
 CLEANUP = (dce, cse, constant_fold, simplify_views, dce)
@@ -197,9 +198,9 @@ def finalize(trace: Trace, untracked: bool = False) -> Trace:
     reads later, and each intermediate is deleted after its last use."""
     tracked = not untracked and autograd_may_record(trace)
     # the GEMM forms are timed per shape: a symbolic program keeps torch's own
-    trace = torch_executor.conform_prim_layouts(trace if trace.sizes is not None else choose_gemms(trace, tracked))
+    trace = layouts.conform_prim_layouts(trace if trace.sizes is not None else choose_gemms(trace, tracked))
     # the executors' claims leave views nothing reads (a kernel reads its input through them)
-    trace = dce(trace if tracked else torch_executor.reinterpret_views(trace))
+    trace = dce(trace if tracked else layouts.reinterpret_views(trace))
     return free_dead_values(reuse_buffers(trace)).with_stage("torch_executor")
 
 
@@ -219,10 +220,10 @@ def _trace_with_real_layouts(fn, args, kwargs, leaves, mode, executors, sizes: S
         traces = lower(result.trace, executors, leaves)
         # The traced stage, dead ops included: check mode checks every stage's layouts.
         traced = traces[0]
-        if not torch_executor.has_opaque_ops(traced):
+        if not layouts.has_opaque_ops(traced):
             return result, traces, _NOT_RUN, executors
         rewind = rng_snapshot(traced.bsyms)
-        first, wrong = _restoring_modes_on_error(torch_executor.run_observing_layouts)(traced, leaves)
+        first, wrong = _restoring_modes_on_error(layouts.run_observing_layouts)(traced, leaves)
         if not wrong or attempt == 2 and sizes is None:
             break
         rewind()      # the next run must draw what this one drew
@@ -346,7 +347,7 @@ def _channels_last_traces(fn, args, kwargs, leaves, mode, first: Trace) -> list[
             # memory order: other numbers at each position than eager's
             return None
         with torch.no_grad(), rng_preserved(traces[0].bsyms):
-            _, wrong = torch_executor.run_observing_layouts(traces[0], leaves)
+            _, wrong = layouts.run_observing_layouts(traces[0], leaves)
         if not wrong:
             return traces
         observed.update(result.observed(wrong))

@@ -1,8 +1,11 @@
-"""What generated programs call: the runtime side of a trace, apart from the tracing frontend.
+"""What generated programs call besides torch: the runtime side of a trace, apart from the tracing
+frontend.
 
 A printed stage is a Python module a person can run: it imports `torch`, `operator` and, from here,
-`prims` (each prim's torch lowering), `fjit_ops` (the out-of-place helpers functionalization
-writes), its kernels by name, and `trace_constants` (the objects it refers to that have no
+`prims` (each prim's torch lowering), `fjit_ops` (fjit's own runtime functions: functionalization's
+out-of-place writes, generators, hooks, layout fixes, the channels-last and GEMM forms of pools,
+batch norm and matmuls, and the ATen backward calls they and convolutions are differentiated by),
+its kernels by name, and `trace_constants` (the objects it refers to that have no
 literal: a dataclass to rebuild, a user object bound as a constant).  Kernels and constants are
 registered here while something that runs them lives, and are resolved by name when the printed
 source is executed in a fresh namespace.  The compiled program itself binds them directly (no
@@ -212,13 +215,13 @@ def batch_norm_channels_last(x, weight, bias, eps):
 
 def restride(x, strides):
     """x copied into `strides`: a prim run as a torch call whose recorded layout is its op's, not
-    the one torch's own rule gives it (torch_executor.conform_prim_layouts)."""
+    the one torch's own rule gives it (passes/layouts.py conform_prim_layouts)."""
     return torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device).copy_(x)
 
 
 # reinterpret(x, shape, strides, offset): the view of x's memory with `shape` and `strides`,
 # `offset` elements past x's start.  What a program autograd does not record runs for a view, or a
-# chain of views, of x (torch_executor.reinterpret_views): torch's own (inductor's) as_strided
+# chain of views, of x (passes/layouts.py reinterpret_views): torch's own (inductor's) as_strided
 # without the dispatcher, 0.6 us where a slice costs 2.3 and an expand 3.1.  The result is not a
 # view to autograd and does not share x's version counter.
 try:

@@ -1,6 +1,8 @@
-"""The compiled backward: per-prim VJP rules (rules.py), the backwards of the ops eager
-differentiates by one ATen function (aten_backward.py), the joint forward/backward program split
-into two traces (joint.py), and the autograd.Function that runs them (function.py).
+"""The compiled backward: per-prim VJP rules (rules.py), the ATen backward calls of the ops eager
+differentiates by one ATen function: convolutions, batch norms, pools and flash attention
+(aten_backward.py), the joint forward/backward program split into two traces (joint.py), what its
+backward recomputes rather than saves (recompute.py), and the autograd.Function that runs them
+(function.py).
 
 `compile_with_backward` is what the compile pipeline calls when an input requires grad under grad
 mode.  It returns the reason, a string, when torch autograd over the forward program is the better

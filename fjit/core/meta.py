@@ -1,5 +1,7 @@
-"""Running torch ops on meta tensors: how fjit gets every op's exact output metadata (shape,
-dtype, strides, type promotion, broadcasting) from torch itself.
+"""What torch itself decides about values without computing them: each op's exact output metadata
+(shape, dtype, strides, type promotion, broadcasting) from a run on meta tensors (memoized), the
+layouts the CPU kernels really choose (channels-last), and the SDPA backend torch would pick
+(`attention_backend`).
 
 A CPU convolution's real layout can differ from its meta kernel's, which does not know the CPU
 backends' rule (suggests_channels_last).

@@ -1,7 +1,11 @@
-"""The state of one tracing run: names, the scope being recorded into, and the sharp edges found.
+"""The state of tracing: the thread's TraceContext (names, the scope being recorded into, the
+sharp edges found, the grad mode and autocast state the recorded ops run under) and ProcessPatch,
+the process-wide patches every tracing thread shares.
 
 A `TraceContext` is installed thread-locally for the duration of a trace; proxies reach the dispatcher
-through it, which keeps proxies free of an import of the dispatcher.
+through it, which keeps proxies free of an import of the dispatcher.  The caller's autocast state
+(`autocast_state`, and `autocast_key`, its part of the cache key) is read here because a
+TraceContext starts from it; frontend/modes.py, which records its changes, imports this module.
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ import torch.utils._pytree as pytree
 
 from fjit.core.ir import NumberVar, TensorVar
 from fjit.core.symbolic import active
-from fjit.core.trace import compile_function
+from fjit.core.generated import compile_function
 from fjit.errors import UnsupportedInputError, catalog_fix, catalog_ref, hint_for, located
 from fjit.frontend.context import autocast_key
 from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy

@@ -5,7 +5,9 @@
   strictly (a sharp edge, an error), returns an input or marks one dirty leaves the op opaque,
   which torch autograd records;
 - `associative_scan` (torch._higher_order_ops) is recorded as the sequential scan it defines, the
-  combine function called once a step on that step's slices.
+  combine function called once a step on that step's slices;
+- `torch.utils.checkpoint(..., use_reentrant=True)` (CheckpointFunction.apply) is recorded inline
+  as one checkpointed region.
 
 Calls on real tensors, from any thread, go to torch's own functions.
 """

@@ -8,6 +8,9 @@ for tensors) and calls prims.  It raises NotImplementedError for a case it does 
 op then stays a single opaque call (the torch executor runs it either way; the prims are what the
 fusion pass and the Triton executor see).  The dispatcher checks every decomposition's result
 metadata against torch's meta result.
+
+It also holds the helpers every ops module registers its decompositions with (`register`,
+`replace`, `call`, `upcast`, `downcast`, `no_empty_reduction`).
 """
 from __future__ import annotations
 

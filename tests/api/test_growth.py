@@ -9,7 +9,7 @@ import torch
 
 import fjit
 from fjit import config
-from fjit.executors.c import executor as c_executor
+from fjit.executors.c import build_queue as c_build_queue, executor as c_executor
 
 CACHE_SIZE = config.cache_size()
 SHAPES = 3 * CACHE_SIZE + 20     # more programs than the cache and the fast path's cache hold
@@ -68,16 +68,16 @@ def test_c_kernel_registry_is_bounded_over_many_recompiles(monkeypatch):
     if c_executor.compiler() is None:
         pytest.fail("the C kernel test needs a C compiler on this machine")
     monkeypatch.setenv("FJIT_C_KERNELS", "sync")
-    monkeypatch.setattr(c_executor, "_BINARIES", weakref.WeakValueDictionary())
+    monkeypatch.setattr(c_build_queue, "_BINARIES", weakref.WeakValueDictionary())
     monkeypatch.setenv("FJIT_CACHE_SIZE", "8")     # a kernel build costs ~0.1 s: fewer shapes
     jf = fjit.jit(lambda x: x * 3 + 2)
     for n in range(1, 5 * 8):
         jf(torch.randn(n))
     gc.collect()
-    assert 0 < len(c_executor._BINARIES) <= 2 * 8
+    assert 0 < len(c_build_queue._BINARIES) <= 2 * 8
     del jf
     gc.collect()
-    assert len(c_executor._BINARIES) == 0
+    assert len(c_build_queue._BINARIES) == 0
 
 
 def _alive_after(make_call) -> bool:

@@ -87,21 +87,21 @@ def _long_chain(x, m):
 
 def test_a_big_program_runs_in_a_resumable_frame(monkeypatch):
     """A program whose frame holds RESUMABLE_MIN_SLOTS slots or more runs in a generator's frame
-    (core/trace.py Resumable): results equal eager's call after call, its values are freed when
+    (core/generated.py Resumable): results equal eager's call after call, its values are freed when
     the caller drops them (the waiting frame keeps none), a program that raised runs again, and
     calls from several threads at once each get their own frame."""
     import gc
     import threading
     import weakref
-    from fjit.core import trace as trace_module
+    from fjit.core import generated as generated_module
     monkeypatch.setenv("FJIT_C_KERNELS", "0")
     made = []
 
-    class Counted(trace_module.Resumable):
+    class Counted(generated_module.Resumable):
         def __init__(self, make):
             made.append(self)
             super().__init__(make)
-    monkeypatch.setattr(trace_module, "Resumable", Counted)
+    monkeypatch.setattr(generated_module, "Resumable", Counted)
     jf = fjit.jit(_long_chain)
     x, m = torch.randn(64), torch.eye(3) * 2
     for _ in range(3):
@@ -134,11 +134,11 @@ def test_a_big_program_runs_in_a_resumable_frame(monkeypatch):
 
 
 def test_compile_function_makes_big_generated_functions_resumable():
-    """core/trace.py compile_function: a generated function of RESUMABLE_MIN_SLOTS slots or more
+    """core/generated.py compile_function: a generated function of RESUMABLE_MIN_SLOTS slots or more
     becomes a Resumable that returns what the function returns on each branch (a `return` in an
     `if`, a bare one, falling off the end), takes *args; one whose body loops, or a small one,
     stays a function; a big module's fast path and state reader are Resumables."""
-    from fjit.core.trace import RESUMABLE_MIN_SLOTS, Resumable, compile_function
+    from fjit.core.generated import RESUMABLE_MIN_SLOTS, Resumable, compile_function
     n = RESUMABLE_MIN_SLOTS
     locals_ = "".join(f"    v{i} = x + {i}\n" for i in range(n))
     src = (f"def f(x, *rest):\n{locals_}    if x < 0:\n        return None\n    if x == 0:\n        return\n"

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import fjit
-from fjit.executors.c import build as c_build, elementwise, executor as c_executor
+from fjit.executors.c import build as c_build, build_queue as c_build_queue, elementwise, executor as c_executor
 
 pytestmark = [pytest.mark.ckernels, pytest.mark.usefixtures("sync_build"),
               pytest.mark.skipif(c_executor.compiler() is None, reason="no C compiler on PATH")]
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.ckernels, pytest.mark.usefixtures("sync_build"),
 def fresh_cache(monkeypatch, tmp_path):
     """An empty kernel cache, so the kernel really is compiled (and the in-memory builds forgotten)."""
     monkeypatch.setenv("FJIT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(c_executor, "_BINARIES", {})
+    monkeypatch.setattr(c_build_queue, "_BINARIES", {})
     return tmp_path
 
 
@@ -284,7 +284,7 @@ def test_background_build_runs_torch_until_the_kernel_is_loaded(monkeypatch, fre
     jf = fjit.jit(_elementwise10)
     torch.testing.assert_close(jf(x, y, 0.5), _elementwise10(x, y, 0.5))   # returned before the build
     (name,) = _kernels(jf)
-    binary = c_executor._BINARIES[name]
+    binary = c_build_queue._BINARIES[name]
     assert binary.fn is None and not binary.done.is_set()
     torch.testing.assert_close(jf(x, y, 0.25), _elementwise10(x, y, 0.25))  # the torch fallback
     go.touch()
@@ -304,7 +304,7 @@ def test_every_case_is_right_while_its_kernel_is_still_building(monkeypatch, fre
             args = make()
             jf = fjit.jit(fn)
             torch.testing.assert_close(jf(*args), fn(*args), equal_nan=True, msg=name)
-            assert all(c_executor._BINARIES[k].fn is None for k in _kernels(jf)), name
+            assert all(c_build_queue._BINARIES[k].fn is None for k in _kernels(jf)), name
     finally:
         go.touch()
         assert c_executor.wait(120)
@@ -312,16 +312,16 @@ def test_every_case_is_right_while_its_kernel_is_still_building(monkeypatch, fre
 
 def test_a_kernel_no_program_refers_to_is_unloaded(fresh_cache, monkeypatch):
     import gc
-    monkeypatch.setattr(c_executor, "_BINARIES", weakref.WeakValueDictionary())
+    monkeypatch.setattr(c_build_queue, "_BINARIES", weakref.WeakValueDictionary())
     jf = _check(lambda x: x * 3 + 2, torch.randn(5), kernels=1)
     (name,) = _kernels(jf)
-    assert name in c_executor._BINARIES
+    assert name in c_build_queue._BINARIES
     del jf
     gc.collect()
-    assert name not in c_executor._BINARIES
+    assert name not in c_build_queue._BINARIES
     # loaded again from disk; `jf` keeps it loaded (a binary no function refers to is unloaded)
     jf = _check(lambda x: x * 3 + 2, torch.randn(5), kernels=1)  # noqa: F841
-    assert c_executor._BINARIES[name].fn is not None
+    assert c_build_queue._BINARIES[name].fn is not None
 
 
 def test_kernel_binaries_are_reused_from_disk(monkeypatch, fresh_cache):
@@ -329,12 +329,12 @@ def test_kernel_binaries_are_reused_from_disk(monkeypatch, fresh_cache):
     (name,) = _kernels(_check(lambda x: x * 3 - 1, x))
     assert (fresh_cache / f"{name}.so").exists()
     # a new process: nothing in memory, and no compiler to build with
-    monkeypatch.setattr(c_executor, "_BINARIES", {})
+    monkeypatch.setattr(c_build_queue, "_BINARIES", {})
     monkeypatch.setattr(c_build, "_COMPILER", ["/nonexistent/cc"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         jf = _check(lambda x: x * 3 - 1, x)
-    assert _kernels(jf) == [name] and c_executor._BINARIES[name].fn is not None
+    assert _kernels(jf) == [name] and c_build_queue._BINARIES[name].fn is not None
 
 
 def test_a_broken_binary_on_disk_is_built_again(fresh_cache):
@@ -358,11 +358,11 @@ def test_an_unwritable_cache_directory_gives_one_temporary_directory(monkeypatch
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
     monkeypatch.setenv("FJIT_CACHE_DIR", str(blocked / "kernels"))
-    monkeypatch.setattr(c_executor, "_BINARIES", {})
-    kernels_dir = c_executor.kernel_cache_dir()
+    monkeypatch.setattr(c_build_queue, "_BINARIES", {})
+    kernels_dir = c_build_queue.kernel_cache_dir()
     assert kernels_dir != str(blocked / "kernels") and os.path.isdir(kernels_dir)
     _check(lambda x: x * 4 - 1, torch.randn(3), kernels=1)
-    assert c_executor.kernel_cache_dir() == kernels_dir and len(os.listdir(kernels_dir)) == 1
+    assert c_build_queue.kernel_cache_dir() == kernels_dir and len(os.listdir(kernels_dir)) == 1
 
 
 def test_a_failing_compiler_warns_once_and_results_stay_right(monkeypatch, fresh_cache, tmp_path):
@@ -370,12 +370,12 @@ def test_a_failing_compiler_warns_once_and_results_stay_right(monkeypatch, fresh
     failing.write_text("#!/bin/sh\necho 'cc: fatal error: no space left' >&2\nexit 1\n")
     failing.chmod(failing.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setattr(c_build, "_COMPILER", [str(failing)])
-    monkeypatch.setattr(c_executor, "_WARNED", [])
+    monkeypatch.setattr(c_build_queue, "_WARNED", [])
     x = torch.randn(4)
     with pytest.warns(RuntimeWarning, match="no space left"):
         jf = _check(lambda x: x * 3 - 1, x)
     (name,) = _kernels(jf)
-    assert c_executor._BINARIES[name].error is not None
+    assert c_build_queue._BINARIES[name].error is not None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _check(lambda x: x * 5 - 2, x)     # a second failure does not warn again
@@ -402,7 +402,7 @@ def test_threads_share_one_build(monkeypatch, fresh_cache):
     assert not errors, errors
     assert fjit.cache_info(jf).misses == 1
     assert c_executor.wait(60)
-    assert len(c_executor._BINARIES) == 1
+    assert len(c_build_queue._BINARIES) == 1
 
 
 def test_kernel_source_holds_only_generated_names_and_numbers():
@@ -428,7 +428,7 @@ def test_kernels_take_tensors_through_their_entry_point_and_agree_with_ctypes():
     with torch.no_grad():
         jf = _check(fn, x, w, 0.5, kernels=1)
         expected = fn(x, w, 0.5)
-    binary = next(b for b in list(c_executor._BINARIES.values()) if b.kernel.name == _kernels(jf)[0])
+    binary = next(b for b in list(c_build_queue._BINARIES.values()) if b.kernel.name == _kernels(jf)[0])
     assert binary.fn is not None and (binary.fast is not None) == bool(launch.PYTHON_FLAGS)
     if binary.fast is None:
         return
@@ -464,7 +464,7 @@ def test_build_state_is_reset_in_a_forked_child(monkeypatch, fresh_cache):
     if pid == 0:   # the child: a build it inherited unfinished is queued again by the next call
         signal.alarm(120)    # a hung child must fail the test, not hang it
         ok = torch.equal(jf(x), x * 7 + 1) and c_executor.wait(60)
-        ok = ok and all(b.fn is not None for b in c_executor._BINARIES.values())
+        ok = ok and all(b.fn is not None for b in c_build_queue._BINARIES.values())
         os._exit(0 if ok and torch.equal(jf(x), x * 7 + 1) else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
@@ -544,7 +544,7 @@ def test_vector_math_ulp_error_dense_sweep():
 def test_denormals_survive_in_torch_after_kernels_load():
     """Kernels are built without -ffast-math, which could switch on flush-to-zero process-wide."""
     jf = _check(lambda x: torch.exp(x) * 2 + x, torch.randn(64), kernels=1)
-    assert c_executor._BINARIES[_kernels(jf)[0]].fn is not None
+    assert c_build_queue._BINARIES[_kernels(jf)[0]].fn is not None
     tiny = torch.tensor([1e-40, -3e-42, 2.0 ** -148])
     assert bool((tiny * 0.5 != 0).all()) and bool((tiny + 0 == tiny).all())
     assert (torch.tensor([2.0 ** -126]) / 4).item() == 2.0 ** -128
@@ -1233,7 +1233,7 @@ def test_every_loop_over_a_row_or_its_elements_of_a_training_kernel_is_vectorize
     assert len(names) >= 2, text           # a forward kernel and a backward one at least
     from fjit.executors.c.launch import HEADER
     for name in names:
-        source = c_executor._BINARIES[name].kernel.source
+        source = c_build_queue._BINARIES[name].kernel.source
         report = _vectorization_report(compiler, source, c_build.kernel_flags())
         lines = (HEADER + source).splitlines()
         scalar = [lines[int(n) - 1].strip() for n in re.findall(r"k\.c:(\d+):\d+: missed: couldn't vectorize loop", report)
@@ -1262,7 +1262,7 @@ def test_a_kernel_with_many_pointers_and_column_sums_is_vectorized_by_gcc(monkey
     jf = fjit.jit(block)
     jf(x, r, w, b, w2, b2).backward()
     names = re.findall(r"# C kernel (fjit_c_\w+)", str(fjit.last_backward_traces(jf)[-1]))
-    source = max((c_executor._BINARIES[n].kernel.source for n in names), key=lambda s: s.count("fj_col"))
+    source = max((c_build_queue._BINARIES[n].kernel.source for n in names), key=lambda s: s.count("fj_col"))
     assert source.count("double *fj_col") >= 3    # the weight, bias and scale gradients, with rows
     from fjit.executors.c.launch import HEADER
     # the loop over a row's lanes, where the columns are summed and the row reduced

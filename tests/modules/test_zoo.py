@@ -75,10 +75,10 @@ def test_a_zoo_model_is_right_while_its_kernels_are_not_built(monkeypatch, tmp_p
     calls, as while kernels build in the background): a region's result must be a fresh tensor in
     its recorded layout, as a kernel's is (a contiguous() of a contiguous value returned that value,
     which a later op wrote into in place: the loss was off by 1.6 at step 2)."""
-    from fjit.executors.c import build as c_build, executor as c_executor
+    from fjit.executors.c import build as c_build, build_queue as c_build_queue
     monkeypatch.setenv("FJIT_C_KERNELS", "background")
     monkeypatch.setenv("FJIT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(c_executor, "_BINARIES", {})
+    monkeypatch.setattr(c_build_queue, "_BINARIES", {})
     monkeypatch.setattr(c_build, "_COMPILER", ["false"])
     with pytest.warns(Warning):
         result = check_accuracy(MODELS["timm_gcvit_xxtiny"], "jit", steps=3)

@@ -8,12 +8,12 @@ function (float64's exp, any tan or pow, ...) is taken only up to MAX_NUMEL_LIBM
 that torch's vectorized kernel is faster than the saved passes.
 
 The system C compiler (`$CC`, else `cc`, else `gcc`) builds each kernel in about 80 ms, more than a
-whole cold compile is allowed to take, so by default kernels are built on one background thread:
-until a kernel's binary is loaded its region runs as torch calls of its prims (the fallback), and
-from then on the same launcher calls the kernel.  Results of the two differ only in rounding (the C
-library's sin or exp against torch's, float sums accumulated in double), within the dtype tolerance
-fjit promises.  Binaries are kept in the kernel cache directory by source hash, so a
-later process loads them while compiling, with no wait.
+whole cold compile is allowed to take, so by default kernels are built on one background thread
+(build_queue.py): until a kernel's binary is loaded its region runs as torch calls of its prims
+(the fallback), and from then on the same launcher calls the kernel.  Results of the two differ
+only in rounding (the C library's sin or exp against torch's, float sums accumulated in double),
+within the dtype tolerance fjit promises.  Binaries are kept in the kernel cache directory by
+source hash, so a later process loads them while compiling, with no wait.
 
 FJIT_C_KERNELS selects the mode: "background" (the default), "sync" (build before the compile
 returns; tests and benchmarks use it to know what runs) or "0" (off: the executor claims nothing).
@@ -22,19 +22,8 @@ inputs require grad under grad mode stays with the torch executor.
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import math
-import os
-import queue
-import random
-import subprocess
-import threading
-import time
-import warnings
-import weakref
-
-import _ctypes
 
 import torch
 
@@ -43,13 +32,14 @@ from fjit.core.ir import BoundSymbol, Tag, TensorVar, Var, map_values
 from fjit.core.prims import Prim, prim_of
 from fjit.core.symbolic import is_symbolic, known
 from fjit.core.trace import Trace
-from fjit.executors import kernel_bsym, kernel_cache_dir, kernel_inputs_usable, runtime_sizes, symbolic_kernels
+from fjit.executors import kernel_bsym, kernel_inputs_usable, runtime_sizes, symbolic_kernels
 from fjit.executors.c import batch_norm, frame_stack, max_pool
 from fjit.executors.c.codegen import Kernel, generate, supported
 from fjit.executors.c.language import calls_libm
-from fjit.executors.c.build import build_key, build_library, compiler, kernel_flags
-from fjit.executors.c.launch import HEADER, entry, launcher, python_entry
-from fjit.logs import kernels as log
+from fjit.executors.c.build import build_key, compiler
+# the executor protocol's pending() and wait(), and builds() (benchmarks count them), are the queue's
+from fjit.executors.c.build_queue import Binary, binary_for, builds, pending, wait  # noqa: F401
+from fjit.executors.c.launch import entry, launcher
 from fjit.passes.fusion import FusionPolicy, Partitioner, Region
 from fjit.passes.regroup import worth_a_copy_kernel
 
@@ -59,7 +49,6 @@ from fjit.passes.regroup import worth_a_copy_kernel
 # torch's vectorized kernel, so past a few hundred elements the saved dispatch (~2.5 us) is lost.
 # Measured with benchmarks/bench_cpu.py --c-crossover.
 MAX_NUMEL_LIBM = 256
-_ARG_TYPES = {"p": ctypes.c_void_p, "d": ctypes.c_double, "q": ctypes.c_int64}
 
 
 def mode() -> str:
@@ -119,15 +108,15 @@ _WRITTEN: dict = {}   # batch_norm or max_pool -> its Kernels, made when a trace
 def _written_kernels(written):
     if written not in _WRITTEN:
         _WRITTEN[written] = batch_norm.Kernels(*(_written_binary(name, *kernel) for name, kernel in
-                                                 batch_norm.KERNELS.items()), requeue=_binary) \
+                                                 batch_norm.KERNELS.items()), requeue=binary_for) \
             if written is batch_norm else max_pool.Kernels(_written_binary)
     return _WRITTEN[written]
 
 
-def _written_binary(name: str, source: str, arg_types: list) -> "_Binary":
+def _written_binary(name: str, source: str, arg_types: list) -> Binary:
     """The build state of the threaded kernel `name` that `source` defines, named by a digest."""
     unique = f"{name}_{hashlib.sha1((build_key() + source).encode()).hexdigest()[:16]}"
-    return _binary(Kernel(unique, source.replace(f"void {name}(", f"void {unique}("), [], arg_types, True))
+    return binary_for(Kernel(unique, source.replace(f"void {name}(", f"void {unique}("), [], arg_types, True))
 
 
 def _pointwise_and_reductions(b: BoundSymbol) -> list:
@@ -169,7 +158,7 @@ def _named(kernel: Kernel) -> Kernel:
 
 def _region_bsym(region: Region) -> BoundSymbol:
     kernel = _kernel(region)
-    binary = _binary(kernel)
+    binary = binary_for(kernel)
     fallback = _Fallback(region, binary)
     launch = launcher(region, kernel, binary, fallback)
     comment = f"C kernel {kernel.name}\n{kernel.source[kernel.source.index(f'void {kernel.name}('):]}"
@@ -209,7 +198,7 @@ class _SymbolicRegion(symbolic_kernels.SymbolicLauncher):
         if not self.parametric:
             concrete = self.instance(values)
             kernel = _kernel(concrete)
-            binary = _binary(kernel)
+            binary = binary_for(kernel)
             return kernel, launcher(concrete, kernel, binary, _Fallback(concrete, binary))
         return self.variants(values)
 
@@ -218,7 +207,7 @@ class _SymbolicRegion(symbolic_kernels.SymbolicLauncher):
         return _named(generate(region, "fused", params)), region
 
     def _prepare(self, kernel: Kernel, region: Region):
-        binary = _binary(kernel)
+        binary = binary_for(kernel)
         return launcher(region, kernel, binary, _InstanceFallback(self.instance, binary, self.arity),
                         symbols=self.n_symbols)
 
@@ -227,7 +216,7 @@ class _InstanceFallback:
     """A parametric kernel's fallback (while its build runs): the region instantiated at the call's
     sizes, run as torch calls (_Fallback); the instances made are kept per set of values."""
 
-    def __init__(self, instance, binary: "_Binary", arity: int):
+    def __init__(self, instance, binary: Binary, arity: int):
         self.instance, self.binary, self.arity = instance, binary, arity
         self.made: dict[tuple, _Fallback] = {}
 
@@ -246,7 +235,7 @@ class _Fallback:
     (or could not be).  Interpreted, not compiled to Python, so a cold compile pays nothing for it.
     A build lost to fork is queued again from here."""
 
-    def __init__(self, region: Region, binary: "_Binary"):
+    def __init__(self, region: Region, binary: Binary):
         self.params = [v.name for v in region.inputs]
         # an input the kernel reads through its views arrives as the value it views
         self.views = {k: (tuple(v.shape), tuple(v.strides), region.bases[k][1])
@@ -258,7 +247,7 @@ class _Fallback:
 
     def __call__(self, *inputs):
         if not self.binary.queued and self.binary.error is None:
-            _binary(self.binary.kernel)
+            binary_for(self.binary.kernel)
         inputs = [x.as_strided(self.views[k][0], self.views[k][1], x.storage_offset() + self.views[k][2])
                   if k in self.views else x for k, x in enumerate(inputs)]
         env = dict(zip(self.params, inputs))
@@ -274,157 +263,6 @@ class _Fallback:
                      else torch.empty_strided(shape, strides, dtype=val.dtype).copy_(val)
                      for val, (shape, strides) in zip((env[name] for name in self.outputs), self.layouts))
         return outs if len(outs) > 1 else outs[0]
-
-
-# -- building ----------------------------------------------------------------------------------------
-
-class _Binary:
-    """One kernel's build state; `fn` is the loaded ctypes function once built."""
-
-    def __init__(self, kernel: Kernel):
-        self.kernel = kernel
-        self.fn = None
-        self.fast = None     # the entry point taking tensors (launch.py), where built with one
-        self.error: str | None = None
-        self.queued = False
-        self.done = threading.Event()
-
-
-# Kernels by name, held by the launchers that call them: once no compiled program refers to a
-# kernel (its cache entries evicted, its function gone), its library is closed.
-_BINARIES: "weakref.WeakValueDictionary[str, _Binary]" = weakref.WeakValueDictionary()
-_LOCK = threading.Lock()
-_QUEUE: queue.SimpleQueue = queue.SimpleQueue()
-_WORKER: list = []          # [Thread] while one runs
-_WARNED: list = []
-_BUILT = [0]                # kernels compiled from source in this process (benchmarks count them)
-
-
-def builds() -> int:
-    """How many kernels this process has compiled from source (not loaded from the cache)."""
-    return _BUILT[0]
-
-
-def _binary(kernel: Kernel) -> _Binary:
-    """The kernel's build state, with its build done, started or queued as the mode says."""
-    with _LOCK:
-        binary = _BINARIES.get(kernel.name)
-        if binary is None:
-            binary = _BINARIES[kernel.name] = _Binary(kernel)
-        if binary.fn is not None or binary.error is not None:
-            log.debug("C kernel %s: cache hit (loaded in this process)", kernel.name)
-            return binary
-        # (a stress test's delayed builds load from disk in the background too)
-        if not (config.c_build_delay() and mode() != "sync") and _load_from_disk(binary):
-            log.debug("C kernel %s: cache hit (binary on disk)", kernel.name)
-            return binary
-        if mode() != "sync":
-            if not binary.queued:
-                binary.queued = True
-                _QUEUE.put(binary)
-                if not _WORKER or not _WORKER[0].is_alive():
-                    _WORKER[:] = [threading.Thread(target=_work, name="fjit-c-kernels", daemon=True)]
-                    _WORKER[0].start()
-            return binary
-    if binary.queued:
-        binary.done.wait()
-    else:
-        _build(binary)
-    return binary
-
-
-def _work() -> None:
-    delay = config.c_build_delay()      # stress testing: builds land at random points
-    while True:
-        try:
-            binary = _QUEUE.get(timeout=5.0)
-        except queue.Empty:
-            with _LOCK:
-                if _QUEUE.empty():
-                    _WORKER.clear()
-                    return
-            continue
-        if delay:
-            time.sleep(random.uniform(0, delay))
-        _build(binary)
-
-
-def pending() -> bool:
-    """Whether a queued kernel is not built yet."""
-    with _LOCK:
-        return any(b.queued and not b.done.is_set() for b in list(_BINARIES.values()))
-
-
-def wait(timeout: float = 60.0) -> bool:
-    """Block until every queued kernel is built or failed (tests and benchmarks); False on timeout."""
-    with _LOCK:
-        pending = [b for b in list(_BINARIES.values()) if b.queued and not b.done.is_set()]
-    return all(b.done.wait(timeout) for b in pending)
-
-
-def _so_path(name: str) -> str:
-    return os.path.join(kernel_cache_dir(), f"{name}.so")
-
-
-def _load_from_disk(binary: _Binary) -> bool:
-    """Load the kernel's binary if an earlier build left one; a broken one is built again."""
-    path = _so_path(binary.kernel.name)
-    if not os.path.exists(path):
-        return False
-    try:
-        _load(binary, path)
-    except (OSError, AttributeError):
-        return False
-    return True
-
-
-def _build(binary: _Binary) -> None:
-    kernel = binary.kernel
-    path = _so_path(kernel.name)
-    try:
-        if not _load_from_disk(binary):
-            start = time.perf_counter()
-            build_library(HEADER + kernel.source + entry(kernel.name, kernel.arg_types), path, kernel_flags())
-            _BUILT[0] += 1
-            _load(binary, path)
-            log.debug("C kernel %s built in %.0f ms (%s):\n%s", kernel.name,
-                      1e3 * (time.perf_counter() - start), path, kernel.source)
-    except (OSError, AttributeError, TypeError, ctypes.ArgumentError, subprocess.SubprocessError) as e:
-        binary.error = str(e)
-        if not _WARNED:
-            _WARNED.append(True)
-            warnings.warn(f"fjit: building a C kernel failed, so its region runs as torch calls "
-                          f"(set FJIT_C_KERNELS=0 to stop trying): {e}", RuntimeWarning)
-    finally:
-        binary.done.set()
-
-
-def _load(binary: _Binary, path: str) -> None:
-    library = ctypes.CDLL(path)
-    fn = getattr(library, binary.kernel.name)
-    fn.argtypes = [_ARG_TYPES[t] for t in binary.kernel.arg_types]
-    fn.restype = None
-    binary.fast = python_entry(library, binary.kernel.name)
-    binary.fn = fn
-    binary.done.set()
-    if hasattr(_ctypes, "dlclose"):     # ctypes never unloads a library by itself
-        # A launcher running the kernel keeps `binary` alive through its globals, so this runs
-        # only when nothing can call the kernel; not at exit, where nothing is gained.
-        weakref.finalize(binary, _ctypes.dlclose, library._handle).atexit = False
-
-
-def _after_fork_in_child() -> None:
-    """The worker thread does not survive fork: requeue what it had not built."""
-    global _LOCK, _QUEUE
-    _LOCK, _QUEUE = threading.Lock(), queue.SimpleQueue()
-    _WORKER.clear()
-    for binary in list(_BINARIES.values()):
-        if binary.fn is None and binary.error is None:
-            binary.queued = False
-            binary.done = threading.Event()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # The frame-stack chunk cache (frame_stack.py) serves every program this process runs, and is built
