@@ -1,4 +1,6 @@
-"""fjit: a strict, purely functional tracing JIT for PyTorch."""
+"""fjit, a strict, purely functional tracing JIT for PyTorch: its public names (from api.py,
+errors.py, module.py, and the IR's Trace and Binding), and fjit.backend, the torch.compile backend,
+loaded on first use."""
 import fjit.logs as logs
 from fjit.api import (CacheInfo, JittedFunction, Report, cache_info, clear_caches, diagnose, explain,
                       jit, last_backward_traces, last_traces)
@@ -22,8 +24,9 @@ logs.enable_from_environment()      # FJIT_LOGS
 
 
 def __getattr__(name):
-    # fjit.backend, the torch.compile backend, is loaded on first use: importing fjit must not
-    # import torch._dynamo (and the backend imports it only when Dynamo calls it).
+    # fjit.backend, the torch.compile backend, is loaded on first use: it keeps fjit.dynamo (its
+    # aten table, built at import) off `import fjit`.  (fjit.dynamo imports no torch._dynamo
+    # either way: the backend imports it only when Dynamo calls it.)
     if name == "backend":
         from fjit.dynamo import backend
         return backend

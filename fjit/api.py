@@ -1,4 +1,5 @@
-"""The public entry points: jit, last_traces, cache_info, diagnose, explain, clear_caches.
+"""The public entry points: jit, last_traces, last_backward_traces, cache_info, diagnose, explain,
+clear_caches, and the JittedFunction class they take (re-exported from fjit/jitted.py).
 
 `fjit.jit` of a function is a JittedFunction (fjit/jitted.py); of an nn.Module, an FjitModule
 (fjit/module.py) whose forward runs one.

@@ -1,4 +1,4 @@
-"""The torch.compile backend (DESIGN.md section 7): `torch.compile(model, backend="fjit")`.
+"""The torch.compile backend (../shared/DESIGN.md section 7, outside the repository): `torch.compile(model, backend="fjit")`.
 
 `backend` is the object the `torch_dynamo_backends` entry point names and `fjit.backend` returns.
 Importing this package does not import torch._dynamo: the backend imports it when Dynamo calls it.

@@ -5,11 +5,12 @@
     fjit.backend.with_options(executors=("c", "torch"), split_executor="inductor")
     print(fjit.backend.explain())                 # subgraphs and split reasons
 
-Routes.  A graph that needs gradients (grad mode on and an input requiring grad) goes through
-AOTAutograd, with fjit compiling the forward and the backward aten graphs (fjit's own backward is
-not ready); any other graph is compiled as Dynamo hands it over, at the torch level, which fjit's
-decompositions cover best and which skips AOTAutograd's tracing.  AOT graphs are first rewritten to
-torch-level calls (fjit/dynamo/aten.py) so their pointwise and reduction work fuses.
+Routes.  A graph that needs gradients (grad mode on and an input requiring grad) is compiled, by
+default, as fjit.jit would compile it: fjit's compiled backward where it fuses, torch autograd
+elsewhere.  With `autograd="aot"` it goes through AOTAutograd instead, with fjit compiling the
+forward and the backward aten graphs, first rewritten to torch-level calls (fjit/dynamo/aten.py) so
+their pointwise and reduction work fuses.  Any other graph is compiled as Dynamo hands it over, at
+the torch level, which fjit's decompositions cover best and which skips AOTAutograd's tracing.
 
 Each graph is cut into pieces (fjit/dynamo/split.py): nodes that fjit cannot compile run as torch
 calls, each in a piece of its own with a recorded reason, every run of nodes between them is one

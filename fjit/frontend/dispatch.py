@@ -5,7 +5,8 @@ a grad-mode or autocast change made since the last op (frontend/modes.py), rejec
 conversions (FJ106), runtime-identity questions and autograd hooks (FJ202), functionalizes in-place
 ops, `out=` and setitem (FJ102 when they reach an input), and hands every other call to
 frontend/record.py, which records it.  frontend/library_calls.py says what becomes of torch's
-autograd.Function.apply, vmap and associative_scan while fjit traces.
+autograd.Function.apply, associative_scan and reentrant checkpoints while fjit traces, and
+frontend/transforms.py of the torch.func transforms (vmap, grad, jvp, vjp).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Random numbers: a compiled program draws from torch's generators what eager would draw.
 
-* Compiling draws nothing.  Random ops run on meta tensors while tracing (`dispatch.trace_call`
+* Compiling draws nothing.  Random ops run on meta tensors while tracing (`record.trace_call`
   sends factories such as `torch.randn(4, 5)` there too), and what does run real ops at compile
   time (permissive replays in `concrete_value`, check mode) runs under `rng_preserved`, which
   rewinds the global generators and every generator the trace draws from.

@@ -528,7 +528,9 @@ def _float_unary_names():
 
 
 _UNARY = _float_unary_names()
-_POINTWISE = {   # each op of passes.basic._INPLACE, called the way user code calls it
+# each op of fjit.core.prims.INPLACE_TWIN (the ops passes.basic.reuse_buffers runs in place),
+# called the way user code calls it
+_POINTWISE = {
     **{n: (lambda f: lambda a, y: f(a))(getattr(torch, n)) for n in _UNARY},
     "add": lambda a, y: torch.add(a, y, alpha=2), "sub": lambda a, y: a.sub(y),
     "mul": lambda a, y: torch.mul(a, y), "div": lambda a, y: torch.div(a, y, rounding_mode="floor"),

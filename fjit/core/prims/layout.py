@@ -160,7 +160,8 @@ def _gather_vjp(b, g, value):
     return [(x, torch.scatter_add(z, dim, value(index), g))]
 
 
-define("CAT", D, vjp=_cat_vjp, aten=("cat.default",), notes=_SHAPE_OPS)
+define("CAT", D, vjp=_cat_vjp, aten=("cat.default",), notes={
+    "decomposition": "torch.cat/stack reach it (ops/shape_ops.py)"})
 define("CONTIGUOUS", D, aliases=True, lowering=lambda x: x.contiguous(), vjp=identity, c="{0}", notes={
     **_SHAPE_OPS, "aten": "AOT graphs write it as aten.clone with a memory format (CLONE's row)"})
 define("INDEX_SELECT", D, vjp=_index_select_vjp, notes={
@@ -168,7 +169,8 @@ define("INDEX_SELECT", D, vjp=_index_select_vjp, notes={
                      "ops/nn_ops.py); torch.index_select is not claimed",
     "aten": _no_aten("index_select")})
 define("GATHER", D, vjp=_gather_vjp, notes={
-    "decomposition": "F.cross_entropy/nll_loss reach it (ops/nn_ops.py); torch.gather is not claimed",
+    "decomposition": "F.cross_entropy reaches it (ops/nn_ops.py); torch.gather and F.nll_loss are "
+                     "not claimed",
     "aten": _no_aten("gather")})
 
 _FACTORY = {"decomposition": "torch.full, zeros, ones, *_like and friends reach it (ops/shape_ops.py)"}

@@ -61,8 +61,9 @@ define("MATMUL", Kind.OPAQUE, vjp=_matmul_vjp, aten=("mm.default", "bmm.default"
        notes={"decomposition": "torch.matmul, mm, bmm, F.linear reach it (ops/nn_ops.py)"})
 define("SDPA", Kind.OPAQUE, value="scaled_dot_product_attention",
        lowering=torch.nn.functional.scaled_dot_product_attention, notes={
-           "decomposition": "F.scaled_dot_product_attention reaches it (ops/nn_ops.py)",
-           "vjp": "no rule written (attention's backward is torch's fused kernel): autodiff "
-                  "records the torch-level op and torch autograd differentiates it",
+           "decomposition": "F.scaled_dot_product_attention reaches it (ops/attention.py)",
+           "vjp": "no rule written: an attention eager runs as ATen's flash CPU kernel gets that "
+                  "kernel's backward (autodiff/aten_backward.py); any other is recorded as the "
+                  "torch-level op and torch autograd differentiates it",
            "aten": "AOT graphs hold aten's attention overloads: no row in dynamo/aten.py, they "
                    "stay torch calls"})

@@ -1,15 +1,15 @@
 """How a C kernel is called from a program: the launcher, and the CPython entry point a binary carries.
 
 A call through ctypes converts each argument on the way in (a tensor's `data_ptr()`, then a
-`c_void_p`): about 3 us for a kernel of a dozen tensors, where the kernel itself takes 1-2 us on
-a transformer's small activations, and a step runs ~50 of them.  So where the Python headers are
-there, each binary also carries a METH_FASTCALL entry point (`ENTRY`) that takes the tensors
-themselves and reads their data pointers in C through the function torch exports for inductor's
-kernels (torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr): 1.6 us for the same
-call.  That function accepts only torch.Tensor and nn.Parameter (it throws a C++ exception for
-anything else), so the entry point checks the exact type and asks any other tensor for
-`data_ptr()`.  It releases the GIL while the kernel runs, as a ctypes call does.  Without the
-headers or that function, kernels are called through ctypes alone.
+`c_void_p`): about 3 us for a kernel of a dozen tensors, where the kernel itself takes 1-2 us on a
+transformer's small activations, and a step runs ~50 of them.  So where the Python headers are
+there, each binary also carries a METH_FASTCALL entry point (`entry`, built with FJ_PYTHON_ENTRY)
+that takes the tensors themselves and reads their data pointers in C through the function torch
+exports for inductor's kernels (torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr):
+1.6 us for the same call.  That function accepts only torch.Tensor and nn.Parameter (it throws a
+C++ exception for anything else), so the entry point checks the exact type and asks any other
+tensor for `data_ptr()`.  It releases the GIL while the kernel runs, as a ctypes call does.
+Without the headers or that function, kernels are called through ctypes alone.
 """
 from __future__ import annotations
 

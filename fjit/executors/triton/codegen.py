@@ -1,7 +1,7 @@
 """Region -> Triton kernel source.
 
 The kernel reads like Triton's vector-add tutorial: program id, offsets, mask, loads, compute,
-stores.  Shapes and strides are literals, or int64 parameters sz0, sz1, ... (runtime_sizes.py), so
+stores (each tile's code: tiles.py).  Shapes and strides are literals, or int64 parameters sz0, sz1, ... (runtime_sizes.py), so
 the source itself is the cache key: identical regions over identical layouts share one kernel.  Half-precision values are
 computed in float32 and rounded after every op, as torch's eager kernels round each op's result.
 
