@@ -13,6 +13,9 @@ them compiles again.
 Sizes 0 and 1 are never symbolic (the environment specializes them, as torch.compile does): a
 broadcast against a dim of size 1 is another program.  The printed program binds each symbol
 from the input dim it stands for (`s0 = x.shape[1]`) and computes every size from them.
+
+sympy and torch's symbolic_shapes (0.4 s) are imported on first use, inside the functions that
+need them: `import fjit` does not load them.
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ import weakref
 from typing import Callable
 
 import torch
+from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fjit.core.ir import BoundSymbol, TensorVar, flatten_values, map_values
 
@@ -51,7 +56,6 @@ class SymbolicSizes:
     """The symbols of one compilation, where they come from, and the guards taken on them."""
 
     def __init__(self, dynamic: dict[int, frozenset]):
-        from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
         self.dynamic = dynamic          # flat input position -> the dims made symbolic
         # No duck sizing: two dims equal at this call are two symbols until something equates them
@@ -71,7 +75,6 @@ class SymbolicSizes:
         the Python dispatcher on (as Dynamo runs them), so that an op whose C++ meta kernel wants
         concrete sizes (F.pad's constant_pad_nd) takes its Python decomposition, which computes with
         the symbols, instead of pinning them."""
-        from torch._dispatch.python import enable_python_dispatcher
         # The sharp-edge observer's profile hook (strict/observer.py) watches user code; torch's
         # Python shape rules and sympy run no user code and make ~10^6 calls per model: unwatched.
         hook = sys.getprofile()
@@ -104,7 +107,7 @@ class SymbolicSizes:
     def size(self, hint: int, position: int, name: str, dim: int):
         """A symbolic size for dim `dim` of input `name` (flat position `position`) whose value at
         this call is `hint` (a plain int where the environment specializes it: 0 or 1)."""
-        from torch._dynamo.source import ConstantSource
+        from torch._dynamo.source import ConstantSource    # torch._dynamo: 0.7 s, not on `import fjit`
         from torch.fx.experimental.symbolic_shapes import DimDynamic
         import sympy
         symbol = self.env.create_symbol(hint, ConstantSource(f"{name}.shape[{dim}]"),

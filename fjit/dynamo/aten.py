@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 import torch.nn.functional as F
+from torch._decomp import get_decompositions
 
 from fjit.core.prims import aten_overloads
 
@@ -198,7 +199,6 @@ def decompositions() -> dict:
     pointwise and reduction aten ops the table above maps, so they fuse; matmul and convolution
     stay whole.  addmm is not decomposed (torch's decomposition multiplies by alpha and beta even
     when they are 1): its row above makes it mm + add."""
-    from torch._decomp import get_decompositions
     return get_decompositions([
         aten.gelu_backward, aten.tanh_backward, aten.sigmoid_backward, aten.threshold_backward,
         aten.silu_backward, aten._softmax_backward_data, aten._log_softmax_backward_data,

@@ -131,7 +131,7 @@ class Backend:
             # fjit's compiled backward where it fuses, torch autograd over its calls elsewhere.
             return self.compile_graph(gm, example_inputs, graph, "train")
         if training:
-            from torch._dynamo.backends.common import aot_autograd
+            from torch._dynamo.backends.common import aot_autograd   # Dynamo/AOT: only once Dynamo calls
             return aot_autograd(
                 fw_compiler=functools.partial(self._compile_aot, graph=graph, stage="forward"),
                 bw_compiler=functools.partial(self._compile_aot, graph=graph, stage="backward"),
@@ -141,7 +141,7 @@ class Backend:
         return self.compile_graph(gm, example_inputs, graph, "inference")
 
     def _compile_aot(self, gm, example_inputs, *, graph, stage):
-        from torch._functorch.aot_autograd import make_boxed_func
+        from torch._functorch.aot_autograd import make_boxed_func   # only once AOTAutograd calls
         return make_boxed_func(self.compile_graph(gm, example_inputs, graph, stage, aten=True))
 
     def compile_graph(self, gm: torch.fx.GraphModule, example_inputs, graph: int, stage: str,
@@ -278,7 +278,7 @@ def _torch_piece(backend: Backend, sub: torch.fx.GraphModule, info: SubgraphInfo
 
     def first(*args):
         try:
-            from torch._inductor import compile as inductor_compile
+            from torch._inductor import compile as inductor_compile   # heavy: only for inductor pieces
             compiled = inductor_compile(sub, list(args))
             result = compiled(*args)
             info.executor = "inductor"

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from fjit.core.prims import ROWS, Kind, Prim, apply, torch_callables
 from fjit.core.prims.toolkit import no_kwargs, reduced_dims
+from fjit.frontend.dispatch import dispatch
 from fjit.frontend.record import DECOMPOSITIONS, REPLACEMENTS
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 
@@ -47,7 +48,6 @@ def replace(*funcs):
 def call(f, *args, **kwargs):
     """The torch-level op `f` recorded from inside a decomposition or a replacement: its own op of
     the trace, decomposed in turn."""
-    from fjit.frontend.dispatch import dispatch     # dispatch imports this module's tables
     return dispatch(f, args, kwargs)
 
 

@@ -15,6 +15,7 @@ from fjit.core.ir import Symbol, Tag
 from fjit.core.prims import Prim, apply, prim_of, torch_callables
 from fjit.core.prims.layout import reshape_copies
 from fjit.frontend.context import current
+from fjit.frontend.dispatch import dispatch
 from fjit.frontend.record import trace_call
 from fjit.core.prims.toolkit import reduced_dims
 from fjit.frontend.proxies import NumberProxy, TensorProxy
@@ -261,7 +262,6 @@ def _grouped_matmul(a, b):
     """q @ repeat_kv(k).mT and p @ repeat_kv(v) recorded as matmuls of each key/value head with its
     group of query heads stacked as rows: the same sums, without copying k and v once per group
     (the copies are then dead), and gradients without a sum over each group."""
-    from fjit.frontend.dispatch import dispatch
     if not (isinstance(a, TensorProxy) and isinstance(b, TensorProxy) and a.ndim == 4 and b.ndim == 4):
         raise NotImplementedError
     made, t = _made(b.ir), b.ir

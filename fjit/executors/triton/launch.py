@@ -62,7 +62,7 @@ def compile_stage(fn, kernel, device: torch.device):
     """`compile_for_device` without the grid: what a symbolic program's kernel compiles once and
     binds per set of sizes (`bind_stage`)."""
     try:
-        import triton
+        import triton       # optional, and imported by the first compile, not with this module
         from triton.compiler import ASTSource
         from triton.runtime.driver import driver
         if triton.knobs.runtime.launch_enter_hook is not None or triton.knobs.runtime.launch_exit_hook is not None:
@@ -81,7 +81,7 @@ def compile_stage(fn, kernel, device: torch.device):
 
 def bind_stage(compiled, kernel, device: torch.device):
     """The compiled stage bound to `kernel`'s grid and constexprs on `device`."""
-    from triton.runtime.driver import driver
+    from triton.runtime.driver import driver      # triton is optional: imported on use
     index = device.index if device.index is not None else torch.cuda.current_device()
     return bind_compiled(compiled, kernel.grid, tuple(kernel.constexprs.values()),
                          driver.active.get_current_stream, index)

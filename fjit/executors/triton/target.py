@@ -14,11 +14,14 @@ its signature, its launch options, the target and Triton's version: a sweep comp
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
+import importlib.util
 import io
 import json
+import multiprocessing
 import os
 import re
 import subprocess
@@ -40,7 +43,7 @@ class Job:
     arch: str = "sm_90"
 
     def key(self) -> str:
-        import triton
+        import triton       # optional: not imported with this module
         text = json.dumps([self.source, self.name, self.signature, self.constexprs, self.num_warps,
                            self.arch, triton.__version__], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
@@ -59,9 +62,7 @@ _STACK = re.compile(r"(\d+) bytes stack frame")
 
 def _compile_here(job: dict, workdir: str) -> dict:
     """Compile one job in this process (which must not be interpreting): ptxas's figures."""
-    import importlib.util
-
-    import triton
+    import triton       # optional: imported only where a kernel is compiled
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     path = os.path.join(workdir, f"{job['name']}_{job['key']}.py")
@@ -104,8 +105,6 @@ def _worker(args):
 
 def child_main(workers: int) -> None:
     """In the child: compile the jobs read from stdin, with `workers` processes; JSON to stdout."""
-    import concurrent.futures
-    import multiprocessing
     request = json.load(sys.stdin)
     jobs, workdir = request["jobs"], request["workdir"]
     os.environ.pop("TRITON_INTERPRET", None)
