@@ -26,7 +26,7 @@ from fjit.jitted import (ALL_JITTED, CacheOption, ExecutorOption, JittedFunction
 from fjit.module import FjitModule, diagnosis_call, jitted_of
 from fjit.ops import TRACE_NAMESPACE
 from fjit.strict.bindings import scan_bindings
-from fjit.strict.callables import names
+from fjit.strict.jitted_callable import names
 from fjit.strict.locate import user_location
 
 

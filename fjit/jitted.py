@@ -33,7 +33,7 @@ from fjit.errors import FjitError, user_traceback
 from fjit.executors import parse_executors
 from fjit.frontend.context import current
 from fjit.frontend.inputs import MISS, key_labels, transform_tensor, transformed
-from fjit.strict.callables import names
+from fjit.strict.jitted_callable import names
 
 _grad = torch._C.is_grad_enabled
 P = ParamSpec("P")

@@ -16,7 +16,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from fjit.frontend.callables import qualified_name
+from fjit.frontend.torch_calls import qualified_name
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ from fjit.config import TraceMode
 from fjit.core.ir import BoundSymbol
 from fjit.core.trace import AMP_DEVICES
 from fjit.errors import SharpEdge, SharpEdgeWarning, error_for
-from fjit.strict.callables import names
+from fjit.strict.jitted_callable import names
 from fjit.strict.locate import user_location
 
 

@@ -26,7 +26,7 @@ from fjit.frontend.rng import bind_generators, rng_preserved
 from fjit.runtime import functional_inplace, register_hook, retain_grad, setitem, view_scatter
 from fjit.frontend.modes import record_mode_changes
 from fjit.frontend.stateful_ops import WRITES_INTO_ARGUMENTS
-from fjit.frontend.callables import accepts, op_name, torch_names
+from fjit.frontend.torch_calls import accepts, op_name, torch_names
 from fjit.frontend.record import DECOMPOSITIONS, RANDOM_OPS, REPLACEMENTS, torch_symbol, trace_call
 from fjit.strict.locate import user_location
 

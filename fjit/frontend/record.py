@@ -15,7 +15,7 @@ from fjit.core.prims import PRIM_OF_QUALNAME, VIEW_OPS, Prim, apply, set_recorde
 from fjit.errors import UnsupportedOpError, catalog_fix, located
 from fjit.core.meta import meta_tensor, run_meta
 from fjit.core.symbolic import same
-from fjit.frontend.callables import accepts, op_name, qualified_name
+from fjit.frontend.torch_calls import accepts, op_name, qualified_name
 from fjit.frontend.context import TraceContext, current
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.frontend.modes import autocast_applies, autocast_casts, autocast_outputs, autocast_region

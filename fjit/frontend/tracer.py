@@ -32,7 +32,7 @@ from fjit.frontend.outputs import output_structure
 from fjit.frontend.proxies import InputDict, InputList, TensorProxy
 from fjit.frontend.rng import generators_traced
 from fjit.strict.bindings import scan_bindings
-from fjit.strict.callables import code_location
+from fjit.strict.jitted_callable import code_location
 from fjit.strict.locate import is_located_file, user_location
 from fjit.strict.observer import call_as_user_code, observe
 

@@ -2,7 +2,7 @@
 decomposition with the dispatcher; anything not registered is traced as a torch fallback."""
 from __future__ import annotations
 
-from fjit.frontend.callables import qualified_name
+from fjit.frontend.torch_calls import qualified_name
 from fjit.frontend.record import DECOMPOSITIONS
 from fjit.ops import attention, math_ops, nn_ops, shape_ops  # noqa: F401  (they register decompositions)
 from fjit.runtime import fjit_ops, prims

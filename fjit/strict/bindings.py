@@ -16,7 +16,7 @@ import typing
 import torch
 
 from fjit.core.ir import Binding
-from fjit.strict.callables import names, partial_arguments, python_function
+from fjit.strict.jitted_callable import names, partial_arguments, python_function
 
 
 def _code_objects(code):

@@ -26,7 +26,7 @@ import types
 import torch
 
 from fjit.strict.bytecode_lines import code_lines, line_of
-from fjit.strict.callables import code_location
+from fjit.strict.jitted_callable import code_location
 from fjit.strict.locate import is_user_file, user_location
 from fjit.strict.reach import Reach
 

@@ -19,7 +19,7 @@ import types
 
 import torch
 
-from fjit.strict.callables import names, partial_arguments, python_function
+from fjit.strict.jitted_callable import names, partial_arguments, python_function
 from fjit.strict.locate import is_user_file
 
 _CONTAINERS = (list, dict, set, bytearray)
