@@ -1,10 +1,11 @@
 """How a C kernel's reductions loop and accumulate.
 
 A region with reductions is a loop over rows and one loop over the row per reduction level
-(RowLoops, which the C emitter inherits).  A row reduction (a reduction over a region's inner
-dims) keeps LANES partial accumulators per row (WIDE_LANES in a wide row), in the dtype below
-(float sums and products in double, a float32 sum first in float lanes: see codegen.py);
-`accumulator` declares one, `accumulate` adds a value into it.
+(RowLoops, a collaborator of the C emitter: the emitter writes each element's code, through
+emission.py's interface).  A row reduction (a reduction over a region's inner dims) keeps LANES
+partial accumulators per row (WIDE_LANES in a wide row), in the dtype below (float sums and
+products in double, a float32 sum first in float lanes: see codegen.py); `accumulator` declares
+one, `accumulate` adds a value into it.
 
 A column sum (a sum over a region's outer dims: a bias's or a norm weight's gradient, summed over
 the batch and sequence dims of the value the region computes anyway) cuts the rows into CHUNKS
@@ -23,7 +24,8 @@ import torch
 
 from fjit.core.ir import BoundSymbol, TensorVar
 from fjit.core.prims import Prim, prim_of
-from fjit.executors.c.language import C_TYPE, PARTS, storage
+from fjit.executors.c.emission import Emission, Emitter, indent
+from fjit.executors.c.language import C_TYPE, PARTS, calls_libm, storage, vector_form
 from fjit.executors.render import domain_strides, held, index_terms
 from fjit.executors.runtime_sizes import preferred, symbolic_size
 
@@ -62,10 +64,6 @@ STAGED_ELEMENTS = 1 << 13
 # The last inner dim a pass's loop nests inside the others at (see RowLoops.pass_loop).
 NESTED_MIN = 8
 REDUCE = PARTS.reductions
-
-
-def indent(line: str) -> str:
-    return line if line.startswith("#") else "    " + line
 
 
 class ColumnSums:
@@ -149,6 +147,11 @@ class ColumnSums:
         return lines
 
 
+def costly(b: BoundSymbol) -> bool:
+    """Whether `b` costs a vector-math or libm call per element."""
+    return calls_libm(b) or bool(vector_form(b))
+
+
 def float_lanes(b: BoundSymbol) -> bool:
     """A sum of float32 values (float16/bfloat16 ones are held as float32): float lanes."""
     return prim_of(b) is Prim.SUM and held(b.args[0].dtype) == torch.float32
@@ -178,11 +181,16 @@ def accumulate(b: BoundSymbol, acc: str, value: str) -> str:
 
 
 class RowLoops:
-    """The loops of a region with reductions, written by the C emitter that inherits them (its
-    `element_code`, `bind`, `fresh`, `costly` and language)."""
+    """The loops of a region with reductions: a loop over rows (or blocks of rows walked with a
+    stride), in each row one pass over the row per reduction level.  The element code comes from
+    the emitter (`code`, the calls of emission.Emitter); the passes and buffers chosen go in
+    `state`, which the element code reads; `columns` adds the region's column sums."""
+
+    def __init__(self, code: Emitter, state: Emission, columns: ColumnSums):
+        self.code, self.state, self.columns = code, state, columns
 
     def reduction_body(self, passes: int, names: dict) -> tuple[list[str], int]:
-        rows = math.prod(self.r.outer)
+        rows = math.prod(self.state.region.outer)
         across, tensors = self.strided_rows()
         if across is not None:
             return self.row_blocks(passes, names, across, tensors)
@@ -193,11 +201,12 @@ class RowLoops:
         """(the row dim, the (slot, tensor) pairs) where a tensor of the whole domain is contiguous
         along a row dim, so its row is a strided walk (a mean over H and W of channels-last data,
         a layer norm over channels of an NCHW value viewed as NHWC); (None, []) where none is."""
-        r, width = self.r, math.prod(self.r.inner)
+        r = self.state.region
+        width = math.prod(r.inner)
         if width < 8 or r.columns:
             return None, []
         slots = [(k, v) for k, v in enumerate(r.inputs) if isinstance(v, TensorVar)] + \
-            [(-1 - k, v) for k, v in enumerate(r.outputs) if v.name not in self.rows]
+            [(-1 - k, v) for k, v in enumerate(r.outputs) if v.name not in self.state.rows]
         for j, size in enumerate(r.outer):
             if size < 4:
                 continue
@@ -216,12 +225,13 @@ class RowLoops:
         of [block][row] in its own memory order, and each row, computed as row_loop computes it,
         reads and writes the buffer contiguously (gcc vectorizes it: a strided load or store in
         the row loop kept vector math scalar, 5 ns an element)."""
-        r, width = self.r, math.prod(self.r.inner)
+        r = self.state.region
+        width = math.prod(r.inner)
         block = max(1, min(ROW_BLOCK, STAGED_ELEMENTS // width))
         others = [j for j in range(len(r.outer)) if j != across]
         sizes = tuple(r.outer[j] for j in others) + (-(-r.outer[across] // block),)
         o = f"o{across}"
-        head = self.index_lines("q", sizes, "it") + [f"int64_t o{j} = q{i};" for i, j in enumerate(others)]
+        head = self.code.index_lines("q", sizes, "it") + [f"int64_t o{j} = q{i};" for i, j in enumerate(others)]
         head.append(f"int64_t first = q{len(others)} * {block}, last = first + {block} < {r.outer[across]}"
                     f" ? first + {block} : {r.outer[across]};")
         rows_index = " + ".join(f"o{j} * {math.prod(r.outer[j + 1:])}" for j in range(len(r.outer)))
@@ -231,19 +241,20 @@ class RowLoops:
             buffer = f"fj_in{k}" if k >= 0 else f"fj_out{-1 - k}"
             head.append(f"{storage(v.dtype)} {buffer}[{block}][{width}];")
             walk = [f"for (int64_t c = 0; c < {width}; c++) {{"] + \
-                [indent(x) for x in self.index_lines("i", r.inner, "c")] + \
+                [indent(x) for x in self.code.index_lines("i", r.inner, "c")] + \
                 [indent(f"for (int64_t {o} = first; {o} < last; {o}++) {{"),
                  indent(indent(f"int64_t r = {rows_index};"))]
             if k >= 0:
                 copies_in += walk + [indent(indent(f"{buffer}[{o} - first][c] = "
-                                                   f"{self.element(v, k, self.offset(v))};")), indent("}"), "}"]
-                self.staged[v.name] = f"{buffer}[{o} - first][c]"
+                                                   f"{self.code.element(v, k, self.code.offset(v))};")),
+                                     indent("}"), "}"]
+                self.state.staged[v.name] = f"{buffer}[{o} - first][c]"
             else:
-                copies_out += walk + [indent(indent(f"out{-1 - k}[{self.offset(v)}] = {buffer}[{o} - first][c];")),
+                copies_out += walk + [indent(indent(f"out{-1 - k}[{self.code.offset(v)}] = {buffer}[{o} - first][c];")),
                                       indent("}"), "}"]
-                self.staged_out[v.name] = f"{buffer}[{o} - first][c]"
+                self.state.staged_out[v.name] = f"{buffer}[{o} - first][c]"
         rows = [f"for (int64_t {o} = first; {o} < last; {o}++) {{", indent(f"int64_t r = {rows_index};")] + \
-            [indent(x) for x in self.guarded_twice(lambda: self.row_code(passes, names))] + ["}"]
+            [indent(x) for x in self.code.guarded_twice(lambda: self.row_code(passes, names))] + ["}"]
         items = math.prod(sizes)
         body = head + copies_in + rows + copies_out
         return [f"for (int64_t it = 0; it < {items}; it++) {{"] + [indent(x) for x in body] + ["}"], items
@@ -251,25 +262,26 @@ class RowLoops:
     def row_loop(self, passes: int, names: dict) -> list[str]:
         """The work of row `r`."""
         self.choose_scratch(passes)
-        return self.index_lines("o", self.r.outer, "r") + \
-            self.guarded_twice(lambda: self.row_code(passes, names))
+        return self.code.index_lines("o", self.state.region.outer, "r") + \
+            self.code.guarded_twice(lambda: self.row_code(passes, names))
 
     def choose_scratch(self, passes: int) -> None:
         """Costly elementwise values (a vector-math or libm call) that a later pass over the row
         reads again: each gets a row buffer, while they fit in SCRATCH_BYTES."""
-        r, width, budget = self.r, math.prod(self.r.inner), SCRATCH_BYTES
+        r = self.state.region
+        width, budget = math.prod(r.inner), SCRATCH_BYTES
         for b in r.bsyms:
             o = b.outputs()[0]
-            if prim_of(b) in REDUCE or o.name in self.rows or not self.costly(b):
+            if prim_of(b) in REDUCE or o.name in self.state.rows or not costly(b):
                 continue
-            lvl = self.level[o.name]
-            later = any(o.name in {v.name for v in b2.inputs()} and self.level[b2.outputs()[0].name] > lvl
-                        and b2.outputs()[0].name not in self.rows and prim_of(b2) not in REDUCE
+            lvl = self.state.level[o.name]
+            later = any(o.name in {v.name for v in b2.inputs()} and self.state.level[b2.outputs()[0].name] > lvl
+                        and b2.outputs()[0].name not in self.state.rows and prim_of(b2) not in REDUCE
                         for b2 in r.bsyms)
             size = width * torch.empty((), dtype=held(o.dtype)).element_size()
             if later and lvl < passes and size <= budget:
                 budget -= size
-                self.scratch[o.name] = f"fj_s{len(self.scratch)}"
+                self.state.scratch[o.name] = f"fj_s{len(self.state.scratch)}"
 
     def pass_loop(self, p: int, names: dict) -> list[str]:
         """A pass over the row's columns that reduces nothing.  Over several inner dims it nests a
@@ -277,23 +289,23 @@ class RowLoops:
         once per run of it, where per element their divisions kept gcc from vectorizing the loop
         and each broadcast operand's load was a gather (TinyViT's attention-bias gradient)."""
         lo, hi = self.columns.span()
-        inner = self.r.inner
+        inner = self.state.region.inner
         if len(inner) < 2 or inner[-1] < NESTED_MIN or not self.columns.whole_runs(inner[-1]):
-            loop, _ = self.element_code(p, names, p)
+            loop, _ = self.code.element_code(p, names, p)
             return [f"for (int64_t c = {lo}; c < {hi}; c++) {{"] + [indent(x) for x in loop] + ["}"]
         last, size = len(inner) - 1, inner[-1]
-        loop, _ = self.element_code(p, names, p, [f"int64_t c = cq * {size} + i{last};"], indexed=False)
+        loop, _ = self.code.element_code(p, names, p, [f"int64_t c = cq * {size} + i{last};"], indexed=False)
         return [f"for (int64_t cq = {lo} / {size}; cq < {hi} / {size}; cq++) {{"] + \
-            [indent(x) for x in self.index_lines("i", inner[:-1], "cq")] + \
+            [indent(x) for x in self.code.index_lines("i", inner[:-1], "cq")] + \
             [indent(f"for (int64_t i{last} = 0; i{last} < {size}; i{last}++) {{")] + \
             [indent(indent(x)) for x in loop] + [indent("}"), "}"]
 
     def row_code(self, passes: int, names: dict) -> list[str]:
-        r = self.r
+        r = self.state.region
         width = math.prod(r.inner)
         row_lines: list[str] = [f"{C_TYPE[held(v.dtype)]} {buffer}[{width}];"
                                 for v in (b.outputs()[0] for b in r.bsyms)
-                                for buffer in [self.scratch.get(v.name)] if buffer]
+                                for buffer in [self.state.scratch.get(v.name)] if buffer]
         row_names = dict(names)
         # inputs constant along the row (of the row's own shape: a norm's saved statistics) are
         # loaded once a row, for row values and element loops alike: loaded per element, gcc's
@@ -301,30 +313,30 @@ class RowLoops:
         # scalar (a layer norm backward's last pass: 3.5x the time)
         n_outer = len(r.outer)
         for k, v in enumerate(r.inputs):
-            if isinstance(v, TensorVar) and v.name not in self.side and v.name not in self.staged and \
+            if isinstance(v, TensorVar) and v.name not in self.state.side and v.name not in self.state.staged and \
                     not any(domain_strides(v, r.domain)[n_outer:]):
                 # (its offset from the row indices alone: the whole domain's flat offset reads c)
                 offset = " + ".join(index_terms(r, v.shape, v.strides)) or "0"
                 var = f"xr{k}"
-                row_lines.append(f"{C_TYPE[held(v.dtype)]} {var} = {self.load(v, k, offset)};")
+                row_lines.append(f"{C_TYPE[held(v.dtype)]} {var} = {self.code.load(v, k, offset)};")
                 row_names[v.name] = (var, held(v.dtype))
         for p in range(passes + 1):
             # row values of level p: reductions finished by pass p - 1, then elementwise on rows
             for b in r.bsyms:
                 o = b.outputs()[0]
-                if o.name in self.rows and self.level[o.name] == p and prim_of(b) not in REDUCE:
-                    self.compute(b, row_names, row_lines)
+                if o.name in self.state.rows and self.state.level[o.name] == p and prim_of(b) not in REDUCE:
+                    self.code.compute(b, row_names, row_lines)
             if p == passes:
                 break
-            reductions = [b for b in self.row_bsyms() if prim_of(b) in REDUCE and
-                          self.level[b.outputs()[0].name] == p + 1]
+            reductions = [b for b in self.code.row_bsyms() if prim_of(b) in REDUCE and
+                          self.state.level[b.outputs()[0].name] == p + 1]
             if not reductions:
                 row_lines += self.pass_loop(p, row_names)
                 continue
             accs, lanes = [], row_lanes(width)
             for b in reductions:
-                acc = self.fresh()
-                ctype, identity = accumulator(b, self.lang)
+                acc = self.code.fresh()
+                ctype, identity = accumulator(b, self.code.lang)
                 row_lines += [f"{ctype} {acc}[{lanes}];",
                               f"for (int l = 0; l < {lanes}; l++) {acc}[l] = {identity};"]
                 accs.append((b, acc))
@@ -345,7 +357,7 @@ class RowLoops:
                                  "#pragma GCC unroll 1",
                                  f"for (int64_t l = 0; l < {lanes}; l++) {{"], ["}", "}"]),
                                ([f"for (int64_t l = 0; c0 + l < {width}; l++) {{"], ["}"])):
-                loop, local = self.element_code(p, row_names, p, ["int64_t c = c0 + l;"])
+                loop, local = self.code.element_code(p, row_names, p, ["int64_t c = c0 + l;"])
                 for b, acc in accs:
                     lane = f"{acc}_b[l]" if acc in blocked and tail == ["}", "}"] else f"{acc}[l]"
                     loop.append(accumulate(b, lane, local[b.args[0].name][0]))
@@ -362,9 +374,9 @@ class RowLoops:
                 # is a vector op (a loop over the levels stayed scalar: ~10% of a narrow softmax)
                 row_lines += [f"for (int l = 0; l < {w}; l++) " + accumulate(b, f"{acc}[l]", f"{acc}[l + {w}]")
                               for w in (lanes >> k for k in range(1, lanes.bit_length())) if w]
-                self.bind(o, f"({C_TYPE[held(o.dtype)]}){acc}[0]", o.dtype, row_names, row_lines)
+                self.code.bind(o, f"({C_TYPE[held(o.dtype)]}){acc}[0]", o.dtype, row_names, row_lines)
         for k, v in enumerate(r.outputs):
-            if v.name in self.rows:
-                row_lines.append(f"out{k}[{self.offset(v, rows_only=True)}] = "
-                                 f"{self.store(v, row_names)};")
+            if v.name in self.state.rows:
+                row_lines.append(f"out{k}[{self.code.offset(v, rows_only=True)}] = "
+                                 f"{self.code.store(v, row_names)};")
         return row_lines

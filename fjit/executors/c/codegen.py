@@ -12,6 +12,10 @@ elementwise values rather than storing them; each reduction keeps LANES partial 
 thread count and the loop vectorizes without reassociating anything; a float32 sum adds blocks of
 SUM_BLOCK elements in float lanes, folded into double lanes (accumulators.py).
 
+CEmitter writes the function around the loops and the code of one element; the loop nests are
+written by its collaborators (accumulators.RowLoops, elementwise.ElementLoops), which it hands the
+region's emission state and the calls they may make on it (emission.py).
+
 Shapes and strides are literals, or (runtime_sizes.py) parameters sz0, sz1, ... that the kernel
 takes after its tensors, so that one build serves every size; either way the source is the cache key.
 Values are computed in the dtype torch computes them in: a Python number is rounded to that dtype
@@ -34,10 +38,10 @@ from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
 from fjit.core.prims import ROWS, Prim, prim_of
 from fjit.executors import render
 from fjit.executors.c import vecmath
-from fjit.executors.c.accumulators import REDUCE, ColumnSums, RowLoops, indent
+from fjit.executors.c.accumulators import REDUCE, ColumnSums, RowLoops, costly
 from fjit.executors.c.elementwise import ElementLoops
-from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, PARTS, CLanguage, calls_libm, literal, \
-    storage, vector_form
+from fjit.executors.c.emission import Emission, indent
+from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, PARTS, CLanguage, literal, storage
 from fjit.executors.render import HALF, contiguous_strides, held, index_decomposition, \
     index_terms, small_power
 from fjit.executors.runtime_sizes import Size, symbolic_size
@@ -84,24 +88,21 @@ class Kernel:
     threaded: bool = False   # its last parameter is the thread count (int64 fj_nt)
 
 
-class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
-    """A region's C function: the shared walk in loop nests (see the module docstring)."""
+class CEmitter(render.RegionEmitter):
+    """A region's C function: the kernel around its loop nests and the code of one element, spelled
+    in C (render.RegionEmitter's hooks).  The loop nests are written by collaborators, each given
+    this emitter (the calls of emission.Emitter, all it uses of it) and the region's Emission
+    (`state`, which they fill and the element code reads): `row_loops` for a region with reductions
+    (accumulators.RowLoops), `element_loops` for an elementwise one (elementwise.ElementLoops), and
+    `columns`, the column sums added along either (accumulators.ColumnSums)."""
 
     lang = C
 
     def __init__(self, region: Region):
         super().__init__(region)
-        self.level: dict[str, int] = {}       # value name -> first loop pass it is available in
-        self.rows: set = set(region.row_vars)
+        self.state = Emission(region)
         self.exact = False        # libm instead of the vector forms (the guarded chunk's rerun)
         self.guarded = False      # a guarded vector form was emitted
-        self.flat: dict = {}      # elementwise regions: tensor name -> its offset expression
-        self.piece = 0            # regions with a CAT: the first column of the run being emitted
-        self.side: set = set()    # ... the inputs only its pieces read (loaded at their index)
-        self.row_terms: dict = {}  # ... tensor name -> (its row's offset, its stride along a row)
-        self.staged: dict = {}    # transposing loops: input name -> its element in the tile buffer
-        self.staged_out: dict = {}   # rows in blocks: output name -> its element in the block buffer
-        self.scratch: dict = {}   # reductions: value name -> its row buffer, for later passes
         # inputs read through views of one value share its pointer: gcc vectorizes a loop over
         # more than ~10 pointers only without alias checks, which restrict no longer spares it
         # inside an OpenMP region (an unrolled matmul's K slices of one operand)
@@ -109,7 +110,7 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
         self.pointer = {k: first.setdefault(region.bases[k][0].name if k in region.bases else v.name, k)
                         for k, v in enumerate(region.inputs)}
         numel = math.prod(region.domain)
-        threshold = PARALLEL_MIN_COSTLY_ROWS if region.has_reduction and any(map(self.costly, region.bsyms)) \
+        threshold = PARALLEL_MIN_COSTLY_ROWS if region.has_reduction and any(map(costly, region.bsyms)) \
             else PARALLEL_MIN
         # A kernel whose sizes are parameters (runtime_sizes.py) decides threads at run time, so
         # that one source serves sizes on both sides of the threshold; not with column sums,
@@ -119,12 +120,14 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
         self.parallel = self.runtime_threads or numel >= threshold
         self.parallel_if = f" && {numel} >= {threshold}" if self.runtime_threads else ""
         self.columns = ColumnSums(region, self.parallel)
+        self.row_loops = RowLoops(self, self.state, self.columns)
+        self.element_loops = ElementLoops(self, self.state)
 
     # -- indexing -------------------------------------------------------------------------------
     def offset(self, v: TensorVar, rows_only: bool = False) -> str:
         """The element offset of `v` (broadcast to the domain) at the current loop indices."""
-        if v.name in self.flat:
-            return self.flat[v.name]
+        if v.name in self.state.flat:
+            return self.state.flat[v.name]
         if not rows_only and v.shape == self.r.domain and v.strides == contiguous_strides(self.r.domain):
             width = math.prod(self.r.inner)
             return f"r * {width} + c" if self.r.outer else "c"
@@ -135,20 +138,16 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
 
     def assign_levels(self) -> int:
         """Each value's level; the number of passes over a row."""
-        self.level = {v.name: 0 for v in self.r.inputs}
-        self.level.update(render.levels(self.row_bsyms(), REDUCE))
-        passes = max([1] + [self.level[b.outputs()[0].name] for b in self.row_bsyms() if prim_of(b) in REDUCE])
+        level = self.state.level = {v.name: 0 for v in self.r.inputs}
+        level.update(render.levels(self.row_bsyms(), REDUCE))
+        passes = max([1] + [level[b.outputs()[0].name] for b in self.row_bsyms() if prim_of(b) in REDUCE])
         for v in self.r.outputs:
-            if v.name not in self.rows and v.name not in self.columns.names:
-                passes = max(passes, self.level[v.name] + 1)
+            if v.name not in self.state.rows and v.name not in self.columns.names:
+                passes = max(passes, level[v.name] + 1)
         for b in self.columns.sums:
-            passes = max(passes, self.level[b.args[0].name] + 1)
-            self.level[b.outputs()[0].name] = self.level[b.args[0].name]
+            passes = max(passes, level[b.args[0].name] + 1)
+            level[b.outputs()[0].name] = level[b.args[0].name]
         return passes
-
-    def costly(self, b: BoundSymbol) -> bool:
-        """Whether `b` costs a vector-math or libm call per element."""
-        return calls_libm(b) or bool(vector_form(b))
 
     def row_bsyms(self) -> list:
         """The region's prims but its column sums (which only the passes' element loops add to)."""
@@ -186,7 +185,7 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
     def load(self, v: TensorVar, k: int, offset: str | None = None) -> str:
         """Input k's element at `offset` (v's offset at the loop indices by default, or its copy
         in a tile buffer), in the type it is computed in."""
-        element = self.staged[v.name] if offset is None and v.name in self.staged else \
+        element = self.state.staged[v.name] if offset is None and v.name in self.state.staged else \
             self.element(v, k, self.offset(v) if offset is None else offset)
         return f"fj_from_{HALF_NAME[v.dtype]}({element})" if v.dtype in HALF else element
 
@@ -229,12 +228,13 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
         passes = self.assign_levels()
         before, after = [], []
         if r.columns:
-            before, body, after = self.columns.wrap(self.row_loop(passes, names), r.outputs)
+            before, body, after = self.columns.wrap(self.row_loops.row_loop(passes, names), r.outputs)
             items = self.columns.items
         elif r.has_cat:
-            body, items = self.piece_body(names)
+            body, items = self.element_loops.piece_body(names)
         else:
-            body, items = self.reduction_body(passes, names) if r.has_reduction else self.flat_body(names)
+            body, items = self.row_loops.reduction_body(passes, names) if r.has_reduction else \
+                self.element_loops.flat_body(names)
         threaded = self.parallel and (self.runtime_threads or items > 1)
         if threaded:
             signature.append("int64_t fj_nt")
@@ -267,39 +267,40 @@ class CEmitter(RowLoops, ElementLoops, render.RegionEmitter):
                      lines: list | None = None, indexed: bool = True) -> tuple[list, dict]:
         """One iteration over an element: loads, elementwise values of level <= upto, stores
         (`indexed`: the inner dims' indices worked out from `c` first)."""
-        r = self.r
+        r, state = self.r, self.state
         lines = [] if lines is None else lines
-        if not self.flat and indexed:
+        if not state.flat and indexed:
             lines += self.index_lines("i", r.inner, "c")
         local = dict(names)
         for k, v in enumerate(r.inputs):
-            if isinstance(v, TensorVar) and v.name not in self.side and v.name not in names:
+            if isinstance(v, TensorVar) and v.name not in state.side and v.name not in names:
                 var = f"x{k}"
                 lines.append(f"{C_TYPE[held(v.dtype)]} {var} = {self.load(v, k)};")
                 local[v.name] = (var, held(v.dtype))
         for b in r.bsyms:
             out = b.outputs()[0]
-            if prim_of(b) in REDUCE or out.name in self.rows or self.level[out.name] > upto or \
+            if prim_of(b) in REDUCE or out.name in state.rows or state.level[out.name] > upto or \
                     out.name in r.private:
                 continue
             if prim_of(b) is Prim.CAT:
-                self.piece_value(b, local, lines)
+                self.element_loops.piece_value(b, local, lines)
                 continue
-            buffer = self.scratch.get(out.name)
-            if buffer is not None and self.level[out.name] < upto:
+            buffer = state.scratch.get(out.name)
+            if buffer is not None and state.level[out.name] < upto:
                 self.bind(out, f"{buffer}[c]", out.dtype, local, lines)   # an earlier pass's
                 continue
             self.compute(b, local, lines)
             if buffer is not None:
                 lines.append(f"{buffer}[c] = {local[out.name][0]};")
         for k, v in enumerate(r.outputs):
-            if v.name not in self.rows and v.name not in self.columns.names and (
-                    store_level is None or self.level[v.name] == store_level):
-                target = self.staged_out.get(v.name) or f"out{k}[{self.offset(v)}]"
+            if v.name not in state.rows and v.name not in self.columns.names and (
+                    store_level is None or state.level[v.name] == store_level):
+                target = state.staged_out.get(v.name) or f"out{k}[{self.offset(v)}]"
                 lines.append(f"{target} = {self.store(v, local)};")
         if store_level is not None:
-            lines += self.columns.accumulate(upto, self.level, local)
+            lines += self.columns.accumulate(upto, state.level, local)
         return lines, local
+
 
 def generate(region: Region, name: str, sizes: list[int] = ()) -> Kernel:
     return CEmitter(region).generate(name, sizes)

@@ -1,7 +1,7 @@
-"""The loop nests of a C kernel's elementwise regions (CEmitter's, codegen.py): a flat loop or rows
-of the merged domain, a transposing loop cut into tiles, and rows whose columns run piece by piece
-through concatenations along the last dim.  Each item of the outer loop is one unit of the work an
-OpenMP loop shares among threads."""
+"""The loop nests of a C kernel's elementwise regions (ElementLoops, a collaborator of codegen's
+CEmitter through emission.py's interface): a flat loop or rows of the merged domain, a transposing
+loop cut into tiles, and rows whose columns run piece by piece through concatenations along the last
+dim.  Each item of the outer loop is one unit of the work an OpenMP loop shares among threads."""
 from __future__ import annotations
 
 import itertools
@@ -10,7 +10,7 @@ import math
 from fjit.core.ir import BoundSymbol, TensorVar
 from fjit.core.prims import Prim, prim_of
 from fjit.executors import render
-from fjit.executors.c.accumulators import indent
+from fjit.executors.c.emission import Emission, Emitter, indent
 from fjit.executors.c.language import C_TYPE, storage
 from fjit.executors.render import coalesce, held
 from fjit.executors.runtime_sizes import Size, preferred
@@ -27,12 +27,20 @@ TILED_MIN_SIZE = 4
 
 
 class ElementLoops:
-    """The elementwise bodies of a CEmitter: each returns (lines, number of items)."""
+    """The loop nests of an elementwise region, each body returning (lines, number of items).  The
+    element code comes from the emitter (`code`, the calls of emission.Emitter); the offsets, tile
+    buffers and the inputs only concatenations read go in `state`, which the element code reads;
+    the element code asks `piece_value` for a concatenation's value in the run being written."""
+
+    def __init__(self, code: Emitter, state: Emission):
+        self.code, self.state = code, state
+        self.piece = 0           # with concatenations: the first column of the run being written
+        self.row_terms: dict = {}   # ... tensor name -> (its row's offset, its stride along a row)
 
     def flat_body(self, names: dict) -> tuple[list[str], int]:
         """An elementwise region: items (rows of the merged domain, or blocks of a flat loop), each
         a loop over consecutive elements."""
-        r = self.r
+        r = self.state.region
         tensors = [v for v in r.inputs if isinstance(v, TensorVar)] + list(r.outputs)
         sizes, strides = coalesce(r.domain, tensors, r.outputs[0])
         width, rows = sizes[-1], math.prod(sizes[:-1])
@@ -48,18 +56,18 @@ class ElementLoops:
             bases = {}
         else:
             items = rows
-            head = [f"int64_t lo = 0, hi = {width};"] + self.index_lines("o", tuple(sizes[:-1]), "it")
+            head = [f"int64_t lo = 0, hi = {width};"] + self.code.index_lines("o", tuple(sizes[:-1]), "it")
             bases = {v.name: _row_base(k, strides[v.name], head) for k, v in enumerate(tensors)}
         for v in tensors:
-            self.flat[v.name] = _at(bases.get(v.name), strides[v.name][-1])
+            self.state.flat[v.name] = _at(bases.get(v.name), strides[v.name][-1])
 
         lines = [f"for (int64_t it = 0; it < {items}; it++) {{"] + \
-            [indent(x) for x in head + self.guarded_twice(lambda: self.element_loop(names))] + ["}"]
+            [indent(x) for x in head + self.code.guarded_twice(lambda: self.element_loop(names))] + ["}"]
         return lines, items
 
     def element_loop(self, names: dict) -> list[str]:
         """The loop over a row's columns lo..hi, each an element."""
-        inner, _ = self.element_code(0, names, None)
+        inner, _ = self.code.element_code(0, names, None)
         return ["for (int64_t c = lo; c < hi; c++) {"] + [indent(x) for x in inner] + ["}"]
 
     def tiled_body(self, names: dict, tensors: list, sizes: tuple, strides: dict,
@@ -74,7 +82,7 @@ class ElementLoops:
         others = [j for j in range(n - 1) if j != across]
         tiles_across, tiles_width = -(-sizes[across] // TILE), -(-width // TILE)
         item_sizes = tuple(sizes[j] for j in others) + (tiles_across, tiles_width)
-        head = self.index_lines("q", item_sizes, "it")
+        head = self.code.index_lines("q", item_sizes, "it")
         head += [f"int64_t o{j} = q{i};" for i, j in enumerate(others)]
         q_across, q_width = f"q{len(others)}", f"q{len(others) + 1}"
         head += [f"int64_t first = {q_across} * {TILE}, "
@@ -83,10 +91,10 @@ class ElementLoops:
         row: list[str] = []
         bases = {v.name: _row_base(k, strides[v.name], row) for k, v in enumerate(tensors)}
         for v in tensors:
-            self.flat[v.name] = _at(bases.get(v.name), strides[v.name][-1])
-        for k, v in enumerate(self.r.inputs):
+            self.state.flat[v.name] = _at(bases.get(v.name), strides[v.name][-1])
+        for k, v in enumerate(self.state.region.inputs):
             st = strides.get(v.name) if isinstance(v, TensorVar) else None
-            if st is None or st[-1] in (0, 1) or v.name in self.staged:
+            if st is None or st[-1] in (0, 1) or v.name in self.state.staged:
                 continue
             buffer, copy = f"tile{k}", []
             offset = _at(_row_base(k, st, copy), st[-1])
@@ -94,12 +102,12 @@ class ElementLoops:
                      "for (int64_t c = lo; c < hi; c++) {",
                      indent(f"for (int64_t o{across} = first; o{across} < last; o{across}++) {{")] + \
                 [indent(indent(x)) for x in copy] + \
-                [indent(indent(f"{buffer}[o{across} - first][c - lo] = {self.element(v, k, offset)};")),
+                [indent(indent(f"{buffer}[o{across} - first][c - lo] = {self.code.element(v, k, offset)};")),
                  indent("}"), "}"]
-            self.staged[v.name] = f"{buffer}[o{across} - first][c - lo]"
+            self.state.staged[v.name] = f"{buffer}[o{across} - first][c - lo]"
 
         loop = [f"for (int64_t o{across} = first; o{across} < last; o{across}++) {{"] + \
-            [indent(x) for x in row + self.guarded_twice(lambda: self.element_loop(names))] + ["}"]
+            [indent(x) for x in row + self.code.guarded_twice(lambda: self.element_loop(names))] + ["}"]
         items = math.prod(item_sizes)
         return [f"for (int64_t it = 0; it < {items}; it++) {{"] + [indent(x) for x in head + loop] + ["}"], items
 
@@ -107,7 +115,8 @@ class ElementLoops:
         """An elementwise region with concatenations along its last dim: a loop over rows, and along
         a row one loop per run of columns in which each concatenation reads one piece (so no loop
         branches, and each vectorizes)."""
-        r, dom = self.r, self.r.domain
+        r = self.state.region
+        dom = r.domain
         cuts = {0, dom[-1]}
         for b in r.bsyms:
             if prim_of(b) is Prim.CAT:
@@ -115,23 +124,23 @@ class ElementLoops:
         cuts = sorted(cuts)
         reads = lambda bs: {v.name for b in bs for v in b.inputs()}   # noqa: E731
         pieces = [b for b in r.bsyms if prim_of(b) is Prim.CAT or b.outputs()[0].name in r.private]
-        self.side = reads(pieces) - reads(b for b in r.bsyms if b not in pieces)
-        head = self.index_lines("o", dom[:-1], "it")
+        self.state.side = reads(pieces) - reads(b for b in r.bsyms if b not in pieces)
+        head = self.code.index_lines("o", dom[:-1], "it")
         for k, v in enumerate([v for v in r.inputs if isinstance(v, TensorVar)] + list(r.outputs)):
             strides = render.domain_strides(v, dom)
             self.row_terms[v.name] = (_row_base(k, strides, head), strides[-1])
-            self.flat[v.name] = self.piece_offset(v, 0)
+            self.state.flat[v.name] = self.piece_offset(v, 0)
 
         def emit():
             lines = []
             for self.piece, end in zip(cuts, cuts[1:]):
-                inner, _ = self.element_code(0, names, None)
+                inner, _ = self.code.element_code(0, names, None)
                 lines += [f"for (int64_t c = {self.piece}; c < {end}; c++) {{"] + \
                     [indent(x) for x in inner] + ["}"]
             return lines
         rows = math.prod(dom[:-1])
         return [f"for (int64_t it = 0; it < {rows}; it++) {{"] + \
-            [indent(x) for x in head + self.guarded_twice(emit)] + ["}"], rows
+            [indent(x) for x in head + self.code.guarded_twice(emit)] + ["}"], rows
 
     def piece_offset(self, v: TensorVar, start: int) -> str:
         """v's element offset at column c of a row, v read as a piece that starts at `start`."""
@@ -140,27 +149,27 @@ class ElementLoops:
     def piece_value(self, b: BoundSymbol, local: dict, lines: list) -> None:
         """The concatenation `b` at the current run of columns: its piece there, computed by the
         prims only that piece reads, from inputs loaded at the piece's own index."""
-        start = 0
+        r, start = self.state.region, 0
         for v in b.args[0]:
             if self.piece < start + v.shape[-1]:
                 break
             start += v.shape[-1]
         chain, wanted = [], {v.name}
-        for p in reversed(self.r.bsyms):
-            if p.outputs()[0].name in wanted and p.outputs()[0].name in self.r.private:
+        for p in reversed(r.bsyms):
+            if p.outputs()[0].name in wanted and p.outputs()[0].name in r.private:
                 chain.insert(0, p)
                 wanted |= {u.name for u in p.inputs()}
         made = {p.outputs()[0].name for p in chain}
         env = dict(local)
-        slots = {u.name: k for k, u in enumerate(self.r.inputs)}
+        slots = {u.name: k for k, u in enumerate(r.inputs)}
         for u in dict.fromkeys(u for p in chain for u in p.inputs()) if chain else [v]:
             if isinstance(u, TensorVar) and u.name not in made:
-                env[u.name] = (self.fresh(), held(u.dtype))
+                env[u.name] = (self.code.fresh(), held(u.dtype))
                 lines.append(f"{C_TYPE[held(u.dtype)]} {env[u.name][0]} = "
-                             f"{self.load(u, slots[u.name], self.piece_offset(u, start))};")
+                             f"{self.code.load(u, slots[u.name], self.piece_offset(u, start))};")
         for p in chain:
-            self.compute(p, env, lines)
-        self.bind(b.outputs()[0], *env[v.name], local, lines)
+            self.code.compute(p, env, lines)
+        self.code.bind(b.outputs()[0], *env[v.name], local, lines)
 
 
 def _transposed_dim(sizes: tuple, strides: list) -> int | None:
