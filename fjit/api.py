@@ -24,7 +24,8 @@ from fjit.frontend.tracer import trace_function
 from fjit.jitted import (ALL_JITTED, CacheOption, ExecutorOption, JittedFunction, P, R,
                          SharpEdgesOption)
 from fjit.module import FjitModule, diagnosis_call, jitted_of
-from fjit.ops import TRACE_NAMESPACE
+import fjit.decompositions  # noqa: F401  (registers every decomposition with the dispatcher)
+from fjit.runtime import TRACE_NAMESPACE
 from fjit.strict.bindings import scan_bindings
 from fjit.strict.jitted_callable import names
 from fjit.strict.locate import user_location

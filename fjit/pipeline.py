@@ -33,7 +33,8 @@ from fjit.frontend.light_imports import light_imports
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.frontend.rng import rng_preserved, rng_snapshot
 from fjit.frontend.tracer import trace_function
-from fjit.ops import TRACE_NAMESPACE
+import fjit.decompositions  # noqa: F401  (registers every decomposition with the dispatcher)
+from fjit.runtime import TRACE_NAMESPACE
 from fjit.passes.basic import (autograd_may_record, constant_fold, cse, dce, free_dead_values,
                                reuse_buffers, simplify_views)
 from fjit.passes.gemms import choose_gemms

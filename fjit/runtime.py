@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fjit.core.trace import trace_constants  # noqa: F401  (imported by printed traces)
-from fjit.core.prims import NAMESPACE as prims  # noqa: F401  (imported by printed traces)
+from fjit.core.prims import NAMESPACE as prims
 from fjit.core.meta import same_layout
 
 
@@ -232,7 +232,8 @@ except ImportError:      # pragma: no cover -- a torch without it
 
 
 def max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
-    """What a program runs for F.max_pool2d where ops/nn_ops.py chose the channels-last route."""
+    """What a program runs for F.max_pool2d where decompositions/nn_ops.py chose the channels-last
+    route."""
     return _MaxPool2dViaChannelsLast.apply(x, kernel_size, stride, padding, dilation, ceil_mode)
 
 
@@ -334,6 +335,9 @@ fjit_ops = types.SimpleNamespace(view_scatter=view_scatter, setitem=setitem, unv
                                  matmul_as_conv=matmul_as_conv, matmul_as_input_grad=matmul_as_input_grad,
                                  matmul_as_weight_grad=matmul_as_weight_grad,
                                  convolution_vjp_by_gemm=convolution_vjp_by_gemm)
+
+# The names printed traces refer to besides torch and operator (a trace's namespace when traced).
+TRACE_NAMESPACE = {"prims": prims, "fjit_ops": fjit_ops}
 
 
 # -- kernels and constants, by name --------------------------------------------------------------

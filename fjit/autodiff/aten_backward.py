@@ -74,8 +74,9 @@ _MAX_POOL_PARAMS = ("input", "kernel_size", "stride", "padding", "dilation", "ce
 
 def _max_pool_args(b: BoundSymbol) -> tuple | None:
     """(x, (kernel_size, stride, padding, dilation, ceil_mode)) of a max pool the frontend routed
-    through runtime.max_pool2d (ops/nn_ops.py: a contiguous NCHW CPU input), or of a torch call of
-    one with literal sizes on such an input (a small one: ops/nn_ops.py leaves it to ATen)."""
+    through runtime.max_pool2d (decompositions/nn_ops.py: a contiguous NCHW CPU input), or of a
+    torch call of one with literal sizes on such an input (a small one: decompositions/nn_ops.py
+    leaves it to ATen)."""
     if b.sym.fn is max_pool2d and len(b.args) == 6 and not b.kwargs and isinstance(b.args[0], TensorVar):
         return b.args[0], tuple(b.args[1:])
     if b.sym.fn not in (F.max_pool2d, torch.max_pool2d):

@@ -1,7 +1,7 @@
 """Recording one torch call into the trace: its symbol, its exact output metadata from a run on meta
 tensors (torch's own broadcasting, type promotion and strides), its decomposition into prims as
-subsymbols when fjit.ops registered one (checked against the meta result; a torch fallback, marked
-as such, when not), and proxies for its outputs that know which input they view.
+subsymbols when fjit.decompositions registered one (checked against the meta result; a torch
+fallback, marked as such, when not), and proxies for its outputs that know which input they view.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.frontend.modes import autocast_applies, autocast_casts, autocast_outputs, autocast_region
 from fjit.strict.locate import user_location
 
-# fjit.ops fills these at import: torch callable -> decomposition into prims over proxies; and
-# torch callable -> a replacement that records another op in its place (a runtime function faster
+# fjit.decompositions fills these at import: torch callable -> decomposition into prims over
+# proxies; and torch callable -> a replacement that records another op in its place (a runtime function faster
 # than the torch call), or raises NotImplementedError to record the torch call.
 DECOMPOSITIONS: dict = {}
 REPLACEMENTS: dict = {}

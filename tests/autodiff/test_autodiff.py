@@ -321,8 +321,9 @@ def test_attention_backward_is_the_flash_kernels_without_a_nested_autograd_call(
     """An attention eager runs as ATen's flash CPU kernel is run by the joint forward as that kernel
     returning its log-sum-exp too, and differentiated by the kernel's backward (what eager's node
     calls): no torch autograd call nested in the program.  A mask that needs a gradient (an
-    attention bias) is eager's math path, recorded as its torch calls (fjit/ops/attention.py):
-    the compiled backward differentiates them, its softmax backward a kernel."""
+    attention bias) is eager's math path, recorded as its torch calls
+    (fjit/decompositions/attention.py): the compiled backward differentiates them, its softmax
+    backward a kernel."""
     x = _f32(2, 10, 32, grad=True)
     w = _f32(32, 96, seed=1, grad=True)
     mask = {"none": None, "float": _f32(10, 10, seed=2, grad=False), "causal": None,
@@ -857,7 +858,7 @@ def test_square_backward_is_a_product():
 
 def _pool_input():
     """Values with ties (small integers) and NaNs, 32 channels, 2^16+ elements: the shapes
-    ops/nn_ops.py sends through the channels-last kernel."""
+    decompositions/nn_ops.py sends through the channels-last kernel."""
     x = torch.randint(0, 4, (4, 32, 24, 24), generator=torch.Generator().manual_seed(0)).float()
     x[0, 0, 3, 3] = x[1, 5, 4, 4] = x[1, 5, 4, 5] = float("nan")
     return x.requires_grad_()
@@ -1382,8 +1383,8 @@ def test_ops_torch_autograd_used_to_record_are_differentiated_through_prims(op, 
 
 @pytest.mark.parametrize("call", ["functional", "torch", "ceil_padded"])
 def test_a_small_max_pool_has_eagers_backward_in_the_joint_program(call, monkeypatch):
-    """A max pool too small for the channels-last route (ops/nn_ops.py leaves it a torch call:
-    GoogLeNet's and DLA's) runs as ATen's max pool returning its indices, and its backward is
+    """A max pool too small for the channels-last route (decompositions/nn_ops.py leaves it a torch
+    call: GoogLeNet's and DLA's) runs as ATen's max pool returning its indices, and its backward is
     max_pool2d_with_indices_backward on them, as eager's node: no op torch autograd records.
     Ties (a ReLU's zeros) go where eager's go."""
     monkeypatch.setenv("FJIT_MEASURE", "0")

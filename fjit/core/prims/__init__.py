@@ -5,13 +5,13 @@ arithmetic.py, logic.py, reductions.py, layout.py, opaque.py, or a new file: eve
 package but the machinery is a family), next to everything else about it: its decompositions, its
 VJP rule, its kernel forms, its ATen overloads and the reason for each part it lacks (registry.py
 says what a block holds).  Everything below is derived from the blocks, as are the tables of
-ops/math_ops.py (decompositions), autodiff (VJP rules, what is recomputed), the kernel languages
-(forms) and dynamo/aten.py (ATen overloads); coverage.py prints what each prim has and each
+decompositions/math_ops.py (decompositions), autodiff (VJP rules, what is recomputed), the kernel
+languages (forms) and dynamo/aten.py (ATen overloads); coverage.py prints what each prim has and each
 registered kernel language covers (`python -m fjit.core.prims`).
 
 Elementwise prims have torch's broadcasting and type promotion, so a torch-level elementwise op is
 exactly one prim.  This package is the IR's vocabulary: it imports nothing from the tracing
-frontend, the ops, autodiff or the executors; the frontend registers how `apply` records.
+frontend, the decompositions, autodiff or the executors; the frontend registers how `apply` records.
 """
 from __future__ import annotations
 

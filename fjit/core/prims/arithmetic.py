@@ -63,7 +63,7 @@ define("FLOOR_DIVIDE", B, names=("floor_divide", "__floordiv__"), reflected="__r
 define("TRUNC_DIVIDE", B, names=(), lowering=lambda a, b: torch.div(a, b, rounding_mode="trunc"),
        nondiff=True, notes={
            "decomposition": "no torch callable is exactly it: torch.div(rounding_mode='trunc') "
-                            "reaches it (ops/math_ops.py)",
+                            "reaches it (decompositions/math_ops.py)",
            "c": _DIVISION.format("C"), "triton": _DIVISION.format("Triton"),
            "aten": "aten.div.Tensor_mode (DIV's row) reaches it through torch.div"})
 
@@ -158,7 +158,7 @@ def _clamp_vjp(b, g, value):
     return out
 
 
-_CLAMP_NOTES = {"decomposition": "torch.clamp and torch.clip reach it (ops/math_ops.py); "
+_CLAMP_NOTES = {"decomposition": "torch.clamp and torch.clip reach it (decompositions/math_ops.py); "
                                  "Tensor.clamp_min/clamp_max are not claimed and stay torch calls",
                 "aten": "aten.clamp (a composite row in dynamo/aten.py) reaches it through torch.clamp"}
 define("CLAMP_MIN", B, names=(), vjp=_clamp_vjp, c="FJ_MAX({0}, {1})",

@@ -1,8 +1,9 @@
 """The prims that convert, view, move or make data: convert, the shape prims, cat, contiguous,
 index_select, gather, the factories and the random draws.  One block per prim (see registry.py).
 Their torch-level sources are many ops each (view, flatten, transpose, getitem, zeros, ...), so
-their decompositions live in ops/shape_ops.py and ops/math_ops.py, as each block's note says; and
-none but convert is elementwise, so kernels never take them (a kernel converts in code)."""
+their decompositions live in decompositions/shape_ops.py and decompositions/math_ops.py, as each
+block's note says; and none but convert is elementwise, so kernels never take them (a kernel
+converts in code)."""
 from __future__ import annotations
 
 
@@ -13,7 +14,7 @@ from fjit.core.symbolic import is_symbolic, shape_rules_for
 from fjit.core.prims.toolkit import full, identity, is_tensor, zeros_like
 
 S, D = Kind.SHAPE, Kind.DATA
-_SHAPE_OPS = {"decomposition": "torch-level view and indexing ops reach it (ops/shape_ops.py)"}
+_SHAPE_OPS = {"decomposition": "torch-level view and indexing ops reach it (decompositions/shape_ops.py)"}
 
 
 def _no_aten(name, why="the backend keeps it one torch call"):
@@ -121,7 +122,7 @@ def pad_back(g, shape: tuple, pads: tuple):
 
 define("CONVERT", Kind.CAST, value="convert_element_type", aliases=True,
        lowering=lambda x, dtype: x.to(dtype), vjp=identity, aten=("_to_copy.default",),
-       notes={"decomposition": "Tensor.to, .float, .half, ..., .type_as reach it (ops/math_ops.py)"})
+       notes={"decomposition": "Tensor.to, .float, .half, ..., .type_as reach it (decompositions/math_ops.py)"})
 define("RESHAPE", S, aliases=True, vjp=_reshape_vjp,
        aten=("view.default", "_unsafe_view.default", "reshape.default"), notes=_SHAPE_OPS)
 define("PERMUTE", S, aliases=True, vjp=_permute_vjp, aten=("permute.default",), notes=_SHAPE_OPS)
@@ -161,23 +162,23 @@ def _gather_vjp(b, g, value):
 
 
 define("CAT", D, vjp=_cat_vjp, aten=("cat.default",), notes={
-    "decomposition": "torch.cat/stack reach it (ops/shape_ops.py)"})
+    "decomposition": "torch.cat/stack reach it (decompositions/shape_ops.py)"})
 define("CONTIGUOUS", D, aliases=True, lowering=lambda x: x.contiguous(), vjp=identity, c="{0}", notes={
     **_SHAPE_OPS, "aten": "AOT graphs write it as aten.clone with a memory format (CLONE's row)"})
 define("INDEX_SELECT", D, vjp=_index_select_vjp, notes={
-    "decomposition": "integer-tensor indexing and F.embedding reach it (ops/shape_ops.py, "
-                     "ops/nn_ops.py); torch.index_select is not claimed",
+    "decomposition": "integer-tensor indexing and F.embedding reach it (decompositions/shape_ops.py, "
+                     "decompositions/nn_ops.py); torch.index_select is not claimed",
     "aten": _no_aten("index_select")})
 define("GATHER", D, vjp=_gather_vjp, notes={
-    "decomposition": "F.cross_entropy reaches it (ops/nn_ops.py); torch.gather and F.nll_loss are "
+    "decomposition": "F.cross_entropy reaches it (decompositions/nn_ops.py); torch.gather and F.nll_loss are "
                      "not claimed",
     "aten": _no_aten("gather")})
 
-_FACTORY = {"decomposition": "torch.full, zeros, ones, *_like and friends reach it (ops/shape_ops.py)"}
+_FACTORY = {"decomposition": "torch.full, zeros, ones, *_like and friends reach it (decompositions/shape_ops.py)"}
 define("FULL", Kind.FACTORY, nondiff=True, aten=("full.default",), notes=_FACTORY)
 define("IOTA", Kind.FACTORY, lowering=torch.arange, nondiff=True, notes={
-    "decomposition": "torch.arange reaches it (ops/shape_ops.py)", "aten": _no_aten("arange")})
-_RANDOM = {"decomposition": "torch.rand/randn and their *_like reach it (ops/shape_ops.py)",
+    "decomposition": "torch.arange reaches it (decompositions/shape_ops.py)", "aten": _no_aten("arange")})
+_RANDOM = {"decomposition": "torch.rand/randn and their *_like reach it (decompositions/shape_ops.py)",
            "aten": "AOT graphs' random ops have no row in dynamo/aten.py: they stay torch calls"}
 define("UNIFORM", Kind.RANDOM, lowering=torch.rand, nondiff=True, notes=_RANDOM)
 define("NORMAL", Kind.RANDOM, lowering=torch.randn, nondiff=True, notes=_RANDOM)

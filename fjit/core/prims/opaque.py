@@ -58,10 +58,10 @@ def _matmul_vjp(b, g, value):
 
 
 define("MATMUL", Kind.OPAQUE, vjp=_matmul_vjp, aten=("mm.default", "bmm.default", "matmul.default"),
-       notes={"decomposition": "torch.matmul, mm, bmm, F.linear reach it (ops/nn_ops.py)"})
+       notes={"decomposition": "torch.matmul, mm, bmm, F.linear reach it (decompositions/nn_ops.py)"})
 define("SDPA", Kind.OPAQUE, value="scaled_dot_product_attention",
        lowering=torch.nn.functional.scaled_dot_product_attention, notes={
-           "decomposition": "F.scaled_dot_product_attention reaches it (ops/attention.py)",
+           "decomposition": "F.scaled_dot_product_attention reaches it (decompositions/attention.py)",
            "vjp": "no rule written: an attention eager runs as ATen's flash CPU kernel gets that "
                   "kernel's backward (autodiff/aten_backward.py); any other is recorded as the "
                   "torch-level op and torch autograd differentiates it",

@@ -15,7 +15,7 @@ from fjit.core.meta import ATTENTION_PARAMS, attention_backend
 from fjit.core.prims import Prim, apply
 from fjit.frontend.context import current
 from fjit.frontend.proxies import TensorProxy
-from fjit.ops.math_ops import call, register, replace
+from fjit.decompositions.math_ops import call, register, replace
 
 
 @replace(F.multi_head_attention_forward)

@@ -19,7 +19,7 @@ from fjit.frontend.dispatch import dispatch
 from fjit.frontend.record import trace_call
 from fjit.core.prims.toolkit import reduced_dims
 from fjit.frontend.proxies import NumberProxy, TensorProxy
-from fjit.ops.math_ops import call, downcast, no_empty_reduction, register, replace, upcast
+from fjit.decompositions.math_ops import call, downcast, no_empty_reduction, register, replace, upcast
 from fjit.runtime import fjit_ops
 
 

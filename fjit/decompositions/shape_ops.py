@@ -7,7 +7,7 @@ import torch
 
 from fjit.frontend.proxies import NumberProxy, TensorProxy
 from fjit.core.prims import Prim, apply, torch_callables
-from fjit.ops.math_ops import register
+from fjit.decompositions.math_ops import register
 
 
 def _sizes(size) -> tuple:
