@@ -86,7 +86,7 @@ def test_importing_fjit_leaves_dynamo_alone():
 
 def test_options():
     b = fjit.backend.with_options(executors=("torch",))
-    assert b is not fjit.backend and b.executors[0].value == "torch"
+    assert b is not fjit.backend and b.executors[0] == "torch"
     assert b.with_options(split_executor="inductor").executors == b.executors
     with pytest.raises(ValueError, match="'triton', 'c', 'torch'"):
         fjit.dynamo.make_backend(executors=("cuda",))

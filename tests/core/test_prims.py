@@ -49,13 +49,13 @@ def test_the_known_gaps_are_recorded():
 def test_the_tables_are_derived_from_the_blocks():
     from fjit.autodiff.rules import NONDIFF, VJP
     from fjit.dynamo.aten import ATEN_TO_TORCH
-    from fjit.executors.c import codegen, language
+    from fjit.executors.c import language
     from fjit.executors.triton import language as triton_language
     from fjit.frontend.record import DECOMPOSITIONS
     for p, b in ROWS.items():
         assert (p in VJP) == (b.vjp is not None) and (p in NONDIFF) == b.nondiff
         general = b.kernels.get("c") or b.kernels.get("expr")
-        assert codegen.C.exprs.get(p) == (general.expr if general else None)
+        assert language.C.exprs.get(p) == (general.expr if general else None)
         if "c_vector" in b.kernels:
             assert language.PARTS.form(p, torch.float32) is b.kernels["c_vector"]
         common = b.kernels.get("triton") or b.kernels.get("expr")

@@ -35,39 +35,17 @@ import math
 import torch
 
 from fjit.core.ir import BoundSymbol, NumberVar, TensorVar
-from fjit.core.prims import ROWS, Prim, prim_of
+from fjit.core.prims import Prim, prim_of
 from fjit.executors import render
 from fjit.executors.c import vecmath
 from fjit.executors.c.accumulators import REDUCE, ColumnSums, RowLoops, costly
 from fjit.executors.c.elementwise import ElementLoops
 from fjit.executors.c.emission import Emission, indent
-from fjit.executors.c.language import C_TYPE, DTYPES, HALF_NAME, PARTS, CLanguage, literal, storage
+from fjit.executors.c.language import C, C_TYPE, HALF_NAME, PARTS, literal, storage
 from fjit.executors.render import HALF, contiguous_strides, held, index_decomposition, \
     index_terms, small_power
 from fjit.executors.runtime_sizes import Size, symbolic_size
 from fjit.passes.fusion import Region
-
-
-# The prims C has a general form for (language.py picks the form per computation dtype).
-C = CLanguage("c", {p: form.expr for p, b in ROWS.items() if (form := PARTS.general(b)) is not None},
-              frozenset(DTYPES), REDUCE, "INFINITY")
-
-
-def supported(b: BoundSymbol) -> bool:
-    """Whether this generator can emit `b` inside a region (CPU tensors only): the prims both
-    generators emit, and a concatenation along the last dim (computed piece by piece)."""
-    return render.supported(b, C) or _cat_along_rows(b)
-
-
-def _cat_along_rows(b: BoundSymbol) -> bool:
-    if prim_of(b) is not Prim.CAT or len(b.outputs()) != 1:
-        return False
-    out, parts = b.outputs()[0], b.args[0]
-    dim = b.args[1] if len(b.args) > 1 else b.kwargs.get("dim", 0)
-    return isinstance(out, TensorVar) and out.ndim > 0 and isinstance(dim, int) and \
-        dim % out.ndim == out.ndim - 1 and out.dtype in DTYPES and len(parts) > 1 and all(
-            isinstance(t, TensorVar) and t.dtype == out.dtype and t.ndim == out.ndim and t.shape[-1] > 0
-            and tuple(t.shape[:-1]) == tuple(out.shape[:-1]) for t in parts)
 
 
 # A region of at least this many elements shares its work among threads (fewer: no thread pool is

@@ -34,8 +34,8 @@ from fjit.core.symbolic import is_symbolic, known
 from fjit.core.trace import Trace
 from fjit.executors import kernel_bsym, kernel_inputs_usable, runtime_sizes, symbolic_kernels
 from fjit.executors.c import batch_norm, frame_stack, max_pool
-from fjit.executors.c.codegen import Kernel, generate, supported
-from fjit.executors.c.language import calls_libm
+from fjit.executors.c.codegen import Kernel, generate
+from fjit.executors.c.language import calls_libm, supported
 from fjit.executors.c.build import build_key, compiler
 # the executor protocol's pending() and wait(), and builds() (benchmarks count them), are the queue's
 from fjit.executors.c.build_queue import Binary, binary_for, builds, pending, wait  # noqa: F401

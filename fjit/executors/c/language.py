@@ -1,7 +1,7 @@
 """The C language of kernels: which block parts it reads and which form of a prim it computes (the
-language registered for coverage), the C type of each dtype (half types held in float, stored as
-their 16 bits), literals of Python numbers, and what C accepts beyond the shared rules (CPU
-tensors).
+language registered for coverage), which prims a C kernel takes (`supported`), the C type of each
+dtype (half types held in float, stored as their 16 bits), literals of Python numbers, and what C
+accepts beyond the shared rules (CPU tensors).
 
 A block's C forms: `c_vector` (a float32 vector-math form of vecmath.py, Cost.VECTOR), `c_float`
 and `c_bool` (for a floating or bool computation dtype), `c`, then the shared infix `expr`.  In
@@ -123,3 +123,26 @@ def literal(value, ct: torch.dtype) -> str:
             return f"(({ctype}){'-' if value < 0 else ''}INFINITY)"
         return f"(({ctype}){value!r})"
     raise TypeError(f"no C literal for {type(value).__name__}")
+
+
+# C as the shared renderer spells it: the prims with a general form (form() picks the form per
+# computation dtype), the dtypes its kernels store, the reductions it loops.
+C = CLanguage("c", {p: form.expr for p, b in ROWS.items() if (form := PARTS.general(b)) is not None},
+              frozenset(DTYPES), PARTS.reductions, "INFINITY")
+
+
+def supported(b: BoundSymbol) -> bool:
+    """Whether C kernels can compute `b` inside a region (CPU tensors only): the prims the shared
+    renderer emits in C, and a concatenation along the last dim (computed piece by piece)."""
+    return render.supported(b, C) or _cat_along_rows(b)
+
+
+def _cat_along_rows(b: BoundSymbol) -> bool:
+    if prim_of(b) is not Prim.CAT or len(b.outputs()) != 1:
+        return False
+    out, parts = b.outputs()[0], b.args[0]
+    dim = b.args[1] if len(b.args) > 1 else b.kwargs.get("dim", 0)
+    return isinstance(out, TensorVar) and out.ndim > 0 and isinstance(dim, int) and \
+        dim % out.ndim == out.ndim - 1 and out.dtype in DTYPES and len(parts) > 1 and all(
+            isinstance(t, TensorVar) and t.dtype == out.dtype and t.ndim == out.ndim and t.shape[-1] > 0
+            and tuple(t.shape[:-1]) == tuple(out.shape[:-1]) for t in parts)
