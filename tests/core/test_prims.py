@@ -31,7 +31,7 @@ def test_the_coverage_table_lists_every_prim_and_prints_from_the_command_line():
     table = coverage.table()
     for p in Prim:
         assert f"\n{p.name} (" in f"\n{table}"
-    out = subprocess.run([sys.executable, "-m", "fjit.core.prims"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "fjit.executors"], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == table.strip()
 

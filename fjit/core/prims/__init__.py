@@ -7,7 +7,7 @@ VJP rule, its kernel forms, its ATen overloads and the reason for each part it l
 says what a block holds).  Everything below is derived from the blocks, as are the tables of
 decompositions/math_ops.py (decompositions), autodiff (VJP rules, what is recomputed), the kernel
 languages (forms) and dynamo/aten.py (ATen overloads); coverage.py prints what each prim has and each
-registered kernel language covers (`python -m fjit.core.prims`).
+registered kernel language covers (`python -m fjit.executors`).
 
 Elementwise prims have torch's broadcasting and type promotion, so a torch-level elementwise op is
 exactly one prim.  This package is the IR's vocabulary: it imports nothing from the tracing
@@ -28,7 +28,7 @@ from fjit.core.prims.registry import (LANGUAGES, Block, Cost, Domain, Form, Kern
 
 # The machinery of this package; every other module is a family, and importing it defines its
 # prims (in name order, so a new family file is all a new prim needs).
-_MACHINERY = frozenset({"registry", "toolkit", "coverage", "__main__"})
+_MACHINERY = frozenset({"registry", "toolkit", "coverage"})
 FAMILIES = tuple(importlib.import_module(f"{__name__}.{m.name}")
                  for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name)
                  if m.name not in _MACHINERY)

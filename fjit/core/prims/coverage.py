@@ -1,6 +1,6 @@
 """The coverage table: for every prim, which parts its block has (decomposition, VJP, a form in each
 registered kernel language, ATen overloads) and, for each part it lacks, the block's note saying
-why.  Printed by `python -m fjit.core.prims`; tests/core/test_prims.py fails on a missing part
+why.  Printed by `python -m fjit.executors`; tests/core/test_prims.py fails on a missing part
 without a note, and on a block that is wrong where nothing would say so at run time: a torch name
 that names no torch callable, a kernel part no registered language reads, a form a language
 finds fault with (C: a library call whose cost is not stated)."""
