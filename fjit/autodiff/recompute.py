@@ -7,7 +7,7 @@ joint.py's `_Backward.value` asks it for each forward value a rule reads, and sa
 from __future__ import annotations
 
 from fjit.core.ir import BoundSymbol, Tag, TensorVar
-from fjit.core.prims import ROWS, Prim, prim_of
+from fjit.core.prims import ROWS, Kind, Prim, prim_of
 from fjit.core.prims.layout import reshape_copies
 from fjit.core.symbolic import known
 
@@ -23,8 +23,9 @@ COSTLY = frozenset(p for p, b in ROWS.items() if b.costly)
 
 
 def recomputable(b: BoundSymbol | None) -> bool:
-    """Cheap to run again in the backward: view prims, and arithmetic pointwise ones (or a reshape
-    that copies) of RECOMPUTE_FROM elements or more (random ones are draws)."""
+    """Cheap to run again in the backward: view prims, and arithmetic pointwise ones, factories, a
+    reshape that copies and the prims whose block says so (a contiguous copy) of RECOMPUTE_FROM
+    elements or more (random ones are draws)."""
     p = prim_of(b) if b is not None else None
     if p is None or p in COSTLY or b.sym.has(Tag.RANDOM):
         return False
@@ -33,5 +34,6 @@ def recomputable(b: BoundSymbol | None) -> bool:
         return True
     # of symbolic sizes: recomputed where that holds at every size (either choice is right; a
     # guard would split the program by size class)
-    return (b.sym.has(Tag.ELEMENTWISE) or copy or p in (Prim.FULL, Prim.IOTA, Prim.CONTIGUOUS)) and \
+    block = ROWS[p]
+    return (b.sym.has(Tag.ELEMENTWISE) or copy or block.kind is Kind.FACTORY or block.recompute) and \
         all(known(v.numel() >= RECOMPUTE_FROM) for v in b.outputs() if isinstance(v, TensorVar))

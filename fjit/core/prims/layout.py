@@ -163,7 +163,9 @@ def _gather_vjp(b, g, value):
 
 define("CAT", D, vjp=_cat_vjp, aten=("cat.default",), notes={
     "decomposition": "torch.cat/stack reach it (decompositions/shape_ops.py)"})
-define("CONTIGUOUS", D, aliases=True, lowering=lambda x: x.contiguous(), vjp=identity, c="{0}", notes={
+define("CONTIGUOUS", D, aliases=True, lowering=lambda x: x.contiguous(), vjp=identity, c="{0}",
+       recompute=True,      # a copy: the backward makes it again rather than have the forward save it
+       notes={
     **_SHAPE_OPS, "aten": "AOT graphs write it as aten.clone with a memory format (CLONE's row)"})
 define("INDEX_SELECT", D, vjp=_index_select_vjp, notes={
     "decomposition": "integer-tensor indexing and F.embedding reach it (decompositions/shape_ops.py, "

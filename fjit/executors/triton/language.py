@@ -31,6 +31,10 @@ PTR_TYPE = {torch.float32: "fp32", torch.float64: "fp64", torch.float16: "fp16",
 SCALAR_TYPE = {float: "fp32", int: "i64", bool: "i1"}
 
 
+# The reductions Triton's kernels loop over (a tile's tl.* reduction, and a looped row's accumulation).
+REDUCE = {Prim.SUM: "tl.sum", Prim.AMAX: "tl.max", Prim.AMIN: "tl.min"}
+ACCUMULATE = {Prim.SUM: "{acc} + {x}", Prim.AMAX: "tl.maximum({acc}, {x})", Prim.AMIN: "tl.minimum({acc}, {x})"}
+
 
 class TritonParts(KernelLanguage):
     """The block parts Triton reads; {t} in them is the computation dtype.  `triton` (or the
@@ -40,7 +44,7 @@ class TritonParts(KernelLanguage):
     for a float32 computation torch rounds correctly where Triton's default approximates."""
     name = "triton"
     parts = ("triton_f32", "triton_interpreted", "triton_compiled", "triton", "expr")
-    reductions = frozenset({Prim.SUM, Prim.AMAX, Prim.AMIN})   # REDUCE below
+    reductions = frozenset(REDUCE)
 
     def variant(self, block: Block, interpreted: bool) -> str | None:
         kernels = block.kernels
@@ -61,8 +65,6 @@ PARTS = register_language(TritonParts())
 INTERPRETED = PARTS.table(interpreted=True)
 COMPILED = PARTS.table(interpreted=False)
 COMPILED_F32 = {p: b.kernels["triton_f32"].expr for p, b in ROWS.items() if "triton_f32" in b.kernels}
-REDUCE = {Prim.SUM: "tl.sum", Prim.AMAX: "tl.max", Prim.AMIN: "tl.min"}
-ACCUMULATE = {Prim.SUM: "{acc} + {x}", Prim.AMAX: "tl.maximum({acc}, {x})", Prim.AMIN: "tl.minimum({acc}, {x})"}
 
 
 class TritonLanguage(render.Language):
