@@ -5,6 +5,7 @@ and optionally timed against eager and Inductor.
     python benchmarks/zoo.py                                  # every model, both entry points
     python benchmarks/zoo.py --models hf_llama_gqa timm_resnet10t --entry jit
     python benchmarks/zoo.py --timing --rounds 10             # also time the training step
+    python benchmarks/zoo.py --memory --first-call            # bytes saved for the backward, first call
     python benchmarks/zoo.py --markdown docs/zoo.md --json benchmarks/results/zoo.json
     python benchmarks/zoo.py --sync-kernels                   # FJIT_C_KERNELS=sync before fjit is imported
     python benchmarks/zoo.py --device cuda --timing           # on a GPU: fjit's Triton kernels
@@ -74,6 +75,31 @@ steps as take ``SAMPLE_NS``, 100 ms, of eager); the ratios are paired
 (median over rounds of candidate / eager of the same round; below 1 is faster than eager).  A
 candidate that raises is not timed.  The geometric mean of each entry's ratios is taken over the
 models it ran, and says over how many.
+
+Memory (``--memory``, with or without ``--timing``): the bytes each of eager and the ``--timed``
+candidates saves for the backward in one such training step, run after the warm-up calls and the
+kernel builds (so the form a program keeps): the distinct storages packed by
+``torch.autograd.graph.saved_tensors_hooks`` (`saved_bytes`), each counted once at its storage's
+``nbytes`` (a view holds its whole storage), the model's parameters and views of them left out
+(they are not activations); the inputs a step saves count, alike for every candidate.  The hooks
+see eager autograd's saved tensors and an autograd.Function's ``ctx.save_for_backward``, through
+which fjit's joint program and Inductor's compiled graphs save theirs.  Reported per model as a
+ratio to eager's bytes (below 1 saves less), eager's own in MB, and each entry's geometric mean.
+Peak RSS is not reported: one process runs eager, every candidate and the accuracy copies, and its
+peak is the largest of them all, never lowered; a per-entry number would need a process per model
+and entry with nothing else in it.
+
+First call (``--first-call``): the wall time of fjit.jit's and Inductor's first training step (as
+timed above; those of the two in ``--timed``), each in a fresh interpreter with empty fjit,
+Inductor and Triton kernel caches (harness.run_in_fresh_process), so nothing of an earlier compile
+in memory or on disk helps it: trace, compile and every kernel build, including the C kernels fjit
+builds in the background after the step returns (the wait for them is added; with
+``--sync-kernels`` they are built inside the step).  Before the clock, both compilers' modules are
+imported and one eager step runs, so the time is the model's and not the process's start.  The
+JSON row's ``first_call.probes`` splits it (step, background builds) and adds the second step
+(where fjit's measured choice times its other forms).  Reported in seconds per model, and in the
+summary as the geometric mean over models of fjit.jit / Inductor.  Each probe costs a process
+start and both compiles, which is why it is a flag.
 """
 from __future__ import annotations
 
@@ -449,6 +475,34 @@ def _train_thunk(module: torch.nn.Module, call: torch.nn.Module, zm: ZooModel, b
     return step
 
 
+def saved_bytes(step: Callable[[], Any], exclude: Any = ()) -> int:
+    """Bytes saved for the backward while ``step`` runs (a forward and its backward): the distinct
+    storages packed by ``torch.autograd.graph.saved_tensors_hooks``, each counted once (by its
+    ``untyped_storage().data_ptr()``, at its ``nbytes``), less those of the tensors in ``exclude``
+    (the model's parameters, and views of them such as a transposed weight, are not activations).
+    Every saved tensor goes through the hooks: eager autograd's, an autograd.Function's
+    ``ctx.save_for_backward`` (fjit's joint program, Inductor's compiled graphs).  A saved tensor is
+    held until the backward, so no two storages packed in one forward share an address."""
+    skip = set()
+    for t in exclude:
+        skip.add(t.untyped_storage().data_ptr())
+    sizes: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):     # a tensor without storage (a subclass)
+            return t
+        ptr = storage.data_ptr()
+        if ptr and ptr not in skip:
+            sizes[ptr] = max(sizes.get(ptr, 0), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    return sum(sizes.values())
+
+
 TIMED = ("jit", "backend", "inductor")
 # How long one sample of a candidate lasts (in eager's time; 1000 steps at most).  At 20 ms, most
 # models' samples were one step each, and a model's paired ratio moved by several percent between
@@ -457,13 +511,15 @@ SAMPLE_NS = 100e6
 
 
 def time_model(zm: ZooModel, rounds: int, seed: int = 0, timed: tuple = TIMED,
-               autocast: torch.dtype | None = None) -> dict:
-    """Paired ratios candidate/eager of the training step (no optimizer), see the docstring."""
+               autocast: torch.dtype | None = None, timing: bool = True, memory: bool = False) -> dict:
+    """Paired ratios candidate/eager of the training step (no optimizer), see the docstring; with
+    ``memory``, each candidate's saved bytes (`saved_bytes`) and their ratios to eager's; with
+    ``timing`` False, the candidates are compiled and measured but not timed."""
     from benchmarks import harness as H
     torch._dynamo.reset()
     base = zm.make(seed).to(DEVICE)
     batch = zm.example(seed).to(device=DEVICE)
-    candidates, errors, compiled = {}, {}, {}
+    candidates, errors, compiled, modules = {}, {}, {}, {}
     for entry in ("eager", *timed):
         module = copy.deepcopy(base)
         try:
@@ -476,7 +532,7 @@ def time_model(zm: ZooModel, rounds: int, seed: int = 0, timed: tuple = TIMED,
         except Exception as exc:  # noqa: BLE001 - a failing candidate is not timed
             errors[entry] = describe_exception(exc)[0]
             continue
-        candidates[entry] = thunk
+        candidates[entry], modules[entry] = thunk, module
     try:
         from fjit.executors.c import executor as c_executor
         c_executor.wait()
@@ -484,13 +540,96 @@ def time_model(zm: ZooModel, rounds: int, seed: int = 0, timed: tuple = TIMED,
         pass
     if "eager" not in candidates:
         return {"errors": errors}
+    out: dict = {"errors": errors}
+    if memory:
+        # After the warm-up calls and the kernel builds: the form each candidate keeps.
+        out["saved_bytes"] = {}
+        for entry, thunk in list(candidates.items()):
+            try:
+                out["saved_bytes"][entry] = saved_bytes(thunk, modules[entry].parameters())
+            except ZooTimeout:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                errors[entry] = describe_exception(exc)[0]
+                del candidates[entry]
+        eager_saved = out["saved_bytes"].get("eager")
+        out["saved_ratios"] = {e: (b / eager_saved if eager_saved else None)
+                               for e, b in out["saved_bytes"].items() if e != "eager"}
+    if not timing or "eager" not in candidates:
+        return out
     timer = H.CpuTimer(cuda_sync=DEVICE == "cuda")
     iters = H.calibrate_iters(candidates["eager"], timer, target_ns=SAMPLE_NS, max_iters=1000)
     stats = H.measure(candidates, timer, rounds=rounds, iters=iters, warmup=3)
-    return {"iters": iters, "eager_ms": stats["eager"].median_ns / 1e6,
-            "ratios": {e: H.paired_ratio(stats, e, "eager") for e in candidates if e != "eager"},
-            "stats": {e: s.to_json() for e, s in stats.items()}, "errors": errors,
-            "kept": kept_form(compiled["jit"]) if "jit" in candidates else None}
+    out.update({"iters": iters, "eager_ms": stats["eager"].median_ns / 1e6,
+                "ratios": {e: H.paired_ratio(stats, e, "eager") for e in candidates if e != "eager"},
+                "stats": {e: s.to_json() for e, s in stats.items()},
+                "kept": kept_form(compiled["jit"]) if "jit" in candidates else None})
+    return out
+
+
+# The first call of a compiled model, each in a fresh interpreter (first_call): what the first
+# training step costs a user, with nothing in memory or on disk from an earlier compile.
+FIRST_CALLED = ("jit", "inductor")
+
+
+def first_call_probe(name: str, entry: str, autocast: str | None = None, seed: int = 0,
+                     pin: bool = True) -> dict:
+    """In this (fresh) process: the wall time of ``entry``'s first training step of model ``name``
+    (trace, compile, the kernels it builds before it returns), then how long the C kernels it left
+    building in the background take to land (fjit's default FJIT_C_KERNELS=background; 0 with
+    --sync-kernels and for Inductor, which builds its kernels inside the step), then its second
+    step.  Before the clock: the compilers' modules imported and one eager step run (ATen's own
+    first-call costs), so the time is the model's compile and nothing of the process's."""
+    import fjit  # noqa: F401
+    import torch._inductor.compile_fx  # torch.compile imports it on its first call; not timed
+    from benchmarks import harness as H
+    if pin:
+        H.pin_allocator()
+    if os.environ.get("FJIT_ZOO_THREADS"):       # a stress case's process, as main sets it
+        torch.set_num_threads(int(os.environ["FJIT_ZOO_THREADS"]))
+    zm = MODELS[name]
+    dtype = AUTOCAST_DTYPES.get(autocast) if autocast else None
+    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+    base = zm.make(seed).to(DEVICE)
+    batch = zm.example(seed).to(device=DEVICE)
+    warm = copy.deepcopy(base)
+    _train_thunk(warm, warm, zm, batch, dtype)()
+    del warm
+    module = copy.deepcopy(base)
+    thunk = _train_thunk(module, compile_entry(entry, module), zm, batch, dtype)
+    first = H.time_once_ns(thunk, sync) / 1e9
+    t0 = time.perf_counter()
+    if entry in ("jit", "backend"):
+        try:
+            from fjit.executors.c import executor as c_executor
+            c_executor.wait()
+        except (ImportError, AttributeError):
+            pass
+    builds = time.perf_counter() - t0
+    second = H.time_once_ns(thunk, sync) / 1e9
+    return {"first_s": first + builds, "step_s": first, "builds_s": builds, "second_s": second}
+
+
+def first_call(name: str, entries: tuple = FIRST_CALLED, autocast: str | None = None,
+               timeout: int = 600, pin: bool = True) -> dict:
+    """first_call_probe of each entry, each in a fresh interpreter with fresh kernel caches
+    (harness.run_in_fresh_process): {"seconds": {entry: first_s}, "probes": {entry: probe},
+    "errors": {entry: why}}."""
+    from benchmarks import harness as H
+    out: dict = {"seconds": {}, "probes": {}, "errors": {}}
+    for entry in entries:
+        source = ("import json, sys\nfrom benchmarks import zoo\n"
+                  f"zoo.DEVICE = {DEVICE!r}\n"
+                  f"print(json.dumps(zoo.first_call_probe({name!r}, {entry!r}, {autocast!r}, pin={pin!r})))")
+        try:
+            probe = H.run_in_fresh_process(source, timeout_s=timeout or 600)
+        except subprocess.TimeoutExpired:
+            probe = {"error": f"over {timeout or 600} s"}
+        if "error" in probe:
+            out["errors"][entry] = probe["error"]
+            continue
+        out["probes"][entry], out["seconds"][entry] = probe, probe["first_s"]
+    return out
 
 
 def kept_form(compiled) -> str | None:
@@ -522,7 +661,8 @@ def _with_timeout(seconds: int, fn: Callable[[], Any]) -> Any:
 
 
 def run_model(name: str, entries: list[str], steps: int, timeout: int, timing: bool, rounds: int,
-              optimizer: str = "sgd", timed: tuple = TIMED, autocast: torch.dtype | None = None) -> dict:
+              optimizer: str = "sgd", timed: tuple = TIMED, autocast: torch.dtype | None = None,
+              memory: bool = False, first_calls: bool = False, pin: bool = True) -> dict:
     zm = MODELS[name]
     row: dict = {"model": name, "source": zm.source, "note": zm.note, "results": {}}
     for entry in entries:
@@ -536,14 +676,18 @@ def run_model(name: str, entries: list[str], steps: int, timeout: int, timing: b
         gc.collect()
     if any(r["status"] == "fail_accuracy" for e, r in row["results"].items() if e not in CONTROLS):
         _judge_by_controls(zm, row["results"], steps, timeout, optimizer, autocast)
-    if timing:
+    if timing or memory:
         try:
             row["timing"] = _with_timeout(timeout * 2, lambda: time_model(
-                zm, rounds, timed=timed, autocast=autocast))
+                zm, rounds, timed=timed, autocast=autocast, timing=timing, memory=memory))
         except ZooTimeout:
             row["timing"] = {"errors": {"all": f"timing over {timeout * 2} s"}}
         except Exception as exc:  # noqa: BLE001
             row["timing"] = {"errors": {"all": describe_exception(exc)[0]}}
+    if first_calls:
+        autocast_name = next((k for k, v in AUTOCAST_DTYPES.items() if v == autocast), None)
+        row["first_call"] = first_call(name, tuple(e for e in FIRST_CALLED if e in timed),
+                                       autocast_name, timeout, pin)
     torch._dynamo.reset()
     gc.collect()
     return row
@@ -606,9 +750,11 @@ def run_isolated(name: str, args, environment: dict | None = None) -> dict:
                "--steps", str(args.steps), "--timeout", str(args.timeout), "--rounds", str(args.rounds),
                "--optimizer", args.optimizer, "--device", args.device,
                "--json", str(out), "--quiet", "--timed", *args.timed] + (["--timing"] if args.timing else []) \
+            + (["--memory"] if args.memory else []) + (["--first-call"] if args.first_call else []) \
             + (["--default-allocator"] if args.default_allocator else []) \
             + (["--autocast", args.autocast] if args.autocast else [])
-        limit = (args.timeout or 600) * (len(entries) + (2 if args.timing else 0)) + 120
+        limit = (args.timeout or 600) * (len(entries) + (2 if args.timing or args.memory else 0)
+                                         + (2 if args.first_call else 0)) + 120
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit,
                                   env={**os.environ, **(environment or {})})
@@ -641,6 +787,16 @@ def summarize(rows: list[dict], entries: list[str]) -> dict:
                   if "ratios" in r.get("timing", {}) and r["timing"]["ratios"].get(e) is not None]
         if ratios:
             summary["geomean"][e] = {"ratio": geomean(ratios), "models": len(ratios)}
+        saved = [r["timing"]["saved_ratios"][e] for r in rows
+                 if r.get("timing", {}).get("saved_ratios", {}).get(e) is not None]
+        if saved:
+            summary.setdefault("saved_geomean", {})[e] = {"ratio": geomean(saved), "models": len(saved)}
+    pairs = [(r["first_call"]["seconds"]["jit"], r["first_call"]["seconds"]["inductor"]) for r in rows
+             if {"jit", "inductor"} <= set(r.get("first_call", {}).get("seconds", {}))]
+    if pairs:
+        summary["first_call"] = {"jit_over_inductor": geomean([j / i for j, i in pairs if i > 0]),
+                                 "jit_s": geomean([j for j, _ in pairs]),
+                                 "inductor_s": geomean([i for _, i in pairs]), "models": len(pairs)}
     return summary
 
 
@@ -655,6 +811,14 @@ def headline(summary: dict) -> str:
     if summary["geomean"]:
         line += "\ntraining step time / eager, geomean: " + ", ".join(
             f"{ENTRY_LABELS[e]} {g['ratio']:.2f}x over {g['models']} models" for e, g in summary["geomean"].items())
+    if summary.get("saved_geomean"):
+        line += "\nbytes saved for the backward / eager, geomean: " + ", ".join(
+            f"{ENTRY_LABELS[e]} {g['ratio']:.2f}x over {g['models']} models"
+            for e, g in summary["saved_geomean"].items())
+    if summary.get("first_call"):
+        f = summary["first_call"]
+        line += (f"\nfirst call fjit.jit / inductor, geomean: {f['jit_over_inductor']:.2f}x over "
+                 f"{f['models']} models ({f['jit_s']:.1f} s and {f['inductor_s']:.1f} s)")
     return line
 
 
@@ -676,10 +840,16 @@ def _cause_key(res: dict) -> str:
     return f"{res['status']}: {reason[:100]}"
 
 
-def tables(rows: list[dict], entries: list[str], timing: bool) -> tuple[list[str], list[list[str]]]:
+def tables(rows: list[dict], entries: list[str], timing: bool, memory: bool = False,
+           first_calls: bool = False, timed: tuple = TIMED) -> tuple[list[str], list[list[str]]]:
     headers = ["model", "source"] + [ENTRY_LABELS[e] for e in entries]
     if timing:
         headers += [f"{ENTRY_LABELS[e]}/eager" for e in ("jit", "backend", "inductor")]
+    if memory:
+        headers += [f"{ENTRY_LABELS[e]} saved/eager" for e in timed] + ["eager saved MB"]
+    called = [e for e in FIRST_CALLED if e in timed]
+    if first_calls:
+        headers += [f"{ENTRY_LABELS[e]} 1st s" for e in called]
     body = []
     for r in rows:
         cells = [r["model"], r["source"]] + [_STATUS_CELL.get(r["results"][e]["status"], r["results"][e]["status"])
@@ -687,6 +857,14 @@ def tables(rows: list[dict], entries: list[str], timing: bool) -> tuple[list[str
         if timing:
             ratios = r.get("timing", {}).get("ratios", {})
             cells += ["-" if ratios.get(e) is None else f"{ratios[e]:.2f}" for e in ("jit", "backend", "inductor")]
+        if memory:
+            saved = r.get("timing", {}).get("saved_ratios", {})
+            cells += ["-" if saved.get(e) is None else f"{saved[e]:.2f}" for e in timed]
+            eager_saved = r.get("timing", {}).get("saved_bytes", {}).get("eager")
+            cells.append("-" if eager_saved is None else f"{eager_saved / 1e6:.1f}")
+        if first_calls:
+            seconds = r.get("first_call", {}).get("seconds", {})
+            cells += ["-" if seconds.get(e) is None else f"{seconds[e]:.1f}" for e in called]
         body.append(cells)
     return headers, body
 
@@ -702,7 +880,7 @@ def failures_by_cause(rows: list[dict], entries: list[str]) -> dict[str, list[tu
 
 
 def markdown(rows: list[dict], entries: list[str], summary: dict, args, env: dict, total_s: float) -> str:
-    headers, body = tables(rows, entries, args.timing)
+    headers, body = tables(rows, entries, args.timing, args.memory, args.first_call, tuple(args.timed))
     mode = f"forward and loss under autocast {args.autocast}, " if args.autocast else ""
     md = ["# fjit model zoo", "",
           f"Generated by `python benchmarks/zoo.py` ({len(rows)} models, {args.steps} training steps of "
@@ -725,6 +903,10 @@ def markdown(rows: list[dict], entries: list[str], summary: dict, args, env: dic
     if errors:
         md += ["", "## Timing candidates that did not run", ""]
         md += [f"- `{m}` ({ENTRY_LABELS.get(e, e)}): {msg}" for m, e, msg in errors]
+    errors = [(r["model"], e, msg) for r in rows for e, msg in r.get("first_call", {}).get("errors", {}).items()]
+    if errors:
+        md += ["", "## First calls that did not run", ""]
+        md += [f"- `{m}` ({ENTRY_LABELS.get(e, e)}): {msg}" for m, e, msg in errors]
     return "\n".join(md) + "\n"
 
 
@@ -741,6 +923,11 @@ def main(argv=None) -> int:
                         help="run every copy's forward and loss under torch.autocast to this dtype, "
                              "judged against eager's own error under it")
     parser.add_argument("--timing", action="store_true", help="also time the training step")
+    parser.add_argument("--memory", action="store_true",
+                        help="also count the bytes each candidate saves for the backward (against eager)")
+    parser.add_argument("--first-call", action="store_true",
+                        help="also time fjit.jit's and inductor's first training step, each in a fresh "
+                             "process with empty kernel caches")
     parser.add_argument("--rounds", type=int, default=10, help="interleaved timing rounds")
     parser.add_argument("--timed", nargs="+", default=list(TIMED), choices=TIMED,
                         help="the candidates --timing times against eager (a quick sweep: --timed jit)")
@@ -791,7 +978,8 @@ def main(argv=None) -> int:
     for i, name in enumerate(names):
         row = run_isolated(name, args) if args.isolate else run_model(
             name, args.entry, args.steps, args.timeout, args.timing, args.rounds, args.optimizer,
-            tuple(args.timed), AUTOCAST_DTYPES.get(args.autocast))
+            tuple(args.timed), AUTOCAST_DTYPES.get(args.autocast), args.memory, args.first_call,
+            not args.default_allocator)
         rows.append(row)
         if not args.quiet:
             cells = "  ".join(f"{ENTRY_LABELS[e]}: {row['results'][e]['status']} "
@@ -805,11 +993,26 @@ def main(argv=None) -> int:
                                                      for e, v in row["timing"]["ratios"].items()), flush=True)
                 if row["timing"].get("kept"):
                     print(f"    kept: {row['timing']['kept']}", flush=True)
+            if row.get("timing", {}).get("saved_ratios") is not None:
+                t = row["timing"]
+                print("    saved for backward/eager: " + ", ".join(
+                    f"{ENTRY_LABELS[e]} {'-' if v is None else f'{v:.2f}'}" for e, v in t["saved_ratios"].items())
+                    + f" (eager {t['saved_bytes'].get('eager', 0) / 1e6:.1f} MB)", flush=True)
+            if "timing" in row and row["timing"].get("errors"):
+                print("    not timed: " + "; ".join(f"{ENTRY_LABELS.get(e, e)}: {m}"
+                                                    for e, m in row["timing"]["errors"].items()), flush=True)
+            if "first_call" in row:
+                fc = row["first_call"]
+                print("    first call: " + ", ".join(
+                    f"{ENTRY_LABELS[e]} {p['first_s']:.1f} s"
+                    + (f" ({p['step_s']:.1f} s step + {p['builds_s']:.1f} s builds)" if p["builds_s"] >= 0.05 else "")
+                    + f", second {p['second_s']:.2f} s" for e, p in fc["probes"].items())
+                    + "".join(f"; {ENTRY_LABELS[e]}: {m}" for e, m in fc["errors"].items()), flush=True)
     total_s = time.perf_counter() - t_start
     summary = summarize(rows, args.entry)
     summary["total_seconds"] = total_s
     if not args.quiet:
-        headers, body = tables(rows, args.entry, args.timing)
+        headers, body = tables(rows, args.entry, args.timing, args.memory, args.first_call, tuple(args.timed))
         print()
         print(H.format_table(headers, body))
         groups = failures_by_cause(rows, args.entry)
