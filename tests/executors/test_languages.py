@@ -80,6 +80,7 @@ from fjit.core.prims import Prim, coverage
 from fjit.executors.c import executor
 print("UNEXPLAINED", coverage.unexplained())
 if hasattr(Prim, "SOFTSIGN"):
+    print("C_ROW", dict(coverage.rows())[Prim.SOFTSIGN]["c"][0])
     f = lambda x: F.softsign(x * 3)
     jf = fjit.jit(f)
     for n in (10, 1000, 100000):
@@ -115,10 +116,16 @@ def _with_prim(tmp_path, names: str, c_form: str) -> str:
 
 def test_a_prim_is_one_file_and_its_libm_form_fuses_at_every_size(tmp_path):
     out = _with_prim(tmp_path, "()", 'Form("({0} / (1 + fabs{f}({0})))", Cost.ARITHMETIC)')
-    assert "UNEXPLAINED []" in out
+    assert "UNEXPLAINED []" in out and "C_ROW c\n" in out
     for n in (10, 1000, 100000):        # one kernel with the multiply, fabsf inside, at each size
         assert f"SIZE {n} 1 True" in out, out
     assert "GRAD ok" in out
+
+
+def test_a_prim_whose_c_form_is_a_library_call_says_where_it_stops_fusing(tmp_path):
+    out = _with_prim(tmp_path, "()", 'Form("({0} / (1 + fabs{f}({0})))", Cost.LIBM)')
+    assert "UNEXPLAINED []" in out and "fused up to 256 elements" in out
+    assert "SIZE 10 1 True" in out and "SIZE 100000 0 False" in out, out     # a torch call past 256
 
 
 def test_coverage_fails_on_a_misspelled_torch_name_and_an_unstated_library_cost(tmp_path):

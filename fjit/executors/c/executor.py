@@ -35,7 +35,7 @@ from fjit.core.trace import Trace
 from fjit.executors import kernel_bsym, kernel_inputs_usable, runtime_sizes, symbolic_kernels
 from fjit.executors.c import batch_norm, frame_stack, max_pool
 from fjit.executors.c.codegen import Kernel, generate
-from fjit.executors.c.language import calls_libm, supported
+from fjit.executors.c.language import MAX_NUMEL_LIBM, calls_libm, supported
 from fjit.executors.c.build import build_key, compiler
 # the executor protocol's pending() and wait(), and builds() (benchmarks count them), are the queue's
 from fjit.executors.c.build_queue import Binary, binary_for, builds, pending, wait  # noqa: F401
@@ -43,12 +43,6 @@ from fjit.executors.c.launch import entry, launcher
 from fjit.passes.fusion import FusionPolicy, Partitioner, Region
 from fjit.passes.regroup import worth_a_copy_kernel
 
-# The largest tensors a prim calling a scalar C library function may touch to be claimed.
-# Vectorized loops (arithmetic, and float32 exp/log/tanh/sigmoid/erf/sin/cos through vecmath) win
-# at every size and have no limit; a scalar libm call costs ~10 ns per element against ~1 ns in
-# torch's vectorized kernel, so past a few hundred elements the saved dispatch (~2.5 us) is lost.
-# Measured with benchmarks/bench_cpu.py --c-crossover.
-MAX_NUMEL_LIBM = 256
 
 
 def mode() -> str:

@@ -22,6 +22,14 @@ from fjit.executors.render import HALF
 from fjit.executors.runtime_sizes import Size
 
 
+# The largest tensors a prim calling a scalar C library function may touch to be claimed.
+# Vectorized loops (arithmetic, and float32 exp/log/tanh/sigmoid/erf/sin/cos through vecmath) win
+# at every size and have no limit; a scalar libm call costs ~10 ns per element against ~1 ns in
+# torch's vectorized kernel, so past a few hundred elements the saved dispatch (~2.5 us) is lost.
+# Measured with benchmarks/bench_cpu.py --c-crossover.
+MAX_NUMEL_LIBM = 256
+
+
 class CParts(KernelLanguage):
     """The block parts C reads, and the form it computes a prim in."""
     name = "c"
@@ -36,6 +44,13 @@ class CParts(KernelLanguage):
         return [f"{part} form {form.expr!r} calls a C library function but states no cost "
                 f"(Cost.ARITHMETIC where it compiles to an instruction, else Cost.LIBM)"
                 for part, form in self.forms(block).items() if "{f}(" in form.expr and form.cost is None]
+
+    def describe(self, block: Block) -> str | None:
+        text = super().describe(block)
+        if text and any(form.cost is Cost.LIBM for form in self.forms(block).values()):
+            text += (f" (a scalar C library call wherever no vector form applies: fused up to "
+                     f"{MAX_NUMEL_LIBM} elements)")
+        return text
 
     def general(self, block: Block) -> Form | None:
         return block.kernels.get("c") or block.kernels.get("expr")
