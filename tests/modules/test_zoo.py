@@ -98,7 +98,8 @@ def test_zoo_model_under_stress(name):
     accuracy every step, or a rounding control failing the rule too (unstable)."""
     import argparse
     args = argparse.Namespace(entry=ENTRIES, steps=3, timeout=300, rounds=0, optimizer="sgd", device="cpu",
-                              timed=["jit"], timing=False, default_allocator=False, autocast=None)
+                              timed=["jit"], timing=False, default_allocator=False, autocast=None,
+                              memory=False, first_call=False)
     row = run_stressed(name, args, list(STRESS_CASES))
     bad = [f"{case} {entry}: {r['status']}: {r['reason']}" for case, results in row["cases"].items()
            for entry, r in results.items() if r["status"] not in ("pass", "unstable")]
@@ -111,7 +112,8 @@ def test_channels_last_form_one_threaded_trains_as_eager():
     2000x eager's error from float64 (the stress run's 1thread case found it)."""
     import argparse
     args = argparse.Namespace(entry=["jit"], steps=3, timeout=300, rounds=0, optimizer="sgd", device="cpu",
-                              timed=["jit"], timing=False, default_allocator=False, autocast=None)
+                              timed=["jit"], timing=False, default_allocator=False, autocast=None,
+                              memory=False, first_call=False)
     row = run_stressed("tv_mobilenet_v3_small", args, ["form2", "1thread"])
     bad = [f"{case} {entry}: {r['status']}: {r['reason']}" for case, results in row["cases"].items()
            for entry, r in results.items() if r["status"] != "pass"]
