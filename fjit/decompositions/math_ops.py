@@ -352,20 +352,18 @@ register(*torch_callables("max"))(_minmax_reduction(Prim.AMAX, Prim.ARGMAX, Prim
 register(*torch_callables("min"))(_minmax_reduction(Prim.AMIN, Prim.ARGMIN, Prim.MINIMUM))
 
 
-@register(*torch_callables("any"))
-def _any(x, dim=None, keepdim=False):
-    dims = reduced_dims(x, dim)
-    no_empty_reduction(x, dims)
-    nz = apply(Prim.NE, x, 0) if x.dtype != torch.bool else x
-    return apply(Prim.AMAX, nz, dims, keepdim)
+def _truth_reduction(reduce_prim):
+    """any (the largest truth value: AMAX) or all (the smallest: AMIN) of x != 0 over dims."""
+    def decomposition(x, dim=None, keepdim=False):
+        dims = reduced_dims(x, dim)
+        no_empty_reduction(x, dims)
+        nz = apply(Prim.NE, x, 0) if x.dtype != torch.bool else x
+        return apply(reduce_prim, nz, dims, keepdim)
+    return decomposition
 
 
-@register(*torch_callables("all"))
-def _all(x, dim=None, keepdim=False):
-    dims = reduced_dims(x, dim)
-    no_empty_reduction(x, dims)
-    nz = apply(Prim.NE, x, 0) if x.dtype != torch.bool else x
-    return apply(Prim.AMIN, nz, dims, keepdim)
+register(*torch_callables("any"))(_truth_reduction(Prim.AMAX))
+register(*torch_callables("all"))(_truth_reduction(Prim.AMIN))
 
 
 @replace(torch.einsum)

@@ -53,12 +53,6 @@ PRIM_OF_QUALNAME: dict[str, Prim] = {s.qualname: p for p, s in PRIMS.items()}
 NAMESPACE = types.SimpleNamespace(**{p.value: s.fn for p, s in PRIMS.items()})
 
 
-def kernel_table(part: str) -> dict:
-    """prim -> its Form for kernel part `part` (a language's spelling, or "expr"), for the prims
-    whose block has one."""
-    return {p: b.kernels[part] for p, b in ROWS.items() if part in b.kernels}
-
-
 def aten_overloads() -> dict:
     """"<op>.<overload>" -> the prim whose block names it, for the torch.compile backend."""
     return {name: p for p, b in ROWS.items() for name in b.aten}

@@ -40,7 +40,6 @@ def _vector(expr, ulp, guard=None):
 
 # sin and cos reduce their argument accurately only up to vecmath's FJ_TRIG_LIMIT
 _TRIG_GUARD = "fabsf({0}) > FJ_TRIG_LIMIT"
-_INSTRUCTION = Cost.ARITHMETIC      # a C library function the compiler makes one instruction
 
 
 _float("EXP", lambda x, o, v: v(o), c_vector=_vector("fj_expf({0})", 1), triton="tl.exp({0})")
@@ -55,10 +54,10 @@ _float("LOG10", lambda x, o, v: apply(Prim.RECIPROCAL, apply(Prim.MUL, v(x), mat
        triton="(tl.log2({0}) * 0.30102999566398120)", triton_compiled=_libdevice("log10"))
 _float("LOG1P", lambda x, o, v: apply(Prim.RECIPROCAL, apply(Prim.ADD, v(x), 1)),
        c_vector=_vector("fj_log1pf({0})", 2), triton_interpreted="_log1p({0})", triton_compiled=_libdevice("log1p"))
-_float("SQRT", lambda x, o, v: apply(Prim.DIV, 0.5, v(o)), c=Form("sqrt{f}({0})", _INSTRUCTION),
+_float("SQRT", lambda x, o, v: apply(Prim.DIV, 0.5, v(o)), c=Form("sqrt{f}({0})", Cost.ARITHMETIC),
        triton="tl.sqrt({0})", triton_f32="tl.sqrt_rn({0})")   # IEEE-rounded, as torch's CUDA
 _float("RSQRT", lambda x, o, v: apply(Prim.MUL, apply(Prim.MUL, square(v(o)), v(o)), -0.5),
-       c=Form("(1 / sqrt{f}({0}))", _INSTRUCTION), triton="(1 / tl.sqrt({0}))", triton_compiled=_libdevice("rsqrt"))
+       c=Form("(1 / sqrt{f}({0}))", Cost.ARITHMETIC), triton="(1 / tl.sqrt({0}))", triton_compiled=_libdevice("rsqrt"))
 _float("SIN", lambda x, o, v: apply(Prim.COS, v(x)), c_vector=_vector("fj_sinf({0})", 2, _TRIG_GUARD), triton="tl.sin({0})")
 _float("COS", lambda x, o, v: apply(Prim.NEG, apply(Prim.SIN, v(x))), c_vector=_vector("fj_cosf({0})", 2, _TRIG_GUARD),
        triton="tl.cos({0})")

@@ -44,7 +44,6 @@ from fjit.passes.fusion import FusionPolicy, Partitioner, Region
 from fjit.passes.regroup import worth_a_copy_kernel
 
 
-
 def mode() -> str:
     """FJIT_C_KERNELS (parsed in fjit.config): "background", "sync" or "off"."""
     return config.c_kernels().name.lower()

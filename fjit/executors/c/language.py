@@ -30,6 +30,11 @@ from fjit.executors.runtime_sizes import Size
 MAX_NUMEL_LIBM = 256
 
 
+def _unstated_call(form: Form) -> bool:
+    """Whether `form` calls a C library function (written `name{f}(`) without saying what it costs."""
+    return form.cost is None and "{f}(" in form.expr
+
+
 class CParts(KernelLanguage):
     """The block parts C reads, and the form it computes a prim in."""
     name = "c"
@@ -43,7 +48,7 @@ class CParts(KernelLanguage):
     def problems(self, block: Block) -> list[str]:
         return [f"{part} form {form.expr!r} calls a C library function but states no cost "
                 f"(Cost.ARITHMETIC where it compiles to an instruction, else Cost.LIBM)"
-                for part, form in self.forms(block).items() if "{f}(" in form.expr and form.cost is None]
+                for part, form in self.forms(block).items() if _unstated_call(form)]
 
     def describe(self, block: Block) -> str | None:
         text = super().describe(block)
@@ -119,7 +124,7 @@ def calls_libm(b: BoundSymbol) -> bool:
     costs counts as one (coverage flags it)."""
     form = form_of(b)
     return form is not None and render.small_power(b) is None and (
-        form.cost is Cost.LIBM or form.cost is None and "{f}(" in form.expr)
+        form.cost is Cost.LIBM or _unstated_call(form))
 
 
 def literal(value, ct: torch.dtype) -> str:
