@@ -55,7 +55,7 @@ def convolution_args(b: BoundSymbol) -> tuple | None:
 _BATCH_NORM = torch.ops.aten._native_batch_norm_legit_functional.default
 
 
-def _batch_norm_args(b: BoundSymbol) -> tuple | None:
+def batch_norm_args(b: BoundSymbol) -> tuple | None:
     """(x, weight, bias, eps) of a training batch norm as frontend/stateful_ops traces nn.BatchNorm
     (ATen's functional op: output, batch mean and inverse std, new running statistics), on a
     floating tensor, whose only output autograd differentiates is the normalized one."""
@@ -183,7 +183,7 @@ def aten_backward(b: BoundSymbol) -> AtenBackward | None:
         return AtenBackward((x, w, bias), (x, w), (list(bias.shape) if bias is not None else None,
                             list(stride), list(padding), list(dilation), groups), convolution_vjp,
                             "convolution_backward")
-    bn = _batch_norm_args(b)
+    bn = batch_norm_args(b)
     if bn is not None:
         x, weight, bias, eps = bn
         _, mean, invstd = b.outputs()[:3]

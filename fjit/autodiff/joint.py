@@ -17,13 +17,13 @@ Each top-level op of the (cleaned) forward trace is one of
 
 The backward is recorded by running the rules on proxies in a trace context of its own, so every
 value's metadata comes from torch's meta kernels, as in a traced forward; the context and the
-proxies are the frontend's, handed in as a Recorder.  A rule asks for the forward values it reads;
-`_Backward.value` decides for each: views, and cheap pointwise values of RECOMPUTE_FROM elements
-(recompute.py) or more, are recomputed from their operands in the backward (fused there for free, and never
-written by the forward) unless that would save an operand as large that a matmul or another op
-not recomputed makes; everything else (smaller pointwise values, inputs, the caller's outputs,
-reductions, matmuls, random draws, opaque results) is saved: an extra output of the forward
-trace, an input of the backward trace.
+proxies are the frontend's, handed in as a Recorder.  A rule asks for the forward values it reads
+(`_Backward.value`).  The backward is recorded twice: first with every value it reads saved, which
+names them; then remat.py's minimum cut over the forward's values chooses the saved ones (an extra
+output of the forward trace, an input of the backward trace) of fewest bytes from which the others
+are recomputed in the backward by cheap ops (recompute.py: views, pointwise prims, copies), fused
+there into the backward's kernels; the second recording follows that choice.  A checkpointed
+region's values are recomputed whatever they cost, as eager recomputes them.
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ from fjit.core.ir import CUSTOM_VJPS, BoundSymbol, NumberVar, Symbol, Tag, Tenso
 from fjit.core.trace import Trace
 from fjit.autodiff.aten_backward import aten_backward, dense
 from fjit.autodiff.function import record, torch_vjp
-from fjit.autodiff.recompute import recomputable
+from fjit.autodiff.recompute import batch_norm_operands, batch_norm_output, is_view, recomputable
+from fjit.autodiff.remat import recomputed
 from fjit.autodiff.rules import NONDIFF, VJP, Pieces, fit, has_rule
 from fjit.core.prims import Prim, apply, prim_of
 from fjit.core.prims.layout import undo_index
@@ -178,7 +179,14 @@ class _Builder:
 
     def build(self) -> Joint:
         with torch.no_grad():
-            backward, saved = _Backward(self).trace()
+            names, records = set(self.used), dict(self.records)
+            backward, read = _Backward(self, frozenset()).trace()
+            again = recomputed([v for v in read if isinstance(v, TensorVar)], self._recompute_operands,
+                               self._held, self._never_saved)
+            if again:
+                self.used, self.records = names, records     # the same names the second time
+                backward, read = _Backward(self, again).trace()
+        saved = read
         backward, sizes = self._sizes_passed(backward, len(saved))
         forward = self._forward(saved)
         if sizes:
@@ -186,6 +194,33 @@ class _Builder:
         diff = [differentiable(v) for v in self.outputs]
         kept = tuple(sorted({self.producer[v.name][0].sym.qualname for v in saved if v.name in self.checkpointed}))
         return Joint(forward, backward, self.outputs, diff, len(saved) + len(sizes), kept)
+
+    def _recompute_operands(self, name: str) -> tuple | None:
+        """The tensor operands of the prim that makes forward value `name`, where the backward
+        may run it again; None where it may not (not a prim, a random one, a matmul or a reduction,
+        a value returned to the caller, an operand that is a number computed in the function)."""
+        made = self.producer.get(name)
+        if made is None or name in self.output_names:
+            return None
+        s = made[0]
+        if prim_of(s) is None:
+            return batch_norm_operands(s, next(v for v in s.outputs() if v.name == name))
+        if not (recomputable(s) or name in self.checkpointed and not s.sym.has(Tag.RANDOM)):
+            return None
+        operands = [x for x in flatten_values((s.args, s.kwargs)) if isinstance(x, Var)]
+        inputs = {v.name for v in self.trace.inputs}
+        if any(isinstance(x, NumberVar) and x.name not in inputs for x in operands):
+            return None
+        return tuple(x for x in operands if isinstance(x, TensorVar))
+
+    def _never_saved(self, name: str) -> bool:
+        """A checkpointed value, or a view: the cut goes through the view's base instead."""
+        made = self.producer.get(name)
+        return name in self.checkpointed or made is not None and is_view(made[0])
+
+    def _held(self, name: str) -> bool:
+        """Alive whatever the backward reads: an input of the function, or a value it returns."""
+        return name in self.output_names or any(v.name == name for v in self.trace.inputs)
 
     def _sizes_passed(self, backward: Trace, n_saved: int) -> tuple[Trace, tuple]:
         """A symbolic program's backward with the values of the symbols it uses as number inputs
@@ -247,11 +282,11 @@ def _read_inside_their_region(trace: Trace, outputs: set) -> set:
 class _Backward:
     """Records the backward trace: cotangents flow from the outputs to the inputs."""
 
-    def __init__(self, builder: _Builder):
+    def __init__(self, builder: _Builder, recompute: frozenset):
         self.b = builder
+        self.recompute = recompute            # names of the forward values it recomputes
         self.env: dict[str, object] = {}      # forward var name -> its proxy in the backward
         self.saved: list = []                 # forward Vars the backward reads, in first-read order
-        self.recomputed: set = set()          # names of the pointwise values it recomputes
         self.ct: dict[str, object] = {}       # forward var name -> cotangent proxy so far
         self.recorder = builder.recorder
         numbers = [int(m.group(1)) for n in builder.used if (m := re.fullmatch(r"t(\d+)", n))]
@@ -270,44 +305,26 @@ class _Backward:
         self.ctx.inputs.append(v)
         return self.recorder.tensor(v, is_input=True)
 
-    def value(self, var: Var, fuses: bool = True):
-        """A forward value in the backward: recomputed if cheap, else saved by the forward.
-        fuses=False: asked for by an op no kernel takes (a matmul, a convolution, a recorded op),
-        which had it as an operand in the forward too: a pointwise value is then saved, since
-        the forward wrote it anyway and recomputing it would be a pass of its own (GELU's output
-        for fc2's weight gradient read h and erf(h) again, and made the forward write erf(h))."""
+    def value(self, var: Var):
+        """A forward value in the backward: recomputed where the cut said so (a number computed
+        in the function, wherever it can be), else saved by the forward."""
         p = self.env.get(var.name)
-        # a value of a checkpointed region is recomputed whatever it costs, as eager recomputes it
-        checkpointed = var.name in self.b.checkpointed
-        if p is not None and (fuses or checkpointed or var.name not in self.recomputed):
+        if p is not None:
             return p
         made = self.b.producer.get(var.name)
-        if p is None and made is not None and var.name not in self.b.output_names and (
-                checkpointed and prim_of(made[0]) is not None and not made[0].sym.has(Tag.RANDOM)
-                or recomputable(made[0]) and not self._saves_as_much(made[0], var)
-                and (fuses or made[0].sym.has(Tag.SHAPE))):
+        if var.name in self.recompute or isinstance(var, NumberVar) and made is not None \
+                and recomputable(made[0]):
             s = made[0]
-            args, kwargs = map_values(lambda x: self.value(x, fuses) if isinstance(x, Var) else x,
-                                      (s.args, s.kwargs))
-            p = apply(prim_of(s), *args, **kwargs)
-            if not s.sym.has(Tag.SHAPE):
-                self.recomputed.add(var.name)
+            if prim_of(s) is None:
+                p = batch_norm_output(s, self.value)
+            else:
+                args, kwargs = map_values(lambda x: self.value(x) if isinstance(x, Var) else x, (s.args, s.kwargs))
+                p = apply(prim_of(s), *args, **kwargs)
         else:
             self.saved.append(var)
-            self.recomputed.discard(var.name)
             p = self._input(var, var.name)
         self.env[var.name] = p
         return p
-
-    def _saves_as_much(self, s: BoundSymbol, var) -> bool:
-        """Recomputing pointwise `s` would save an operand as large as `var` that only a costly op
-        makes (a matmul's output before its bias add): saving `var` holds as much and reruns
-        nothing (attention's q, k, v from a linear feed matmuls: recomputed, their bias add was a
-        pass of its own, and split F.linear's addmm in the forward)."""
-        return not s.sym.has(Tag.SHAPE) and any(
-            isinstance(o, TensorVar) and o.name not in self.env and o.numel() >= var.numel()
-            and o.name not in self.b.output_names and (made := self.b.producer.get(o.name))
-            and not recomputable(made[0]) for o in s.inputs())
 
     def _accumulate(self, var, g, shape, undo=None) -> None:
         """Add g, a contribution standing for a value of `shape`, to var's cotangent; with `undo`
@@ -376,9 +393,7 @@ class _Backward:
         if not s.sym.has(Tag.ELEMENTWISE):     # elementwise rules broadcast; others need the shape
             g = full(g, outs[0])
         elementwise = s.sym.has(Tag.ELEMENTWISE)
-        fuses = elementwise or s.sym.has(Tag.REDUCTION)     # the kinds of prims kernels take
-        value = self.value if fuses else lambda v: self.value(v, fuses=False)
-        for var, contribution in VJP[prim_of(s)](s, g, value):
+        for var, contribution in VJP[prim_of(s)](s, g, self.value):
             # an elementwise contribution stands for a value of the output's shape; another
             # rule's for one of its operand's (or one broadcast further, as matmul's batch dims)
             shape = outs[0].shape if elementwise else torch.broadcast_shapes(
@@ -392,8 +407,8 @@ class _Backward:
             return
         graph, leaf, inputs = self.b._record_vars(i, op)
         used = [(gv, full(g, gv)) for gv, g in zip(graph, gs) if g is not None]
-        graph_in = tuple(self.value(gv, fuses=False) for gv, _ in used)
-        leaf_in = tuple(self.value(lv, fuses=False) for lv in leaf)
+        graph_in = tuple(self.value(gv) for gv, _ in used)
+        leaf_in = tuple(self.value(lv) for lv in leaf)
         results = tuple(TensorVar(self.ctx.new_name(), v.shape, v.dtype, v.device,
                                   make_contiguous_strides_for(v.shape), False) for v in inputs)
         self.ctx.record(BoundSymbol(TORCH_VJP, (tuple(p.ir for p in graph_in),
@@ -432,7 +447,7 @@ class _Backward:
                    tuple(make_contiguous_strides_for(v.shape)) for v, m in zip(how.operands, mask)]
         results = tuple(TensorVar(self.ctx.new_name(), v.shape, v.dtype, v.device, s, False)
                         if m else None for v, m, s in zip(how.operands, mask, layouts))
-        saved = tuple(self.value(v, fuses=False).ir if v is not None else None for v in how.saved)
+        saved = tuple(self.value(v).ir if v is not None else None for v in how.saved)
         symbol = Symbol(f"fjit_autodiff.{how.fn.__name__}", how.fn, frozenset({Tag.FALLBACK}))
         self.ctx.record(BoundSymbol(symbol, (full(g, out).ir, *saved, *how.static, mask, layouts), {}, results,
                                     comment=f"ATen's {how.aten}, as eager's {op.sym.qualname}"))

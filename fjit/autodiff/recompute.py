@@ -1,39 +1,64 @@
-"""What the joint program's backward recomputes rather than saves: `recomputable` says of the op
-that made a forward value whether running it again in the backward is cheap (views, and arithmetic
-pointwise prims of RECOMPUTE_FROM elements or more; never the COSTLY ones, whose blocks' kernel
-forms call a library or vector-math function).
-joint.py's `_Backward.value` asks it for each forward value a rule reads, and saves what it refuses.
+"""What the joint program's backward may run again rather than read back: `recomputable` says of
+the op that made a forward value whether running it in the backward is cheap (views, pointwise
+prims, factories, copies; never a random draw), and `batch_norm_output` recomputes a training batch
+norm's normalized output from what its backward reads anyway.  remat.py's minimum cut chooses,
+among the values the backward reads, which it recomputes from these ops and which the forward
+saves.
 """
 from __future__ import annotations
 
+from fjit.autodiff.aten_backward import batch_norm_args
 from fjit.core.ir import BoundSymbol, Tag, TensorVar
-from fjit.core.prims import ROWS, Kind, Prim, prim_of
+from fjit.core.prims import ROWS, Kind, Prim, apply, prim_of
 from fjit.core.prims.layout import reshape_copies
-from fjit.core.symbolic import known
-
-# A computed value of fewer elements than this is saved by the forward rather than recomputed in
-# the backward, a view excepted.  Recomputing saves memory traffic, which on small values is
-# nothing next to the op a recomputation adds wherever it does not fuse into a backward kernel
-# (a transformer's step with batch 2 and width 64: backward 1.30x eager's recomputing, 0.98x
-# saving).
-RECOMPUTE_FROM = 1 << 16
-# Prims saved at any size: recomputed, each would be a library or vector-math call per element
-# again (their blocks' kernel forms say so, or their block says otherwise: erf is recomputed).
-COSTLY = frozenset(p for p, b in ROWS.items() if b.costly)
 
 
 def recomputable(b: BoundSymbol | None) -> bool:
-    """Cheap to run again in the backward: view prims, and arithmetic pointwise ones, factories, a
-    reshape that copies and the prims whose block says so (a contiguous copy) of RECOMPUTE_FROM
-    elements or more (random ones are draws)."""
+    """Cheap to run again in the backward: view prims, and pointwise ones, factories, a reshape
+    that copies and the prims whose block says so (a contiguous copy); random ones are draws."""
     p = prim_of(b) if b is not None else None
-    if p is None or p in COSTLY or b.sym.has(Tag.RANDOM):
+    if p is None or b.sym.has(Tag.RANDOM):
         return False
     copy = p is Prim.RESHAPE and reshape_copies(b.args[0], b.args[1])
-    if b.sym.has(Tag.SHAPE) and not copy:
+    if b.sym.has(Tag.SHAPE):
         return True
-    # of symbolic sizes: recomputed where that holds at every size (either choice is right; a
-    # guard would split the program by size class)
     block = ROWS[p]
-    return (b.sym.has(Tag.ELEMENTWISE) or copy or block.kind is Kind.FACTORY or block.recompute) and \
-        all(known(v.numel() >= RECOMPUTE_FROM) for v in b.outputs() if isinstance(v, TensorVar))
+    return b.sym.has(Tag.ELEMENTWISE) or copy or block.kind is Kind.FACTORY or block.recompute
+
+
+def is_view(b: BoundSymbol) -> bool:
+    """A view prim: a reshape that copies is not one."""
+    p = prim_of(b)
+    return p is not None and b.sym.has(Tag.SHAPE) and not (p is Prim.RESHAPE and reshape_copies(b.args[0], b.args[1]))
+
+
+def batch_norm_operands(b: BoundSymbol, var: TensorVar) -> tuple | None:
+    """Where `var` is the normalized output of training batch norm `b` (an op eager's kernel runs
+    whole), the tensors it is recomputed from: the input, the batch mean and inverse std (which
+    the batch norm's backward reads anyway) and the affine weight and bias; else None.  A CNN's
+    ReLU(BatchNorm(conv)) entering the next convolution is then recomputed from the convolution's
+    output rather than saved beside it."""
+    args = batch_norm_args(b)
+    if args is None or var.name != b.outputs()[0].name:
+        return None
+    x, weight, bias, _ = args
+    _, mean, invstd = b.outputs()[:3]
+    return tuple(v for v in (x, mean, invstd, weight, bias) if isinstance(v, TensorVar))
+
+
+def batch_norm_output(b: BoundSymbol, value):
+    """The normalized output of training batch norm `b` in prims, as ATen's CPU kernel computes it
+    (x * scale + shift per channel, scale = invstd * weight, shift = bias - mean * scale), from
+    `value`'s proxies of the forward values."""
+    x, weight, bias, _ = batch_norm_args(b)
+    out, mean, invstd = b.outputs()[:3]
+    scale = value(invstd)
+    if isinstance(weight, TensorVar):
+        scale = apply(Prim.MUL, scale, value(weight))
+    shift = apply(Prim.NEG, apply(Prim.MUL, value(mean), scale))
+    if isinstance(bias, TensorVar):
+        shift = apply(Prim.ADD, shift, value(bias))
+    per_channel = (x.shape[1],) + (1,) * (x.ndim - 2)
+    y = apply(Prim.ADD, apply(Prim.MUL, value(x), apply(Prim.RESHAPE, scale, per_channel)),
+              apply(Prim.RESHAPE, shift, per_channel))
+    return apply(Prim.CONVERT, y, out.dtype) if y.dtype != out.dtype else y

@@ -86,11 +86,6 @@ class Form:
     guard: str | None = None       # a template true where the form is inexact; the generator then
     #                                computes those elements again with the part's exact form
 
-    @property
-    def costly(self) -> bool:
-        """A library or vector-math call per element (unstated costs count as arithmetic)."""
-        return self.cost in (Cost.VECTOR, Cost.LIBM)
-
 
 class KernelLanguage:
     """A kernel language as coverage and the blocks see it: its `name`, the block parts it reads
@@ -157,19 +152,10 @@ class Block:
     vjp: Callable | None = None    # rule(b, g, value) -> [(forward var, cotangent), ...]
     nondiff: bool = False          # no cotangent flows through it
     kernels: dict = dataclasses.field(default_factory=dict)   # part -> Form (languages read them)
-    recompute: bool | None = None  # the backward may recompute its value rather than have it saved
-    #                                (None: unless a kernel form is costly)
+    recompute: bool = False        # the backward may compute it again though not pointwise (a copy)
     aten: tuple = ()               # "<op>.<overload>" the backend maps to torch.<op>
     notes: dict = dataclasses.field(default_factory=dict)   # part -> why it is missing
     symbol: Symbol | None = None
-
-    @property
-    def costly(self) -> bool:
-        """Whether computing it again costs a library or vector-math call per element in some
-        kernel language: the backward saves such a value rather than recompute it."""
-        if self.recompute is not None:
-            return not self.recompute
-        return any(form.costly for form in self.kernels.values())
 
     @property
     def tags(self) -> frozenset:

@@ -86,12 +86,7 @@ _float("SIGMOID", lambda x, o, v: apply(Prim.MUL, v(o), apply(Prim.SUB, 1, v(o))
 _float("ERF", lambda x, o, v: apply(Prim.MUL, apply(Prim.EXP, apply(Prim.NEG, square(v(x)))),
                                     2.0 / math.sqrt(math.pi)),
        also=(torch.special.erf,), c_vector=_vector("fj_erff({0})", 2), triton="tl.erf({0})",
-       triton_compiled=_libdevice("erf"),
-       # recomputed, not saved, though a vector-math call: GELU's backward kernel computes it again
-       # from h, which it reads anyway, as eager's gelu_backward does; saving it too held a third
-       # tensor per MLP block where eager holds two (h and GELU's output, which fc2's weight
-       # gradient reads), for no measured gain (ViT-Tiny, MLP-Mixer and Swin steps within 3%)
-       recompute=True)
+       triton_compiled=_libdevice("erf"))
 define("ERFC", Kind.UNARY, Domain.FLOAT, c=Form("erfc{f}({0})", Cost.LIBM), triton_compiled=_libdevice("erfc"), notes={
     "vjp": "no rule written: autodiff records the torch-level op and torch autograd differentiates it",
     "triton": "interpreted: tl has no erfc and 1 - tl.erf(x) loses its tail to rounding, so it "

@@ -266,13 +266,23 @@ class RowLoops:
             self.code.guarded_twice(lambda: self.row_code(passes, names))
 
     def choose_scratch(self, passes: int) -> None:
-        """Costly elementwise values (a vector-math or libm call) that a later pass over the row
-        reads again: each gets a row buffer, while they fit in SCRATCH_BYTES."""
+        """Costly elementwise values (a vector-math or libm call) that the pass of their level
+        computes for its reduction and a later pass over the row reads again: each gets a row
+        buffer, while they fit in SCRATCH_BYTES.  One no reduction of its pass reads is left to
+        the pass that reads it (a log-softmax backward's exp, computed again from the input: kept
+        in the first pass, which sums only the cotangent, its store kept gcc from vectorizing it)."""
         r = self.state.region
         width, budget = math.prod(r.inner), SCRATCH_BYTES
+        level = self.state.level
+        reduced = set()           # values a pass computes for a reduction of that pass
+        for b in reversed(r.bsyms):
+            o = b.outputs()[0]
+            if prim_of(b) in REDUCE or o.name in reduced:
+                reduced.update(v.name for v in b.inputs() if v.name in level
+                               and (prim_of(b) in REDUCE or level[v.name] == level[o.name]))
         for b in r.bsyms:
             o = b.outputs()[0]
-            if prim_of(b) in REDUCE or o.name in self.state.rows or not costly(b):
+            if prim_of(b) in REDUCE or o.name in self.state.rows or not costly(b) or o.name not in reduced:
                 continue
             lvl = self.state.level[o.name]
             later = any(o.name in {v.name for v in b2.inputs()} and self.state.level[b2.outputs()[0].name] > lvl
