@@ -137,7 +137,8 @@ def build(trace: Trace, leaves: list, fusion, recorder: Recorder) -> Joint | str
 class _Builder:
     def __init__(self, trace: Trace, leaves: list, kinds: list, recorder: Recorder):
         self.trace, self.leaves, self.kinds, self.recorder = trace, leaves, kinds, recorder
-        self.used = {v.name for v in trace.inputs}
+        self.input_names = {v.name for v in trace.inputs}
+        self.used = set(self.input_names)
         self.top_level: set = set()
         self.producer: dict[str, tuple[BoundSymbol, int]] = {}   # var -> (prim or op, unit)
         for i, (b, kind) in enumerate(zip(trace.bsyms, kinds)):
@@ -208,8 +209,7 @@ class _Builder:
         if not (recomputable(s) or name in self.checkpointed and not s.sym.has(Tag.RANDOM)):
             return None
         operands = [x for x in flatten_values((s.args, s.kwargs)) if isinstance(x, Var)]
-        inputs = {v.name for v in self.trace.inputs}
-        if any(isinstance(x, NumberVar) and x.name not in inputs for x in operands):
+        if any(isinstance(x, NumberVar) and x.name not in self.input_names for x in operands):
             return None
         return tuple(x for x in operands if isinstance(x, TensorVar))
 
@@ -220,7 +220,7 @@ class _Builder:
 
     def _held(self, name: str) -> bool:
         """Alive whatever the backward reads: an input of the function, or a value it returns."""
-        return name in self.output_names or any(v.name == name for v in self.trace.inputs)
+        return name in self.output_names or name in self.input_names
 
     def _sizes_passed(self, backward: Trace, n_saved: int) -> tuple[Trace, tuple]:
         """A symbolic program's backward with the values of the symbols it uses as number inputs

@@ -29,7 +29,8 @@ _INFINITE = 1 << 62
 # or where it is SMALL: nothing in memory that counts, but a cut through it should still beat one
 # through a computed value of the same size.
 _NEARLY_FREE = 1
-# A value of at most 1/SMALL of the widest value the backward reads is saved rather than computed
+# A value of at most 1/SMALL of the widest computed value the backward reads (not one held anyway:
+# a weight, the logits) is saved rather than computed
 # again (unless checkpointed, or a view), from values read anyway or not: a layer norm's mean and
 # inverse std from its row sums, a softmax's log-sum-exp.  Their bytes are nothing next to the activations', and computing them
 # again is an op of its own in the backward (a per-row value does not fuse into the row kernel
@@ -51,7 +52,7 @@ def recomputed(read: Iterable[TensorVar], operands: Callable[[str], tuple | None
     would hold its base's storage, whose bytes the view's size does not tell: the base is saved
     instead, once for all its views)."""
     read = list(read)
-    small = max((nbytes(v) for v in read), default=0) // SMALL
+    small = max((nbytes(v) for v in read if not held(v.name)), default=0) // SMALL
     graph = _Graph()
     nodes: dict[str, tuple[int, int, tuple | None]] = {}       # name -> (in, out, operands)
     pending = deque()

@@ -53,6 +53,21 @@ def test_of_cuts_as_cheap_the_one_that_recomputes_least_is_taken():
     assert again == frozenset()
 
 
+def test_small_values_are_saved_and_small_means_next_to_the_computed_values():
+    """A value of at most 1/32 of the widest computed value read is saved, not computed again (a
+    layer norm's row statistics); a wide value held anyway (the logits, a weight) does not make the
+    activations 'small': c = g(b), b = f(x) are computed again from the input x."""
+    values = {"x": _var("x", 100), "b": _var("b", 100), "c": _var("c", 100), "s": _var("s", 2),
+              "t": _var("t", 2), "logits": _var("logits", 1_000_000)}
+    made_from = {"b": ("x",), "c": ("b",), "t": ("s",)}
+
+    def operands(name):
+        return tuple(values[u] for u in made_from[name]) if name in made_from else None
+    again = recomputed([values["c"], values["t"], values["s"], values["logits"]], operands,
+                       lambda name: name in ("x", "logits"), lambda name: False)
+    assert again == {"b", "c"}         # t, two elements, is saved beside s though made from it
+
+
 def test_a_checkpointed_value_is_never_saved():
     values = {n: _var(n, 100) for n in "abc"}
     made_from = {"b": ("a",), "c": ("b",)}
