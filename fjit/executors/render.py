@@ -128,14 +128,17 @@ def identity(p: Prim, dt: torch.dtype):
 def index_terms(region, shape: tuple, strides: tuple, rows_only: bool = False) -> list[str]:
     """The terms of the element offset of a tensor of `shape`/`strides`, broadcast to the region's
     domain, at the loop indices o<j> (row dims) and i<k> (dims along the row); `rows_only` keeps the
-    row dims only (a per-row value).  Broadcast dims (size 1 or missing) contribute nothing."""
+    row dims only (a per-row value).  Broadcast dims (size 1, missing, or expanded: stride 0)
+    contribute nothing (an input expanded along the row is loaded once a row, where no i<k> is
+    declared)."""
     dom, n_outer = region.domain, len(region.outer)
     terms = []
     for j in range(len(dom)):
         t = j - (len(dom) - len(shape))
         if rows_only:
             t = j if j < n_outer and j < len(shape) else -1
-        if t < 0 or shape[t] == 1 or (rows_only and j >= n_outer):
+        if t < 0 or shape[t] == 1 or (rows_only and j >= n_outer) or \
+                isinstance(strides[t], int) and strides[t] == 0:
             continue
         idx = f"o{j}" if j < n_outer else f"i{j - n_outer}"
         terms.append(f"{idx} * {strides[t]}" if strides[t] != 1 else idx)

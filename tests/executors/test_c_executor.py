@@ -1419,3 +1419,14 @@ def test_a_value_two_batched_matmuls_read_is_copied_once():
     backward = str(fjit.last_backward_traces(jf)[-1])
     calls = re.findall(r"= (fjit_c_\w+\([^)]*\))", backward)
     assert calls and len(calls) == len(set(calls)), calls
+
+
+def test_an_input_expanded_along_the_row_is_loaded_once_a_row(recwarn):
+    """An input broadcast along a row kernel's row by an expand (stride 0, size > 1) is constant
+    along the row: loaded once a row, from the row indices alone.  Its offset once named the
+    element index of the row's dim (times 0), undeclared there, and the kernel did not build
+    (found by the random programs of test_properties.py)."""
+    x, y = torch.randn(4, 8), torch.randn(4, 1).expand(4, 8)
+    jf = _check(lambda x, y: torch.softmax(x * y, -1) + y, x, y, kernels=1)
+    assert not [w for w in recwarn if "building a C kernel failed" in str(w.message)]
+    assert re.search(r"xr1 = in1\[o0\];", str(fjit.last_traces(jf)[-1]))
