@@ -53,19 +53,22 @@ def test_of_cuts_as_cheap_the_one_that_recomputes_least_is_taken():
     assert again == frozenset()
 
 
-def test_small_values_are_saved_and_small_means_next_to_the_computed_values():
-    """A value of at most 1/32 of the widest computed value read is saved, not computed again (a
-    layer norm's row statistics); a wide value held anyway (the logits, a weight) does not make the
-    activations 'small': c = g(b), b = f(x) are computed again from the input x."""
+def test_small_means_small_next_to_the_values_computed_from_it():
+    """A value of at most 1/32 of the widest value computed from it is saved, not computed again
+    (a layer norm's row statistics t = f(s), broadcast along rows of 64): saved beside s though
+    made from it.  A value as wide as what is computed from it is computed again, however small
+    next to the rest of the program (the logits, a wide held value; a hierarchical model's late
+    stages): c = g(b), b = f(x) from the input x, and d = h(y), 2 elements, from the input y."""
     values = {"x": _var("x", 100), "b": _var("b", 100), "c": _var("c", 100), "s": _var("s", 2),
-              "t": _var("t", 2), "logits": _var("logits", 1_000_000)}
-    made_from = {"b": ("x",), "c": ("b",), "t": ("s",)}
+              "t": _var("t", 2), "rows": _var("rows", 64), "logits": _var("logits", 1_000_000),
+              "y": _var("y", 2), "d": _var("d", 2)}
+    made_from = {"b": ("x",), "c": ("b",), "t": ("s",), "rows": ("t", "x"), "d": ("y",)}
 
     def operands(name):
         return tuple(values[u] for u in made_from[name]) if name in made_from else None
-    again = recomputed([values["c"], values["t"], values["s"], values["logits"]], operands,
-                       lambda name: name in ("x", "logits"), lambda name: False)
-    assert again == {"b", "c"}         # t, two elements, is saved beside s though made from it
+    again = recomputed([values["c"], values["rows"], values["s"], values["logits"], values["d"]],
+                       operands, lambda name: name in ("x", "logits", "y"), lambda name: False)
+    assert again == {"b", "c", "rows", "d"}
 
 
 def test_a_checkpointed_value_is_never_saved():
