@@ -298,7 +298,11 @@ def _var_impl(x, dim, correction, keepdim):
     y = upcast(x)
     dims = reduced_dims(x, dim)
     n = math.prod(x.shape[d] for d in dims)
-    mean = apply(Prim.DIV, apply(Prim.SUM, y, dims, True), n)
+    # The mean is a constant to the backward, as in eager's var_backward (2 (y - mean) g / n): its
+    # own term, -2 sum(y - mean) g / n^2, is zero but for rounding, and NaN where a row holds an
+    # infinity (inf - inf), which then spread over the row's every gradient
+    with torch.no_grad():
+        mean = apply(Prim.DIV, apply(Prim.SUM, y, dims, True), n)
     diff = apply(Prim.SUB, y, mean)
     ss = apply(Prim.SUM, apply(Prim.MUL, diff, diff), dims, keepdim)
     return apply(Prim.DIV, ss, max(n - correction, 0)), y
@@ -391,6 +395,11 @@ def _einsum(equation, *operands):
     batch = [c for c in out if c in terms[0] and c in terms[1]]
     left, right = ([c for c in out if c in t and c not in u] for t, u in (terms, terms[::-1]))
     inner = [c for c in terms[0] if c in terms[1] and c not in out]
+    if math.prod(size[c] for c in inner) == 1:
+        # nothing to contract (an outer product, summed letters of size 1): torch's einsum then
+        # multiplies rather than calling bmm, so autocast does not cast it (a bf16 matmul here
+        # gave bfloat16 where eager under autocast gives float32)
+        raise NotImplementedError
 
     def grouped(x, term, order):
         x = call(torch.Tensor.permute, x, tuple(term.index(c) for c in order[0] + order[1] + order[2]))

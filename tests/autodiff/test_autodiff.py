@@ -928,6 +928,20 @@ def test_std_of_constant_values_has_eagers_zero_gradient(shape, correction, monk
                  (x, w))
 
 
+@pytest.mark.parametrize("op", [torch.var, torch.std])
+def test_the_mean_is_a_constant_to_a_variances_backward(op):
+    """var's gradient is eager's 2 (x - mean) g / n: the mean's own term (zero but for rounding)
+    is left out, so a row holding an infinity gives NaN only where eager's does, not over the whole
+    row (found by the random programs of test_properties.py on special values)."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[-inf, -0.0, 1.0], [nan, 2.0, 3.0], [1.0, 2.0, 4.0]], requires_grad=True)
+    jf = fjit.jit(lambda x: op(x, dim=1) * 2.5)
+    for _ in range(2):
+        (got,) = torch.autograd.grad(jf(x).sum(), x)
+    (want,) = torch.autograd.grad((op(x, dim=1) * 2.5).sum(), x)
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
 @pytest.mark.parametrize("op", [torch.softmax, torch.log_softmax])
 def test_softmax_max_shift_is_a_constant_to_the_backward(op):
     """softmax(x) = softmax(x - max(x)): the shift's derivative is zero, so the backward treats

@@ -251,6 +251,22 @@ def test_an_op_autocast_changes_inside_stays_a_torch_call_under_autocast():
     assert not any("einsum(" in line.split("#")[0] for line in source.splitlines())
 
 
+@pytest.mark.parametrize("equation, shapes", [("ij,jk->ki", ((1, 1), (1, 1))), ("ij,jk->ik", ((2, 1), (1, 3))),
+                                               ("i,j->ij", ((3,), (4,))), ("ij,jk->ik", ((2, 3), (3, 4)))])
+def test_an_einsum_with_nothing_to_contract_keeps_eagers_dtype_under_autocast(equation, shapes):
+    """torch's einsum multiplies where nothing is contracted (an outer product, summed letters of
+    size 1) and calls bmm otherwise, and autocast casts only the bmm: float32 operands give a
+    float32 result in the first case, bfloat16 in the second, compiled as eager (found by the
+    random programs of test_properties.py: fjit's einsum was a matmul, bfloat16, in both)."""
+    def f(a, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return torch.einsum(equation, a, b) * 0.5
+    a, b = (torch.randn(*shape) for shape in shapes)
+    got, want = fjit.jit(f)(a, b), f(a, b)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+
+
 def test_activation_checkpointing_under_autocast_is_honoured_with_eagers_gradients():
     """Autocast and torch.utils.checkpoint as a user's training step combines them: checkpointed
     blocks of linear layers under bf16 autocast train through the joint program (no warning that
