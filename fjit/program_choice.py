@@ -19,7 +19,9 @@ builds are done), on that call's own inputs, ROUNDS times
 interleaved after a warm-up (once where a form's first timed run takes over LONG_RUN; CLOSE_ROUNDS
 more where the two fastest are within CLOSE), and keeps the fastest
 by the minimum time, with margins in favour of eager's kernels (torch autograd's and the
-forward's torch calls win ties) and of the layout eager's program has.  In training each run is a
+forward's torch calls win ties) and of the layout eager's program has; in training, a form that
+saves far fewer bytes for the backward (counted in its warm-up run) is kept where it is nearly as
+fast (SAVED_MARGIN, TIME_FOR_MEMORY).  In training each run is a
 forward and a backward with cotangents of ones to the inputs that require grad
 (torch.autograd.grad: no `.grad` is touched).
 
@@ -58,6 +60,14 @@ LONG_RUN = 0.25       # seconds: forms whose first timed run takes longer get on
 # program, 1.04x eager's in a steady run, was kept over torch autograd's at 1.0x)
 MARGIN = 1.03
 FORWARD_MARGIN = 1.03  # a forward's torch calls, of the kernels' program's: ties go to ATen
+# Memory, in training: the form kept by time gives way to the form saving the fewest bytes for the
+# backward where that one saves at most 1/SAVED_MARGIN of its bytes and takes at most
+# TIME_FOR_MEMORY of its time.  Torch autograd over the forward's torch calls saves what each
+# call saves (a decomposed attention's scores, each step of a layer norm), where the joint
+# program saves its minimum cut (autodiff/remat.py): Twins-SVT's torch autograd form saved 1.29x
+# eager's bytes, its joint program 0.82x, and a loaded machine's timing had picked the first.
+SAVED_MARGIN = 1.5
+TIME_FOR_MEMORY = 1.03
 # Channels-last convolutions, of the form kept before them: kept only for a large gain.  Every
 # other form runs eager's convolutions, so it rounds as eager does where most of a CNN's values
 # are made; this one rounds each convolution otherwise, and a value that lands on the other side
@@ -154,6 +164,7 @@ class MeasuredChoice:
         self.calls = 0
         self.decided = False
         self.times: list[float] | None = None
+        self.saved: list[int] | None = None       # bytes each form saved for its backward
 
     def count_call(self) -> None:
         """Count a call toward the second, which measures: each of its own, and the compiling call
@@ -195,8 +206,11 @@ class MeasuredChoice:
             def time_round() -> None:
                 for k, form in enumerate(self.forms):
                     best[k] = min(best[k], seconds(form.timed))
-            for form in self.forms:            # a warm-up run each
-                seconds(form.timed)
+            saved = []
+            for form in self.forms:            # a warm-up run each, counting what it saves
+                with _saves_counted(leaves) as count:
+                    seconds(form.timed)
+                saved.append(count[0])
             best = [float("inf")] * len(self.forms)
             # a big model's step is timed in one round, not made a long second call (judged by
             # the first round, not the warm-up: a program's first run pays one-time costs, and an
@@ -210,11 +224,17 @@ class MeasuredChoice:
             if done == ROUNDS and _close(best):
                 for _ in range(CLOSE_ROUNDS):
                     time_round()
-        self.times = best
+        self.times, self.saved = best, saved
         kept = 0
         for k in range(1, len(self.forms)):
             if best[k] < globals()[self.forms[k].margin] * best[kept]:
                 kept = k
+        why = ""
+        least = min(range(len(self.forms)), key=saved.__getitem__)
+        if self.training and saved[kept] > SAVED_MARGIN * saved[least] and \
+                best[least] <= TIME_FOR_MEMORY * best[kept]:
+            why = f" (kept for its saved bytes, {saved[least] / 2**20:.3g} MiB against {saved[kept] / 2**20:.3g})"
+            kept = least
         forced = config.kept_form()
         if forced is not None and forced < len(self.forms):      # stress testing (zoo.py --stress)
             kept = forced
@@ -225,9 +245,44 @@ class MeasuredChoice:
                                if f is not form)
             forward, backward = form.stages(
                 f"measured on the second call, {form.what} took {best[kept] * 1e3:.3g} ms "
-                f"and {others}")
+                f"and {others}{why}")
             self.forward_traces[:] = forward
             self.backward_traces[:] = backward
+
+
+class _saves_counted:
+    """Counts the bytes a run saves for its backward: the distinct storages packed by
+    saved_tensors_hooks (autograd's own saves and an autograd.Function's save_for_backward alike),
+    the leaves' own (inputs, parameters) left out.  `with _saves_counted(leaves) as count:` then
+    count[0]."""
+
+    def __init__(self, leaves):
+        self.skip = {x.untyped_storage().data_ptr() for x in leaves if isinstance(x, torch.Tensor)}
+        self.sizes: dict[int, int] = {}
+        self.count = [0]
+
+    def _pack(self, t):
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):     # a tensor without storage (a subclass)
+            return t
+        if storage.data_ptr() not in self.skip:
+            self.sizes[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    def __enter__(self):
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        try:
+            self.hooks.__enter__()
+        except RuntimeError:      # saved-tensor hooks are disabled here: nothing is counted
+            self.hooks = None
+        return self.count
+
+    def __exit__(self, *exc):
+        if self.hooks is not None:
+            self.hooks.__exit__(*exc)
+        self.count[0] = sum(self.sizes.values())
+        return False
 
 
 def _close(times: list[float]) -> bool:

@@ -340,6 +340,7 @@ def test_measured_choice_keeps_eager_results_and_random_draws(monkeypatch, autog
     import fjit.program_choice as program_choice
     monkeypatch.setenv("FJIT_MEASURE", "all")
     monkeypatch.setattr(program_choice, "MARGIN", 1e9 if autograd_wins else 0.0)
+    monkeypatch.setattr(program_choice, "SAVED_MARGIN", float("inf"))     # time alone decides
     monkeypatch.setattr(program_choice, "LONG_RUN", 0.0 if long_run else 1e9)
     torch.manual_seed(0)
     model = DropoutMLP(33 + 4 * long_run if autograd_wins else 34 + 4 * long_run)
@@ -391,6 +392,35 @@ def test_measured_choice_gives_ties_to_torch_autograd(monkeypatch, autograd_time
     other = "torch autograd" if kept == "joint" else "joint"
     assert backward == forward and len(backward) == 1
     assert backward[0].startswith(f"measured on the second call, {kept} took") and f"and {other} " in backward[0]
+
+
+@pytest.mark.parametrize("autograd_time, kept", [(0.98, "joint"), (0.95, "torch autograd")])
+def test_measured_choice_keeps_the_form_saving_far_fewer_bytes_when_nearly_as_fast(monkeypatch, autograd_time,
+                                                                                  kept):
+    """A form saving at most 1/SAVED_MARGIN of the bytes of the fastest one (counted in its warm-up
+    run, by saved_tensors_hooks) is kept where it takes at most TIME_FOR_MEMORY of its time: the
+    joint program here saves one value where torch autograd's form saves four (a fake clock)."""
+    import fjit.program_choice as program_choice
+    clock = [0.0]
+    monkeypatch.setattr(program_choice.time, "perf_counter", lambda: clock[0])
+
+    def form(what, cost, saves):
+        def timed(x):
+            clock[0] += cost
+            y = x
+            for _ in range(saves):
+                y = y.sin()           # saves its input
+            return y
+        return program_choice.Form(what, timed, timed, lambda reason: ([reason], [reason]))
+    forward, backward = ["compiled"], ["compiled"]
+    choice = program_choice.MeasuredChoice([form("joint", 1.0, 1), form("torch autograd", autograd_time, 4)],
+                                           [], forward, backward)
+    x = torch.randn(1000, requires_grad=True)
+    choice(x)
+    choice(x)
+    assert choice.saved == [0, 3 * 4000]       # sin's inputs, x itself (an input) left out
+    assert (choice.run is choice.forms[1].run) == (kept == "torch autograd")
+    assert ("kept for its saved bytes" in backward[0]) == (kept == "joint")
 
 
 def test_measured_choice_waits_for_no_kernel_build(monkeypatch):
@@ -469,6 +499,7 @@ def test_measured_choice_is_skipped_for_an_input_with_a_gradient_hook(monkeypatc
     import fjit.program_choice as program_choice
     monkeypatch.setenv("FJIT_MEASURE", "all")
     monkeypatch.setattr(program_choice, "MARGIN", 1e9)
+    monkeypatch.setattr(program_choice, "SAVED_MARGIN", float("inf"))     # time alone decides
     model = DropoutMLP(35)
     seen = []
     model.fc1.weight.register_hook(lambda g: seen.append(1))
@@ -484,6 +515,7 @@ def test_fjit_measure_0_never_measures(monkeypatch):
     import fjit.program_choice as program_choice
     monkeypatch.setenv("FJIT_MEASURE", "0")
     monkeypatch.setattr(program_choice, "MARGIN", 1e9)
+    monkeypatch.setattr(program_choice, "SAVED_MARGIN", float("inf"))     # time alone decides
     jitted = fjit.jit(DropoutMLP(36))
     x = torch.randn(4, 12)
     for _ in range(3):
@@ -521,6 +553,7 @@ def _set_channels_last_margin(monkeypatch, value: float) -> None:
     for name in ("CHANNELS_LAST_MARGIN", "CHANNELS_LAST_MARGIN_GROUPED"):
         monkeypatch.setattr(program_choice, name, value)
     monkeypatch.setattr(program_choice, "CHANNELS_LAST_DENSE_CONVOLUTIONS", 1 << 30)
+    monkeypatch.setattr(program_choice, "SAVED_MARGIN", float("inf"))     # time alone decides
 
 
 @pytest.mark.parametrize("channels_last_wins", [False, True])
@@ -570,6 +603,7 @@ def test_the_channels_last_margin_of_a_program_with_grouped_convolutions(monkeyp
     # torch autograd's form always beats the joint program (its stage line then lists every form
     # measured): on a fast CPU the joint program won by more than MARGIN and the line was its own
     monkeypatch.setattr(program_choice, "MARGIN", 1e9)
+    monkeypatch.setattr(program_choice, "SAVED_MARGIN", float("inf"))     # time alone decides
     monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", 0.0)
     monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN_GROUPED", 1e9)
     torch.manual_seed(0)
@@ -596,6 +630,7 @@ def test_a_dense_program_with_one_convolution_is_offered_the_channels_last_form(
     # torch autograd's form always beats the joint program, so the stage line lists every form
     # measured (the joint program, once its kernels got faster, won by more than MARGIN)
     monkeypatch.setattr(program_choice, "MARGIN", 1e9)
+    monkeypatch.setattr(program_choice, "SAVED_MARGIN", float("inf"))     # time alone decides
     monkeypatch.setattr(program_choice, "CHANNELS_LAST_MARGIN", margin)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.SiLU(), nn.Tanh(),
