@@ -19,11 +19,8 @@ def recomputable(b: BoundSymbol | None) -> bool:
     p = prim_of(b) if b is not None else None
     if p is None or b.sym.has(Tag.RANDOM):
         return False
-    copy = p is Prim.RESHAPE and reshape_copies(b.args[0], b.args[1])
-    if b.sym.has(Tag.SHAPE):
-        return True
     block = ROWS[p]
-    return b.sym.has(Tag.ELEMENTWISE) or copy or block.kind is Kind.FACTORY or block.recompute
+    return b.sym.has(Tag.SHAPE) or b.sym.has(Tag.ELEMENTWISE) or block.kind is Kind.FACTORY or block.recompute
 
 
 def is_view(b: BoundSymbol) -> bool:
