@@ -483,24 +483,10 @@ def saved_bytes(step: Callable[[], Any], exclude: Any = ()) -> int:
     Every saved tensor goes through the hooks: eager autograd's, an autograd.Function's
     ``ctx.save_for_backward`` (fjit's joint program, Inductor's compiled graphs).  A saved tensor is
     held until the backward, so no two storages packed in one forward share an address."""
-    skip = set()
-    for t in exclude:
-        skip.add(t.untyped_storage().data_ptr())
-    sizes: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        try:
-            storage = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):     # a tensor without storage (a subclass)
-            return t
-        ptr = storage.data_ptr()
-        if ptr and ptr not in skip:
-            sizes[ptr] = max(sizes.get(ptr, 0), storage.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    from fjit.program_choice import saves_counted
+    with saves_counted(list(exclude)) as count:
         step()
-    return sum(sizes.values())
+    return count[0]
 
 
 TIMED = ("jit", "backend", "inductor")

@@ -208,7 +208,7 @@ class MeasuredChoice:
                     best[k] = min(best[k], seconds(form.timed))
             saved = []
             for form in self.forms:            # a warm-up run each, counting what it saves
-                with _saves_counted(leaves) as count:
+                with saves_counted(leaves) as count:
                     seconds(form.timed)
                 saved.append(count[0])
             best = [float("inf")] * len(self.forms)
@@ -250,11 +250,11 @@ class MeasuredChoice:
             self.backward_traces[:] = backward
 
 
-class _saves_counted:
+class saves_counted:
     """Counts the bytes a run saves for its backward: the distinct storages packed by
     saved_tensors_hooks (autograd's own saves and an autograd.Function's save_for_backward alike),
-    the leaves' own (inputs, parameters) left out.  `with _saves_counted(leaves) as count:` then
-    count[0]."""
+    the leaves' own (inputs, parameters) left out.  `with saves_counted(leaves) as count:` then
+    count[0].  (benchmarks/zoo.py's memory column counts with it too.)"""
 
     def __init__(self, leaves):
         self.skip = {x.untyped_storage().data_ptr() for x in leaves if isinstance(x, torch.Tensor)}
@@ -266,8 +266,9 @@ class _saves_counted:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):     # a tensor without storage (a subclass)
             return t
-        if storage.data_ptr() not in self.skip:
-            self.sizes[storage.data_ptr()] = storage.nbytes()
+        ptr = storage.data_ptr()
+        if ptr and ptr not in self.skip:
+            self.sizes[ptr] = max(self.sizes.get(ptr, 0), storage.nbytes())
         return t
 
     def __enter__(self):
