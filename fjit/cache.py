@@ -45,6 +45,7 @@ class ProgramCache:
         # next compile), "symbolic" (every dim of size 2 or more, from the first call) or "static".
         self.sizes = sizes
         self.varying: set[int] = set()     # flat input positions whose sizes varied between calls
+        self.ones: dict[int, frozenset] = {}   # of their symbolic dims, those seen at size 1
         # family key (the call key with its symbolic dims masked) -> [(guards, program)], newest
         # last; the sets of symbolic dims the families were compiled with
         self.families: dict[tuple, list] = {}
@@ -137,11 +138,30 @@ class ProgramCache:
                     dynamic[i] = dims
         return dynamic
 
-    def store_symbolic(self, key: tuple, dynamic: dict[int, frozenset], guards, program) -> None:
+    def dims_seen_at_one(self, key: tuple, leaves: list, dynamic: dict[int, frozenset]) -> dict[int, frozenset]:
+        """Of the dims `dynamic` makes symbolic, those a cached program for an otherwise equal key
+        (or an earlier symbolic compile) had at size 1: a batch of one, then of two.  Their
+        symbols may be 1 (core/symbolic.py), so that batch 1 shares the symbolic program where its
+        layouts agree, as a batch of two and three do."""
+        ones = {p: set(d for d in self.ones.get(p, ()) if d in dims) for p, dims in dynamic.items()}
+        for cached in self.programs:
+            changed = _changed_dims(cached, key, leaves)
+            if not changed:
+                continue
+            shapes = _tensor_shapes(cached)
+            for position, dims in changed.items():
+                ones.setdefault(position, set()).update(
+                    d for d in dims if shapes[position][d] == 1 and d in dynamic.get(position, ()))
+        return {p: frozenset(d) for p, d in ones.items() if d}
+
+    def store_symbolic(self, key: tuple, dynamic: dict[int, frozenset], guards, program,
+                       ones: dict[int, frozenset] | None = None) -> None:
         """File a program compiled with the dims `dynamic` symbolic, valid where `guards` hold."""
         if not self.keep:
             return
         self.varying.update(dynamic)
+        for position, dims in (ones or {}).items():
+            self.ones[position] = self.ones.get(position, frozenset()) | dims
         if dynamic not in self.family_dims:
             self.family_dims.append(dynamic)
         entries = self.families.setdefault(self.family_key(key, dynamic), [])
@@ -212,6 +232,7 @@ class ProgramCache:
         self.families.clear()
         self.family_dims = []
         self.varying = set()
+        self.ones = {}
         self.symbolic_declines = 0
         self.last_compiled = ([], [])
         self.specialized = frozenset()
@@ -301,6 +322,18 @@ def _changed_dims(cached: tuple, key: tuple, leaves: list) -> dict[int, set] | N
         elif old != new:
             return None
     return changed or None
+
+
+def _tensor_shapes(key: tuple) -> dict[int, tuple]:
+    """{flat input position: shape} of the tensors in a cache key."""
+    shapes, position = {}, 0
+    for part in key:
+        if _is_tensor(part):
+            shapes[position] = part[0]
+            position += 1
+        elif _is_float(part):
+            position += 1
+    return shapes
 
 
 def _is_tensor(part) -> bool:

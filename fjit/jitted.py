@@ -196,15 +196,16 @@ class JittedFunction(Generic[P, R]):
         if not dynamic:
             return None, ""
         try:
+            ones = cache.dims_seen_at_one(key, leaves, dynamic)
             compiled = pipeline.compile_symbolic(self._fn, args, kwargs, leaves, self._mode, self._executors,
-                                                dynamic)
+                                                dynamic, ones)
         except Exception as e:          # noqa: BLE001 -- the specialized compile says the user's errors
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             cache.symbolic_declines += 1
             logs.recompiles.info("%s: symbolic sizes declined (%d of %d tries): %s", self.__qualname__,
                                  cache.symbolic_declines, SYMBOLIC_TRIES, reason)
             return None, f"specialized sizes (symbolic sizes declined: {reason})"
-        cache.store_symbolic(key, dynamic, compiled.guards, compiled.program)
+        cache.store_symbolic(key, dynamic, compiled.guards, compiled.program, ones)
         return compiled, f"symbolic program: {compiled.traces[-1].stage.split(': ', 1)[-1]}"
 
     def __repr__(self):

@@ -106,18 +106,22 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
 
 
 def compile_symbolic(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: TraceMode,
-                     executors: tuple, dynamic: dict[int, frozenset]) -> Compilation:
+                     executors: tuple, dynamic: dict[int, frozenset],
+                     ones: dict[int, frozenset] | None = None) -> Compilation:
     """Trace `fn` with the input dims `dynamic` ({flat input position: dims}) symbolic and compile
     it to a program valid wherever its guards hold (core/symbolic.py): its stages as a
     specialized compile's, kernels and the joint program included, without the measured choice
-    between forms (its timings are per size).  SymbolicUnsupported (or any error of fjit's own
+    between forms (its timings are per size).  The dims `ones` (of `dynamic`) may be 1: the guards
+    admit a call with one at 1 where the program's layouts, replayed at its sizes, hold
+    (_layouts_at_one).  SymbolicUnsupported (or any error of fjit's own
     machinery on symbols) where something cannot compute with a symbol: the caller compiles with
     specialized sizes, which raises the user's own errors as ever."""
-    sizes = SymbolicSizes(dynamic)
+    sizes = SymbolicSizes(dynamic, ones)
     # (no light_imports: the shape environment has loaded sympy and Dynamo, which import lazily
     # on every call, and the import hook would see each of those statements)
-    with symbolic(sizes):
+    with symbolic(sizes), sizes.oblivious():
         result, traces, first, _ = _trace_with_real_layouts(fn, args, kwargs, leaves, mode, executors, sizes)
+        traced = traces[0]
         program = torch_executor.compile_trace(traces[-1])
         joint = autodiff.compile_with_backward(traces[len(CLEANUP)], leaves,
                                                _lowering(traces[len(CLEANUP)], leaves, executors))
@@ -130,9 +134,28 @@ def compile_symbolic(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode
         if config.check_mode():
             check_traces(traces, leaves)
         guards = sizes.guards()
+        if guards.ones:
+            guards.at_one = _layouts_at_one(sizes, traced, backward[0] if isinstance(joint, autodiff.Compiled) else None)
     traces[-1] = traces[-1].with_stage(f"{traces[-1].stage}: symbolic sizes {sizes.described()}; "
                                        f"valid where {' and '.join(guards.shown) or 'always'}")
     return Compilation(program, traces, backward, result.specialized, first, guards)
+
+
+def _layouts_at_one(sizes: SymbolicSizes, forward: Trace, backward: Trace | None) -> Callable:
+    """The check a symbolic program's guards run on a call with a symbol at 1 (core/symbolic.py
+    Guards.at_one): the traced forward, and the compiled backward's first stage, replayed on meta
+    tensors at the call's sizes (layouts.layout_differing_at), giving what differs or None."""
+    def differs(leaves: list) -> str | None:
+        size = sizes.concrete(leaves)
+        numbers = {str(sizes.names[s]): int(leaves[src.position].shape[src.dim])
+                   for s, src in sizes.sources.items()}
+        with symbolic(None):
+            why = layouts.layout_differing_at(forward, leaves, size, numbers)
+            if why is None and backward is not None:
+                why = layouts.layout_differing_at(backward, None, size, numbers)
+                why = None if why is None else f"in the backward, {why}"
+        return why
+    return differs
 
 
 def _symbolic_layouts(trace: Trace, wrong: dict) -> dict:

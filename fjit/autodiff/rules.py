@@ -24,6 +24,7 @@ from typing import Any
 from fjit.core.ir import TensorVar
 from fjit.core.prims import ROWS, Prim, apply
 from fjit.core.prims.layout import pad_back
+from fjit.core.symbolic import is_one
 
 VJP: dict = {p: b.vjp for p, b in ROWS.items() if b.vjp is not None}
 NONDIFF = frozenset(p for p, b in ROWS.items() if b.nondiff)
@@ -46,15 +47,15 @@ def fit(g, var: TensorVar, shape: tuple):
     factor *= math.prod(shape[:max(0, min(lead, offset))])
     dims = tuple(j for j in range(g.ndim) if j + offset < lead)
     if dims:
-        factor *= math.prod(shape[j + offset] for j in dims if g.shape[j] == 1)
+        factor *= math.prod(shape[j + offset] for j in dims if is_one(g.shape[j]))
         g = apply(Prim.SUM, g, dims, False)
     offset = len(target) - g.ndim         # now g's dim j is target's dim j + offset
     summed = []
     for i, size in enumerate(target):
-        if size != 1 or shape[lead + i] == 1:
+        if not is_one(size) or is_one(shape[lead + i]):
             continue
         j = i - offset
-        if j >= 0 and g.shape[j] != 1:
+        if j >= 0 and not is_one(g.shape[j]):
             summed.append(j)
         else:
             factor *= shape[lead + i]

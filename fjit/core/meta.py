@@ -21,7 +21,7 @@ import contextlib
 import torch
 
 from fjit.core.ir import TensorVar, flatten_values, map_values
-from fjit.core.symbolic import active, hint, is_symbolic
+from fjit.core.symbolic import active, hint, is_one, is_symbolic
 
 
 def meta_tensor(v: TensorVar) -> torch.Tensor:
@@ -159,7 +159,7 @@ def clear_memo() -> None:
 def same_layout(shape, a: tuple, b: tuple) -> bool:
     """Whether strides `a` and `b` lay out a value of `shape` alike (dims of size 1 address
     nothing, so their strides may differ)."""
-    return all(size == 1 or s == t for size, s, t in zip(shape, a, b))
+    return all(is_one(size) or s == t for size, s, t in zip(shape, a, b))
 
 
 def relaid_channels_last(v: TensorVar) -> bool:

@@ -10,9 +10,17 @@ decided by its hint and recorded by the environment as a guard.  The program is 
 where the guards hold: a call checks them on its inputs' sizes (`Guards`), and one that fails
 them compiles again.
 
-Sizes 0 and 1 are never symbolic (the environment specializes them, as torch.compile does): a
-broadcast against a dim of size 1 is another program.  The printed program binds each symbol
-from the input dim it stands for (`s0 = x.shape[1]`) and computes every size from them.
+Sizes 0 and 1 are specialized (as torch.compile does): a broadcast against a dim of size 1 is
+another program.  One exception: a dim that an earlier call had at size 1 (a batch of one before
+a batch of two) may be made a symbol whose value may be 1 (`ones`).  Its compile takes torch's
+size-oblivious rules (`backed_size_oblivious`, as torch.export does): where a rule would branch
+on the size being 1 (broadcasting, contiguity, a view's strides), it takes the general branch and
+guards what that branch needs; user code's comparisons are guarded as ever.  What such rules cannot
+guard is a layout that torch computes otherwise at size 1 (a reshape that copies at 2 is a view at
+1), so the program serves a call with such a dim at 1 only once its forward and backward have been
+replayed at that call's sizes on meta tensors and every torch op's output layout came out as the
+program recorded it (`at_one`, checked once per pattern of ones).  The printed program binds each
+symbol from the input dim it stands for (`s0 = x.shape[1]`) and computes every size from them.
 
 sympy and torch's symbolic_shapes (0.4 s) are imported on first use, inside the functions that
 need them: `import fjit` does not load them.
@@ -55,13 +63,16 @@ class Source:
 class SymbolicSizes:
     """The symbols of one compilation, where they come from, and the guards taken on them."""
 
-    def __init__(self, dynamic: dict[int, frozenset]):
+    def __init__(self, dynamic: dict[int, frozenset], ones: dict[int, frozenset] | None = None):
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
         self.dynamic = dynamic          # flat input position -> the dims made symbolic
+        self.ones = ones or {}          # of those, the dims whose symbol may be 1
         # No duck sizing: two dims equal at this call are two symbols until something equates them
         # (a guard then says so); 0 and 1 are specialized.
         self.env = ShapeEnv(duck_shape=False)
         self.fake = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
+        if self.ones:      # its cache rebuilds each output through set_(), which guards s != 1
+            self.fake.cache_enabled = False
         self.sources: dict = {}        # the environment's symbol -> its Source
         self.names: dict = {}          # the environment's symbol -> s0, s1, ... (sympy symbols)
         self.specialized: list[tuple[Source, int]] = []       # dims asked for that are 0 or 1
@@ -80,10 +91,19 @@ class SymbolicSizes:
         hook = sys.getprofile()
         sys.setprofile(None)
         try:
-            with self.fake, enable_python_dispatcher():
+            with self.fake, enable_python_dispatcher(), self.oblivious():
                 yield
         finally:
             sys.setprofile(hook)
+
+    def oblivious(self):
+        """torch's size-oblivious rules where a symbol may be 1 (see the module's docstring): in
+        its shape rules, and around the whole compile (fjit's passes and autodiff ask torch's
+        broadcasting and layout helpers too)."""
+        if not self.ones:
+            return contextlib.nullcontext()
+        from torch.fx.experimental import _config
+        return _config.patch(backed_size_oblivious=True)
 
     def shape_of(self, x: torch.Tensor, position: int, name: str) -> tuple[tuple, tuple]:
         """(shape, strides) of the input `x` at flat `position`: its dynamic dims symbolic, its
@@ -110,8 +130,11 @@ class SymbolicSizes:
         from torch._dynamo.source import ConstantSource    # torch._dynamo: 0.7 s, not on `import fjit`
         from torch.fx.experimental.symbolic_shapes import DimDynamic
         import sympy
+        may_be_one = dim in self.ones.get(position, ())
         symbol = self.env.create_symbol(hint, ConstantSource(f"{name}.shape[{dim}]"),
-                                        dynamic_dim=DimDynamic.DYNAMIC)
+                                        dynamic_dim=DimDynamic.DYNAMIC, do_not_specialize_zero_one=may_be_one)
+        if may_be_one and isinstance(symbol, sympy.Symbol):
+            self.env._constrain_range_for_size(symbol, min=1)     # 1 and up; 0 stays specialized
         if not isinstance(symbol, sympy.Symbol):
             self.specialized.append((Source(position, name, dim), hint))
             return hint
@@ -275,12 +298,14 @@ class SymbolicSizes:
                 raise SymbolicUnsupported(f"a guard {expr} on a size of no input dim")
             conditions.append(_printer().doprint(expr.xreplace(by_source)))
             shown.append(_printer().doprint(expr.xreplace(self.names)))
+        ones = [(src.position, src.dim, str(self.names[s])) for s, src in self.sources.items()
+                if (b := self.env.var_to_range.get(s)) is not None and b.lower == 1]
         specialized = [self.names[s] for s in self.sources if self._constant(s)]
         if specialized and len(specialized) == len(self.sources):
             raise SymbolicUnsupported(f"size{'s' if len(specialized) > 1 else ''} "
                                       f"{', '.join(map(str, specialized))} ended up specialized "
                                       f"(something read its value): no gain over one program per shape")
-        return Guards(conditions, shown)
+        return Guards(conditions, shown, ones)
 
     def _constant(self, symbol) -> bool:
         """Whether the guards pin `symbol` to one value (an int() of it, an equality with a constant)."""
@@ -354,20 +379,43 @@ _GUARD_NAMES = {"torch": torch, "math": math}
 class Guards:
     """A compiled check of the guards on a call's flat inputs `L`: `conditions` are Python
     expressions of `L` (fjit's own text: sizes, integers and operators), `shown` the same
-    conditions as the program prints them (of s0, s1, ... and input names)."""
+    conditions as the program prints them (of s0, s1, ... and input names).
 
-    def __init__(self, conditions: list[str], shown: list[str]):
+    `ones` are the symbols that may be 1 ((flat position, dim, name)): a call with some of them at
+    1 passes only where `at_one(leaves)` (set by the compile: the program's layouts replayed at
+    the call's sizes) found no layout that differs, checked once per pattern of ones."""
+
+    def __init__(self, conditions: list[str], shown: list[str], ones: list | None = None):
         kept = dict.fromkeys(zip(conditions, shown))        # each condition once, in order
         conditions, shown = [c for c, _ in kept], [s for _, s in kept]
         self.conditions, self.shown = conditions, shown
         source = "lambda L: " + (" and ".join(f"({c})" for c in conditions) if conditions else "True")
         self.check: Callable[[list], bool] = eval(source, _GUARD_NAMES)      # noqa: S307 - our own text
+        self.ones = ones or []
+        self.at_one: Callable[[list], str | None] | None = None
+        self._at_one: dict[tuple, str | None] = {}        # pattern of ones -> why it differs, or None
 
     def __call__(self, leaves: list) -> bool:
         try:
-            return bool(self.check(leaves))
+            if not self.check(leaves):
+                return False
         except (IndexError, AttributeError, ZeroDivisionError):    # another rank, a zero divisor
             return False
+        return not self.ones or self._differs_at_one(leaves) is None
+
+    def _differs_at_one(self, leaves: list) -> str | None:
+        """Why the program's layouts differ at this call's pattern of ones (None: they do not, or
+        no symbol is 1)."""
+        pattern = tuple(leaves[p].shape[d] == 1 for p, d, _ in self.ones)
+        if not any(pattern):
+            return None
+        if pattern not in self._at_one:
+            why = "no layout check" if self.at_one is None else self.at_one(leaves)
+            if why is not None:
+                at = " and ".join(f"{n} == 1" for (_, _, n), one in zip(self.ones, pattern) if one)
+                why = f"at {at}, {why}"
+            self._at_one[pattern] = why
+        return self._at_one[pattern]
 
     def failed(self, leaves: list) -> str:
         """The first condition `leaves` fails, as the program prints it (for fjit.explain)."""
@@ -378,6 +426,10 @@ class Guards:
             except (IndexError, AttributeError, ZeroDivisionError):
                 pass
             return shown
+        if self.ones:
+            why = self._differs_at_one(leaves)
+            if why is not None:
+                return f"of layouts ({why})"
         return "no guard"
 
 
@@ -420,6 +472,16 @@ def known(condition) -> bool:
         from torch.fx.experimental.symbolic_shapes import statically_known_true
         return statically_known_true(condition)
     return bool(condition)
+
+
+def is_one(n) -> bool:
+    """Whether the size `n` is 1, a symbolic one decided size-obliviously, taking no guard: a
+    symbol that may be 1 (SymbolicSizes.ones) was never broadcast in the trace (torch's shape rules
+    took the general branch for it, guarding what that needs), so it counts as not 1, as for
+    every other symbol."""
+    if isinstance(n, torch.SymInt):
+        return n.node.shape_env.evaluate_expr((n == 1).node.expr, size_oblivious=True)
+    return n == 1
 
 
 def hint(x):

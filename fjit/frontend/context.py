@@ -108,6 +108,10 @@ class TraceContext:
         # nesting of ops being traced so, whose casts and inner ops autocast must not see again.
         self.autocast_seen = any(on for on, _ in self.autocast)
         self.autocast_explicit = 0
+        # values copied so that a reshape lays out alike at every size (record._record_prim): an
+        # op whose decomposition copies one is recorded as its prims, not as the torch call,
+        # whose own result at a size of 1 is a view laid out otherwise
+        self.pinned_copies: set[str] = set()
         self.return_location: tuple[str, int] | None = None   # the user's outermost `return` seen
         # Values made inside a non-reentrant torch.utils.checkpoint region: name -> the region's
         # number (Trace.checkpointed).  `_region` is (the region's pack hook, its number).

@@ -14,7 +14,8 @@ from fjit.core.ir import (BoundSymbol, GeneratorVar, Symbol, Tag, TensorVar, fla
 from fjit.core.prims import PRIM_OF_QUALNAME, VIEW_OPS, Prim, apply, set_recorder
 from fjit.errors import UnsupportedOpError, catalog_fix, located
 from fjit.core.meta import meta_tensor, run_meta
-from fjit.core.symbolic import same
+from fjit.core.prims.layout import copies_at_some_size
+from fjit.core.symbolic import active as symbolic_active, same
 from fjit.frontend.torch_calls import accepts, op_name, qualified_name
 from fjit.frontend.context import TraceContext, current
 from fjit.frontend.proxies import NumberProxy, TensorProxy
@@ -256,6 +257,10 @@ def trace_call(ctx: TraceContext, sym: Symbol, func, args: tuple, kwargs: dict, 
     if isinstance(mout, torch.Tensor) and id(mout) in metas:
         return metas[id(mout)]
 
+    if subsymbols and ctx.pinned_copies and any(v.name in ctx.pinned_copies for s in subsymbols for v in s.outputs()):
+        for s in subsymbols:      # its prims, which lay out alike at every size (ctx.pinned_copies)
+            ctx.record(s)
+        return dout
     ir_args, ir_kwargs = map_values(_to_ir, (args, kwargs))
     if amp:
         autocast_region(ctx, True)
@@ -393,8 +398,21 @@ def _const_var(name, tensor):
 
 
 def _record_prim(sym: Symbol, args: tuple, kwargs: dict):
-    """How core's `apply` records a prim (decompositions and VJP rules): in the active trace."""
+    """How core's `apply` records a prim (decompositions and VJP rules): in the active trace.  A
+    reshape in a program whose sizes may be 1 copies explicitly where it copies at some size
+    (layout.copies_at_some_size)."""
+    if sym is _RESHAPE and _may_be_one() and isinstance(args[0], TensorProxy) and \
+            copies_at_some_size(args[0].ir, args[1]):
+        copied = apply(Prim.CONTIGUOUS, args[0])
+        current().pinned_copies.add(copied.ir.name)
+        args = (copied, *args[1:])
     return trace_call(current(), sym, sym.fn, args, kwargs)
 
 
+def _may_be_one() -> bool:
+    sizes = symbolic_active()
+    return sizes is not None and bool(sizes.ones)
+
+
+_RESHAPE = Prim.RESHAPE.block.symbol
 set_recorder(_record_prim)

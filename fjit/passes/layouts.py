@@ -1,6 +1,7 @@
 """Real layouts: a trace run op by op with torch to observe the strides its ops really give
 (`run_observing_layouts`, where some op's recorded layout is a meta kernel's guess,
-`has_opaque_ops`), and the passes that make a program's recorded layouts hold when torch runs it:
+`has_opaque_ops`), a symbolic trace replayed on meta tensors at one call's sizes to see that torch
+lays its values out as recorded there (`layout_differing_at`: sizes of 1), and the passes that make a program's recorded layouts hold when torch runs it:
 a prim left to torch copied into its recorded layout (`conform_prim_layouts`, RESTRIDE), and a
 chain of views read as one reinterpretation of its start (`reinterpret_views`, REINTERPRET).
 """
@@ -13,8 +14,8 @@ import torch
 from fjit.core.ir import BoundSymbol, Symbol, Tag, TensorVar, Var, flatten_values, map_values
 from fjit.core.meta import meta_tensor, run_meta, same_layout
 from fjit.core.prims import Kind, of_kind, prim_of
-from fjit.core.symbolic import same
-from fjit.core.trace import Trace, autocast_off
+from fjit.core.symbolic import same, shape_rules_for
+from fjit.core.trace import AMP_DEVICES, Trace, autocast_off
 from fjit.runtime import reinterpret, restride
 
 
@@ -61,6 +62,64 @@ def _run_observing_layouts(trace: Trace, leaves: list) -> tuple[object, dict]:
                 env.pop(v.name, None)
     out = map_values(value, trace.output)
     return (out if trace.rebuild is None else trace.rebuild(*out)), wrong
+
+
+def layout_differing_at(trace: Trace, inputs: list | None, size, numbers: dict) -> str | None:
+    """Replay `trace` op by op on meta tensors at one call's sizes and return the first value
+    whose layout torch gives otherwise than the trace recorded (a message naming it), else None.
+
+    `inputs` are the call's values of `trace.inputs` (real tensors, numbers), or None to make each
+    input from its recorded metadata and each number input from `numbers` (name -> value: a
+    compiled backward's sizes; another number, whose value lays nothing out, as 1); `size` gives
+    a symbolic int its value at the call.  A
+    symbolic program whose symbol may be 1 (core/symbolic.py) was traced at 2 or more, where a
+    reshape that copies is a view at 1 with other strides, a layout a kernel would misread.  An op
+    that cannot run on meta tensors differs (nothing says its layout), but for a random draw, whose
+    output is new and laid out as recorded."""
+    def meta(shape, strides, dtype):
+        return torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+
+    def of_var(v):
+        if isinstance(v, TensorVar):
+            return meta(tuple(map(size, v.shape)), tuple(map(size, v.strides)), v.dtype)
+        return numbers.get(v.name, 1)
+
+    def of_real(x):
+        return meta(tuple(x.shape), x.stride(), x.dtype) if isinstance(x, torch.Tensor) else x
+    env = {k: of_real(c) for k, c in trace.consts.items()}
+    for k, v in enumerate(trace.inputs):
+        env[v.name] = of_real(inputs[k]) if inputs is not None else of_var(v)
+    value = lambda x: env[x.name] if isinstance(x, Var) else size(x)  # noqa: E731
+    grad = torch.is_grad_enabled()
+    amp = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in AMP_DEVICES]
+    try:
+        with torch.no_grad(), autocast_off() if trace.autocast_off else contextlib.nullcontext():
+            for b in trace.bsyms:
+                names = flatten_values(b.output) if b.output is not None else []
+                try:
+                    args, kwargs = map_values(value, (b.args, b.kwargs))
+                    out = b.sym.fn(*args, **kwargs)
+                except Exception:      # noqa: BLE001 -- an op meta tensors cannot run
+                    if not b.sym.has(Tag.RANDOM):
+                        return f"{b.sym.name} does not run on meta tensors"
+                    out = [of_var(v) for v in names]
+                    out = out[0] if isinstance(b.output, Var) else out
+                outs = [out] if isinstance(b.output, Var) else flatten_values(out)
+                for var, real in zip(names, outs):
+                    if not isinstance(var, Var):
+                        continue
+                    env[var.name] = real
+                    if isinstance(var, TensorVar) and isinstance(real, torch.Tensor):
+                        shape = tuple(map(size, var.shape))
+                        if tuple(real.shape) != shape or real.numel() and \
+                                not same_layout(shape, tuple(map(size, var.strides)), real.stride()):
+                            return f"{var.name} ({b.sym.name}) is laid out {real.stride()}, not as recorded"
+    finally:
+        torch._C._set_grad_enabled(grad)     # as the trace's own mode switches left them
+        for device, on, dtype in amp:
+            torch.set_autocast_enabled(device, on)
+            torch.set_autocast_dtype(device, dtype)
+    return None
 
 
 RESTRIDE = Symbol("fjit_ops.restride", restride, frozenset())
@@ -133,7 +192,8 @@ def reinterpret_views(trace: Trace) -> Trace:
             chains[x.name] = (x, root, root)
         start, root, meta = chains[x.name]
         try:
-            made = b.sym.fn(meta, *b.args[1:], **b.kwargs)
+            with shape_rules_for(x):
+                made = b.sym.fn(meta, *b.args[1:], **b.kwargs)
         except Exception:       # noqa: BLE001 -- not replayable on meta: it stays as it is
             made = None
         made = made if isinstance(b.output, (tuple, list)) else (made,)

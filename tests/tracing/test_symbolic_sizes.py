@@ -133,6 +133,62 @@ def test_sizes_zero_and_one_and_broadcasting_against_one_equal_eager():
         torch.testing.assert_close(jf(x, y), f(x, y))
 
 
+def _transposed_rows(x, w):
+    h = torch.tanh(x @ w)
+    return h.transpose(1, 2).reshape(-1, h.shape[1]).softmax(-1)     # a reshape that copies at 2
+
+
+def test_a_batch_of_one_then_of_two_share_one_symbolic_program():
+    """A dim seen at 1, then at 2, becomes a symbol that may be 1: batches of one are served by
+    the symbolic program (its reshape copies explicitly, so it lays out alike at 1), forward and
+    backward as eager."""
+    jf = fjit.jit(_transposed_rows)
+    w = torch.randn(6, 5)
+    for batch, n in [(1, 8), (2, 8), (3, 8), (1, 16), (2, 24), (1, 24), (3, 5)]:
+        x = torch.randn(batch, n, 6)
+        ws, we = w.clone().requires_grad_(), w.clone().requires_grad_()
+        out, expected = jf(x, ws), _transposed_rows(x, we)
+        torch.testing.assert_close(out, expected)
+        cotangent = torch.randn_like(expected)
+        out.backward(cotangent)
+        expected.backward(cotangent)
+        torch.testing.assert_close(ws.grad, we.grad)
+    assert fjit.cache_info(jf).misses == 2, fjit.explain(jf)
+
+
+def test_code_that_branches_on_a_batch_of_one_gets_a_program_of_its_own():
+    """Python control flow on whether a size is 1 (transformers' masks expand position ids only
+    when the batch is not 1) is a guard of the symbolic program, as any comparison is."""
+    def f(x):
+        ids = torch.arange(x.shape[1], dtype=x.dtype)[None]
+        if x.shape[0] != ids.shape[0]:
+            ids = ids.expand(x.shape[0], -1)
+        return x * ids
+    jf = fjit.jit(f)
+    for batch, n in ((1, 4), (2, 4), (3, 5), (1, 6), (5, 6)):
+        x = torch.randn(batch, n)
+        torch.testing.assert_close(jf(x), f(x))
+    assert fjit.cache_info(jf).misses == 3
+    assert "guard s0 != 1 fails" in str(fjit.explain(jf))
+
+
+def test_a_layout_torch_gives_otherwise_at_size_one_is_found():
+    """The check a call with a symbol at 1 runs (layouts.layout_differing_at): a program traced
+    at 2 whose torch reshape copies is, at 1, a view laid out otherwise."""
+    from fjit.passes.layouts import layout_differing_at
+    jf = fjit.jit(lambda x: x.transpose(1, 2).reshape(-1, x.shape[1]) * 2, cache="symbolic")
+    jf(torch.randn(2, 8, 4))
+    traced = fjit.last_traces(jf)[0]
+    for batch, differs in ((1, True), (3, False)):
+        x = torch.randn(batch, 9, 4)
+        sizes = traced.sizes
+        numbers = {str(sizes.names[s]): x.shape[src.dim] for s, src in sizes.sources.items()}
+        why = layout_differing_at(traced, [x], sizes.concrete([x]), numbers)
+        assert (why is not None) == differs, why
+        if differs:
+            assert "reshape" in why and "not as recorded" in why
+
+
 def test_a_reshape_to_a_size_not_dividing_raises_as_eager():
     def f(x):
         return x.reshape(-1, 4).sum(1)
@@ -230,6 +286,26 @@ def test_random_programs_at_random_shapes_equal_eager_forward_and_backward(sourc
             del os.environ["FJIT_CHECK"]
         else:
             os.environ["FJIT_CHECK"] = previous[1]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(source=shape_polymorphic_programs(), n=st.integers(2, 6), rows=st.integers(2, 6),
+       shapes=st.lists(st.tuples(st.sampled_from([1, 1, 2, 3, 5]), st.integers(1, 7)), min_size=1, max_size=4),
+       y_rows=st.booleans(), y_cols=st.booleans())
+def test_random_programs_after_a_size_of_one_equal_eager_forward_and_backward(source, n, rows, shapes,
+                                                                             y_rows, y_cols):
+    """Random programs called first with one row, then with more (so the rows are a symbol that
+    may be 1), then at random shapes with one row often: every call equals eager, forward and
+    backward, FJIT_CHECK=1 checking each kernel reuse."""
+    previous = os.environ.get("FJIT_CHECK")
+    os.environ["FJIT_CHECK"] = "1"
+    try:
+        _check_at_shapes(source, [(m, k, y_rows, y_cols) for m, k in [(1, n), (rows, n), *shapes]], "metadata")
+    finally:
+        if previous is None:
+            del os.environ["FJIT_CHECK"]
+        else:
+            os.environ["FJIT_CHECK"] = previous
 
 
 @pytest.mark.triton

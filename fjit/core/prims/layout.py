@@ -112,6 +112,25 @@ def reshape_copies(x, shape) -> bool:
     return False
 
 
+def copies_at_some_size(x, shape) -> bool:
+    """Whether reshaping the TensorVar x to `shape` copies at some size its symbols may take,
+    decided without a guard (torch's size-oblivious view rule: a view only where it is one at
+    every size).  Where a symbol may be 1 (core/symbolic.py), a reshape that copies at 2 is a view
+    at 1 with other strides: such a reshape is recorded as a contiguous copy, then a view, so the
+    program lays it out alike at every size."""
+    from torch._prims_common import infer_size, is_contiguous_or_false
+    from torch._subclasses.fake_impls import _compute_stride
+    from torch.fx.experimental.symbolic_shapes import guard_or_false, sym_eq
+    with shape_rules_for(x, *shape):
+        m = torch.empty_strided(x.shape, x.strides, dtype=x.dtype, device="meta")
+        if is_contiguous_or_false(m):
+            return False
+        shape = infer_size(shape, m.numel())
+        if len(shape) == m.ndim and guard_or_false(sym_eq(tuple(shape), tuple(m.shape))):
+            return False
+        return _compute_stride(m.size(), m.stride(), shape, size_oblivious=True) is None
+
+
 def pad_back(g, shape: tuple, pads: tuple):
     """g (the cotangent of a basic index of x) reshaped to `shape` and zero-padded by `pads`
     (undo_index's): a view where the index took all of x."""
