@@ -17,7 +17,8 @@ until timed:
 Also the function of issue 54 (linear, tanh-GELU, a softmax over h h^T, layer norm).
 
 Entries: `fjit.jit` (automatic symbolic sizes: the second shape compiles a program with symbolic
-sizes that serves the rest), `jit_static` (fjit.jit with cache="static": a program per shape, each
+sizes that serves the rest), `jit_symbolic` (cache="symbolic": every size of 2 or more a symbol
+from the first call, as torch.compile's dynamic=True makes them), `jit_static` (fjit.jit with cache="static": a program per shape, each
 specialized, the yardstick of the symbolic program's steady time), `jit_specialized` (cache="static"
 and FJIT_KERNEL_SIZES=specialized: also a kernel build per size),
 `torch.compile(backend="fjit", dynamic=True)`, `torch.compile(dynamic=True)` (Inductor).
@@ -112,8 +113,9 @@ def _entry(entry: str, name: str):
     target = _function()[0] if name == "fn" else _model(name)
     if entry == "eager":
         return target, lambda: 0
-    if entry in ("jit", "jit_static", "jit_specialized"):
-        jitted = fjit.jit(target, cache="metadata" if entry == "jit" else "static")
+    if entry in ("jit", "jit_symbolic", "jit_static", "jit_specialized"):
+        cache = {"jit": "metadata", "jit_symbolic": "symbolic"}.get(entry, "static")
+        jitted = fjit.jit(target, cache=cache)
         return jitted, lambda: fjit.cache_info(jitted).misses
     compiled = torch.compile(target, backend="fjit" if entry == "backend" else "inductor", dynamic=True)
     return compiled, lambda: torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -129,10 +131,15 @@ def run(name: str, mode: str, entries: list[str], shapes: list[tuple[int, int]],
     eager_fn, _ = _entry("eager", name)
     eager = _step(name, mode, eager_fn)
     sizes = os.environ.get("FJIT_KERNEL_SIZES", "auto")      # what the fjit entries run with
+    cache_size = os.environ.get("FJIT_CACHE_SIZE", "64")
     for entry in entries:
         with tempfile.TemporaryDirectory() as kernels:
             os.environ["FJIT_CACHE_DIR"] = kernels
             os.environ["FJIT_KERNEL_SIZES"] = "specialized" if entry == "jit_specialized" else sizes
+            # a program per shape: room for every shape (more shapes than FJIT_CACHE_SIZE's 64,
+            # called in turn, evict each other and compile on every call)
+            os.environ["FJIT_CACHE_SIZE"] = str(4 * (len(shapes) + len(unseen))) if entry in (
+                "jit_static", "jit_specialized") else cache_size
             built_before = c_executor.builds()
             fn, compiles = _entry(entry, name)
             call = _step(name, mode, fn)
@@ -177,7 +184,7 @@ def run(name: str, mode: str, entries: list[str], shapes: list[tuple[int, int]],
                          fmt(math.exp(statistics.fmean(math.log(r) for r in ratios)))])
             print(" | ".join(rows[-1]), flush=True)
             os.environ.pop("FJIT_CACHE_DIR", None)
-    os.environ["FJIT_KERNEL_SIZES"] = sizes
+    os.environ["FJIT_KERNEL_SIZES"], os.environ["FJIT_CACHE_SIZE"] = sizes, cache_size
     return rows
 
 
@@ -187,8 +194,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["infer", "train"], choices=["infer", "train"])
     parser.add_argument("--lengths", type=int, default=20, help="sequence lengths, spread over 8..160")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--entries", nargs="+", default=["jit", "jit_static", "backend", "inductor"],
-                        choices=["jit", "jit_static", "jit_specialized", "backend", "inductor"])
+    parser.add_argument("--entries", nargs="+", default=["jit", "jit_symbolic", "jit_static", "backend", "inductor"],
+                        choices=["jit", "jit_symbolic", "jit_static", "jit_specialized", "backend", "inductor"])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     lengths = sorted({round(8 + k * (160 - 8) / max(1, args.lengths - 1)) for k in range(args.lengths)})
