@@ -116,15 +116,16 @@ class ProgramCache:
 
     def dims_to_make_symbolic(self, key: tuple, leaves: list) -> dict[int, frozenset]:
         """The dims this call's compile makes symbolic: with cache="symbolic", every dim of 2 or
-        more of a contiguous tensor input.  Automatically: every dim of 2 or more of each input
+        more of a contiguous tensor input but a parameter.  Automatically: every dim of 2 or more of each input
         that has had another size than this call's in a cached program whose key is otherwise this
         call's, or in an earlier symbolic compile -- the whole input, not only the dims that
         changed so far, so that a batch size and a length that both vary take one symbolic compile,
         not one per dim.  0 and 1 stay specialized.  Empty: the compile specializes every size."""
         if not self.keep or self.sizes == "static" or self.symbolic_declines >= SYMBOLIC_TRIES:
             return {}
-        if self.sizes == "symbolic":
-            varying = {i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)}
+        if self.sizes == "symbolic":      # not a module's parameters, whose sizes never vary
+            varying = {i for i, x in enumerate(leaves)
+                       if isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter)}
         else:
             varying = set(self.varying)
             for cached in self.programs:

@@ -105,6 +105,19 @@ def test_cache_symbolic_compiles_once_and_static_once_per_shape():
     assert fjit.cache_info(static).misses == 4
 
 
+def test_cache_symbolic_leaves_a_modules_parameters_static():
+    """cache="symbolic" makes the inputs' sizes symbols, not the parameters' (a symbol per weight
+    dim cost Llama 600 guard conditions, checked on every call of a new shape)."""
+    layer = torch.nn.Linear(8, 4)
+    jm = fjit.jit(layer, cache="symbolic")
+    for n in (3, 5):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(jm(x), layer(x))
+    stage = fjit.last_traces(jm)[-1].stage
+    assert "input.shape[0]" in stage and "weight.shape" not in stage and "bias.shape" not in stage, stage
+    assert fjit.cache_info(jm).misses == 1
+
+
 def test_a_failed_guard_compiles_again_and_explain_names_it():
     def branchy(x):
         if x.shape[0] > 8:          # Python control flow on a size: a guard either way
