@@ -410,7 +410,10 @@ class Guards:
         if not any(pattern):
             return None
         if pattern not in self._at_one:
-            why = "no layout check" if self.at_one is None else self.at_one(leaves)
+            try:
+                why = "no layout check" if self.at_one is None else self.at_one(leaves)
+            except Exception as e:      # noqa: BLE001 -- a check that cannot run admits nothing
+                why = f"the layout check failed ({type(e).__name__}: {e})"
             if why is not None:
                 at = " and ".join(f"{n} == 1" for (_, _, n), one in zip(self.ones, pattern) if one)
                 why = f"at {at}, {why}"
