@@ -344,7 +344,8 @@ def _measured_choice(joint, traces: list[Trace], forward: Callable, backward: li
         def shows(reason: str, stages=stages, final=final) -> tuple[list, list]:
             return list(stages), [autodiff.autograd_stage(final, reason)]
         forms.append(program_choice.Form(
-            what, run, torch_executor.compile_trace(final.with_stage(final.stage, rebuild=None)), shows, margin))
+            what, run, torch_executor.compile_trace(final.with_stage(final.stage, rebuild=None)), shows, margin,
+            eager_like=stages is traces))
     if len(forms) == 1:
         return forms[0].run
     return program_choice.MeasuredChoice(forms, traces[-1].bsyms, *shown)

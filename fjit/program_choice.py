@@ -21,7 +21,7 @@ more where the two fastest are within CLOSE), and keeps the fastest
 by the minimum time, with margins in favour of eager's kernels (torch autograd's and the
 forward's torch calls win ties) and of the layout eager's program has; in training, a form that
 saves far fewer bytes for the backward (counted in its warm-up run) is kept where it is nearly as
-fast (SAVED_MARGIN, TIME_FOR_MEMORY).  In training each run is a
+fast and no slower than eager's way (SAVED_MARGIN, TIME_FOR_MEMORY).  In training each run is a
 forward and a backward with cotangents of ones to the inputs that require grad
 (torch.autograd.grad: no `.grad` is touched).
 
@@ -62,7 +62,9 @@ MARGIN = 1.03
 FORWARD_MARGIN = 1.03  # a forward's torch calls, of the kernels' program's: ties go to ATen
 # Memory, in training: the form kept by time gives way to the form saving the fewest bytes for the
 # backward where that one saves at most 1/SAVED_MARGIN of its bytes and takes at most
-# TIME_FOR_MEMORY of its time.  Torch autograd over the forward's torch calls saves what each
+# TIME_FOR_MEMORY of its time, and no longer than eager's way (Form.eager_like): memory is not
+# bought with a step slower than eager's (torchvision's ConvNeXt kept its joint program at 1.03x
+# torch autograd's time for half the bytes, and read 1.05x eager).  Torch autograd over the forward's torch calls saves what each
 # call saves (a decomposed attention's scores, each step of a layer norm), where the joint
 # program saves its minimum cut (autodiff/remat.py): Twins-SVT's torch autograd form saved 1.29x
 # eager's bytes, its joint program 0.82x, and a loaded machine's timing had picked the first.
@@ -144,6 +146,9 @@ class Form:
     # why; None: the compilation's own, as they are
     stages: Callable[[str], tuple[list, list]] | None = None
     margin: str = "MARGIN"     # the module constant it must beat the form kept so far by
+    # eager's way (torch autograd over the forward's torch calls: eager's kernels and saves),
+    # whose time a form kept for its saved bytes must not exceed
+    eager_like: bool = False
 
 
 class MeasuredChoice:
@@ -232,7 +237,8 @@ class MeasuredChoice:
         why = ""
         least = min(range(len(self.forms)), key=saved.__getitem__)
         if self.training and saved[kept] > SAVED_MARGIN * saved[least] and \
-                best[least] <= TIME_FOR_MEMORY * best[kept]:
+                best[least] <= TIME_FOR_MEMORY * best[kept] and \
+                all(best[least] <= t for f, t in zip(self.forms, best) if f.eager_like):
             why = f" (kept for its saved bytes, {saved[least] / 2**20:.3g} MiB against {saved[kept] / 2**20:.3g})"
             kept = least
         forced = config.kept_form()

@@ -423,6 +423,38 @@ def test_measured_choice_keeps_the_form_saving_far_fewer_bytes_when_nearly_as_fa
     assert ("kept for its saved bytes" in backward[0]) == (kept == "joint")
 
 
+@pytest.mark.parametrize("eager_time, kept_for_bytes", [(0.99, False), (1.01, True)])
+def test_measured_choice_buys_no_memory_with_a_step_slower_than_eagers_way(monkeypatch, eager_time,
+                                                                          kept_for_bytes):
+    """The form saving the fewest bytes, within TIME_FOR_MEMORY of the fastest, is kept only where
+    it is no slower than eager's way (torch autograd over the forward's torch calls): a joint
+    program at 1.0 against channels-last at 0.98 is kept for its bytes beside eager's way at 1.01,
+    not beside it at 0.99 (a fake clock)."""
+    import fjit.program_choice as program_choice
+    clock = [0.0]
+    monkeypatch.setattr(program_choice.time, "perf_counter", lambda: clock[0])
+
+    def form(what, cost, saves, eager_like=False):
+        def timed(x):
+            clock[0] += cost
+            y = x
+            for _ in range(saves):
+                y = y.sin()
+            return y
+        return program_choice.Form(what, timed, timed, lambda reason: ([reason], [reason]), eager_like=eager_like)
+    forward, backward = ["compiled"], ["compiled"]
+    choice = program_choice.MeasuredChoice(
+        [form("joint", 1.0, 1), form("torch autograd", eager_time, 4, eager_like=True),
+         form("channels-last", 0.98, 4)], [], forward, backward)
+    x = torch.randn(1000, requires_grad=True)
+    choice(x)
+    choice(x)
+    assert (choice.run is choice.forms[0].run) == kept_for_bytes
+    assert ("kept for its saved bytes" in backward[0]) == kept_for_bytes
+    if not kept_for_bytes:
+        assert choice.run is choice.forms[2].run
+
+
 def test_measured_choice_waits_for_no_kernel_build(monkeypatch):
     """While kernels still build in the background the second call runs the first form without
     measuring (it waited for every build: a cold cache's ReXNet and EfficientNetV2 checks ran out
