@@ -116,11 +116,13 @@ class ProgramCache:
 
     def dims_to_make_symbolic(self, key: tuple, leaves: list) -> dict[int, frozenset]:
         """The dims this call's compile makes symbolic: with cache="symbolic", every dim of 2 or
-        more of a contiguous tensor input but a parameter.  Automatically: every dim of 2 or more of each input
-        that has had another size than this call's in a cached program whose key is otherwise this
-        call's, or in an earlier symbolic compile -- the whole input, not only the dims that
-        changed so far, so that a batch size and a length that both vary take one symbolic compile,
-        not one per dim.  0 and 1 stay specialized.  Empty: the compile specializes every size."""
+        more of a contiguous tensor input but a parameter.  Automatically: every dim of 2 or more
+        of each input that has had another size than this call's in a cached program whose key is
+        otherwise this call's, or in an earlier symbolic compile -- the whole input, not only the
+        dims that changed so far, so that a batch size and a length that both vary take one
+        symbolic compile, not one per dim.  A dim at 0 or 1 in this call stays specialized (one
+        seen at 1 before may be 1 in the symbolic program: dims_seen_at_one).  Empty: the compile
+        specializes every size."""
         if not self.keep or self.sizes == "static" or self.symbolic_declines >= SYMBOLIC_TRIES:
             return {}
         if self.sizes == "symbolic":      # not a module's parameters, whose sizes never vary

@@ -410,6 +410,7 @@ def _record_prim(sym: Symbol, args: tuple, kwargs: dict):
 
 
 def _may_be_one() -> bool:
+    """Whether this thread traces a symbolic program with a symbol that may be 1."""
     sizes = symbolic_active()
     return sizes is not None and bool(sizes.ones)
 
