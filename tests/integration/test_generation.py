@@ -105,6 +105,23 @@ class _Sampler(torch.nn.Module):
         return ids
 
 
+def test_generate_over_batches_of_one_and_more_is_token_identical_with_few_programs():
+    """Prompts of batch 1, then 2, then 1 and 3 again, each growing its cache a token a step: a
+    batch of one before a batch of two makes the batch a symbol that may be 1 (fjit/cache.py), and
+    the calls stay token-identical to eager's.  The prompt and the step are two kinds of call (the
+    step's inputs hold the cache), each compiled at most three times for every batch and length:
+    the first call, the symbolic program, and one for batch 1 where transformers' own code
+    branches on the batch being 1 (its guard `s0 != 1`)."""
+    model = _model("hf_llama_gqa_sdpa")
+    jm = fjit.jit(model)
+    for k, (batch, n) in enumerate([(1, 8), (2, 8), (1, 5), (3, 6), (1, 9)]):
+        ids = torch.randint(3, 100, (batch, n), generator=torch.Generator().manual_seed(k))
+        with torch.no_grad():
+            assert torch.equal(_generate(jm, ids, do_sample=False), _generate(model, ids, do_sample=False))
+    info = jm.cache_info()
+    assert info.hits + info.misses == 5 * NEW_TOKENS and info.misses <= 2 * 3, info
+
+
 def test_a_users_method_calling_self_runs_the_compiled_forward():
     torch.manual_seed(0)
     model = _Sampler()
