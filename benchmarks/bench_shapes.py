@@ -18,8 +18,9 @@ Also the function of issue 54 (linear, tanh-GELU, a softmax over h h^T, layer no
 
 Entries: `fjit.jit` (automatic symbolic sizes: the second shape compiles a program with symbolic
 sizes that serves the rest), `jit_symbolic` (cache="symbolic": every size of 2 or more a symbol
-from the first call, as torch.compile's dynamic=True makes them), `jit_static` (fjit.jit with cache="static": a program per shape, each
-specialized, the yardstick of the symbolic program's steady time), `jit_specialized` (cache="static"
+from the first call, as torch.compile's dynamic=True makes them), `jit_static` (fjit.jit with
+cache="static": a program per shape, each specialized, the yardstick of the symbolic program's
+steady time), `jit_specialized` (cache="static"
 and FJIT_KERNEL_SIZES=specialized: also a kernel build per size),
 `torch.compile(backend="fjit", dynamic=True)`, `torch.compile(dynamic=True)` (Inductor).
 

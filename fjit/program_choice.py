@@ -64,10 +64,11 @@ FORWARD_MARGIN = 1.03  # a forward's torch calls, of the kernels' program's: tie
 # backward where that one saves at most 1/SAVED_MARGIN of its bytes and takes at most
 # TIME_FOR_MEMORY of its time, and no longer than eager's way (Form.eager_like): memory is not
 # bought with a step slower than eager's (torchvision's ConvNeXt kept its joint program at 1.03x
-# torch autograd's time for half the bytes, and read 1.05x eager).  Torch autograd over the forward's torch calls saves what each
-# call saves (a decomposed attention's scores, each step of a layer norm), where the joint
-# program saves its minimum cut (autodiff/remat.py): Twins-SVT's torch autograd form saved 1.29x
-# eager's bytes, its joint program 0.82x, and a loaded machine's timing had picked the first.
+# torch autograd's time for half the bytes, and read 1.05x eager).  Torch autograd over the
+# forward's torch calls saves what each call saves (a decomposed attention's scores, each step of
+# a layer norm), where the joint program saves its minimum cut (autodiff/remat.py): Twins-SVT's
+# torch autograd form saved 1.29x eager's bytes, its joint program 0.82x, and a loaded machine's
+# timing had picked the first.
 SAVED_MARGIN = 1.5
 TIME_FOR_MEMORY = 1.03
 # Channels-last convolutions, of the form kept before them: kept only for a large gain.  Every

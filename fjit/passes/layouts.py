@@ -1,9 +1,10 @@
 """Real layouts: a trace run op by op with torch to observe the strides its ops really give
 (`run_observing_layouts`, where some op's recorded layout is a meta kernel's guess,
 `has_opaque_ops`), a symbolic trace replayed on meta tensors at one call's sizes to see that torch
-lays its values out as recorded there (`layout_differing_at`: sizes of 1), and the passes that make a program's recorded layouts hold when torch runs it:
-a prim left to torch copied into its recorded layout (`conform_prim_layouts`, RESTRIDE), and a
-chain of views read as one reinterpretation of its start (`reinterpret_views`, REINTERPRET).
+lays its values out as recorded there (`layout_differing_at`: sizes of 1), and the passes that
+make a program's recorded layouts hold when torch runs it: a prim left to torch copied into its
+recorded layout (`conform_prim_layouts`, RESTRIDE), and a chain of views read as one
+reinterpretation of its start (`reinterpret_views`, REINTERPRET).
 """
 from __future__ import annotations
 
@@ -71,11 +72,11 @@ def layout_differing_at(trace: Trace, inputs: list | None, size, numbers: dict) 
     `inputs` are the call's values of `trace.inputs` (real tensors, numbers), or None to make each
     input from its recorded metadata and each number input from `numbers` (name -> value: a
     compiled backward's sizes; another number, whose value lays nothing out, as 1); `size` gives
-    a symbolic int its value at the call.  A
-    symbolic program whose symbol may be 1 (core/symbolic.py) was traced at 2 or more, where a
-    reshape that copies is a view at 1 with other strides, a layout a kernel would misread.  An op
-    that cannot run on meta tensors differs (nothing says its layout), but for a random draw, whose
-    output is new and laid out as recorded."""
+    a symbolic int its value at the call.  A symbolic program whose symbol may be 1
+    (core/symbolic.py) was traced at 2 or more, where a reshape that copies is a view at 1 with
+    other strides, a layout a kernel would misread.  An op that cannot run on meta tensors differs
+    (nothing says its layout), but for a random draw, whose output is new and laid out as
+    recorded."""
     def meta(shape, strides, dtype):
         return torch.empty_strided(shape, strides, dtype=dtype, device="meta")
 
@@ -90,7 +91,8 @@ def layout_differing_at(trace: Trace, inputs: list | None, size, numbers: dict) 
     for k, v in enumerate(trace.inputs):
         env[v.name] = of_real(inputs[k]) if inputs is not None else of_var(v)
     value = lambda x: env[x.name] if isinstance(x, Var) else size(x)  # noqa: E731
-    grad = torch.is_grad_enabled()
+    # the trace's own mode switches may be left half done by an early return: no_grad's exit
+    # restores grad mode, and autocast is restored below
     amp = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in AMP_DEVICES]
     try:
         with torch.no_grad(), autocast_off() if trace.autocast_off else contextlib.nullcontext():
@@ -115,7 +117,6 @@ def layout_differing_at(trace: Trace, inputs: list | None, size, numbers: dict) 
                                 not same_layout(shape, tuple(map(size, var.strides)), real.stride()):
                             return f"{var.name} ({b.sym.name}) is laid out {real.stride()}, not as recorded"
     finally:
-        torch._C._set_grad_enabled(grad)     # as the trace's own mode switches left them
         for device, on, dtype in amp:
             torch.set_autocast_enabled(device, on)
             torch.set_autocast_dtype(device, dtype)
