@@ -55,14 +55,29 @@ def _run_observing_layouts(trace: Trace, leaves: list) -> tuple[object, dict]:
         for var, real in zip(names, outs):
             if isinstance(var, Var):
                 env[var.name] = real
-                if (isinstance(var, TensorVar) and isinstance(real, torch.Tensor) and
-                        real.stride() != tuple(map(size, var.strides))):
+                if isinstance(var, TensorVar) and isinstance(real, torch.Tensor) and \
+                        _strides_differ(real, tuple(map(size, var.strides)), trace.sizes is not None):
                     wrong[var.name] = (tuple(real.shape), real.stride())
         for v in b.inputs():       # free what nothing later reads (a first call's peak memory)
             if last_use.get(v.name) == i and v.name not in keep and v.name not in trace.consts:
                 env.pop(v.name, None)
     out = map_values(value, trace.output)
     return (out if trace.rebuild is None else trace.rebuild(*out)), wrong
+
+
+def _strides_differ(real: torch.Tensor, recorded: tuple, symbolic: bool) -> bool:
+    """Whether a value's real strides are not the recorded ones.  In a symbolic program, a dim of
+    size 1 at the compiling call is a static 1 (a symbol's dim is 2 or more there), whose stride
+    no kernel and no later layout reads: a real stride differing only there is the same layout.
+    (GQA's expanded heads at batch 1 come out of reshape with stride 0 on the batch dim, where the
+    meta kernel says heads x length x width: counted as differing, the batch-1 compile of Gemma
+    and Falcon was declined, and each length of a batch of one compiled a program of its own.)
+    A specialized program keeps eager's strides exactly, size-1 dims included."""
+    if real.stride() == recorded:
+        return False
+    if not symbolic:
+        return True
+    return any(a != b for a, b, n in zip(real.stride(), recorded, real.shape) if n != 1)
 
 
 def layout_differing_at(trace: Trace, inputs: list | None, size, numbers: dict) -> str | None:
@@ -193,7 +208,9 @@ def reinterpret_views(trace: Trace) -> Trace:
             chains[x.name] = (x, root, root)
         start, root, meta = chains[x.name]
         try:
-            with shape_rules_for(x):
+            # (its results too: a static value sliced to a symbolic length is replayed by the
+            # symbolic rules, not by a plain meta tensor's, which would pin the length by a guard)
+            with shape_rules_for(x, *results):
                 made = b.sym.fn(meta, *b.args[1:], **b.kwargs)
         except Exception:       # noqa: BLE001 -- not replayable on meta: it stays as it is
             made = None

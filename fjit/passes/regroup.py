@@ -488,7 +488,9 @@ def _view_offset(v: TensorVar, base: TensorVar, views: list) -> int | None:
     (in a symbolic program, an expression of the symbols: the views replay under its shape rules,
     and shapes compare without a guard)."""
     try:
-        with shape_rules_for(base):
+        # (v too: a static base sliced to a symbolic length needs the symbolic rules, which a plain
+        # meta tensor would take by pinning the length to this call's value with a guard)
+        with shape_rules_for(base, v):
             m = root = torch.empty_strided(base.shape, base.strides, dtype=base.dtype, device="meta")
             for b in views:
                 m = b.sym.fn(m, *b.args[1:], **b.kwargs)
