@@ -477,6 +477,21 @@ def known(condition) -> bool:
     return bool(condition)
 
 
+def at_hint(condition) -> bool:
+    """`condition` (a bool, or a comparison of symbolic sizes) at the compiling call's sizes,
+    taking no guard: for a choice made for speed alone, where either answer computes the same
+    values (a crossover between two ways of computing an op, a thread split worth starting).  A
+    guard there would split a symbolic program into one per size class, and a batch that crosses
+    the line compiles again for nothing; the program keeps the choice that suits the sizes it was
+    compiled at (as Inductor's heuristics read size hints)."""
+    if isinstance(condition, torch.SymBool):
+        node = condition.node
+        if node.has_hint():
+            return bool(node.hint)
+        return bool(node.shape_env.size_hint(node.expr))
+    return bool(condition)
+
+
 def is_one(n) -> bool:
     """Whether the size `n` is 1, a symbolic one decided size-obliviously, taking no guard: a
     symbol that may be 1 (SymbolicSizes.ones) was never broadcast in the trace (torch's shape rules

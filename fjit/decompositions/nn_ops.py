@@ -14,6 +14,7 @@ from torch._prims_common import make_contiguous_strides_for
 from fjit.core.ir import Symbol, Tag
 from fjit.core.prims import Prim, apply, prim_of, torch_callables
 from fjit.core.prims.layout import reshape_copies
+from fjit.core.symbolic import at_hint
 from fjit.frontend.context import current
 from fjit.frontend.dispatch import dispatch
 from fjit.frontend.record import trace_call
@@ -181,12 +182,15 @@ def _conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     n, c, h, w = x.shape
     kh, kw = weight.shape[2:]
     pointwise = (kh, kw) == (1, 1) and _pair(stride, "stride") == [1, 1]
-    if pointwise and (h * w <= 4 or n * h * w <= POINTWISE_MATMUL_ROWS
-                      or n * h * w * c * weight.shape[0] <= POINTWISE_MATMUL_WORK):
+    # (the crossovers are speed alone: in a symbolic program they are taken at the compiling
+    # call's sizes, with no guard that would compile again each batch size crossing them; each
+    # comparison its own at_hint, since `or` would take the first one's truth by a guard)
+    if pointwise and (at_hint(h * w <= 4) or at_hint(n * h * w <= POINTWISE_MATMUL_ROWS)
+                      or at_hint(n * h * w * c * weight.shape[0] <= POINTWISE_MATMUL_WORK)):
         rows = apply(Prim.RESHAPE, apply(Prim.PERMUTE, x, (0, 2, 3, 1)), (n * h * w, c))
     elif _pair(stride, "stride") == [kh, kw] and kh * kw > 1 and h % kh == 0 and w % kw == 0 and (
             c * kh * kw >= PATCH_MATMUL_MIN or c * kh * kw >= PATCH_MATMUL_MIN_FEW
-            and n * (h // kh) * (w // kw) <= PATCH_MATMUL_FEW_ROWS):
+            and at_hint(n * (h // kh) * (w // kw) <= PATCH_MATMUL_FEW_ROWS)):
         h, w = h // kh, w // kw
         patches = apply(Prim.PERMUTE, apply(Prim.RESHAPE, x, (n, c, h, kh, w, kw)), (0, 2, 4, 1, 3, 5))
         rows = apply(Prim.RESHAPE, apply(Prim.CONTIGUOUS, patches), (n * h * w, c * kh * kw))

@@ -116,7 +116,7 @@ class Partitioner:
             # computes (that would be at another index)
             if region is None:
                 region = Region([], (), tuple(out.shape))
-            elif region.has_reduction or region.columns or region.domain != tuple(out.shape) or \
+            elif region.has_reduction or region.columns or not same(region.domain, tuple(out.shape)) or \
                     {v.name for p in (*privates, b) for v in p.inputs()} & \
                     {v.name for p in region.bsyms for v in p.outputs()}:
                 return None
@@ -141,9 +141,9 @@ class Partitioner:
             outer, inner = x.shape[:x.ndim - k], x.shape[x.ndim - k:]
             if region is None:
                 region = Region([], outer, inner)
-            elif (region.has_reduction or region.columns) and (region.outer, region.inner) != (outer, inner):
+            elif (region.has_reduction or region.columns) and not same((region.outer, region.inner), (outer, inner)):
                 return None
-            elif not region.has_reduction and region.domain != outer + inner:
+            elif not region.has_reduction and not same(region.domain, outer + inner):
                 return None
             elif x.name in region.row_vars:
                 return None
@@ -317,7 +317,7 @@ def _rematerialize(items: list, trace: Trace, kernels: set) -> bool:
         copied: list = []
         for v in item.inputs:
             made = producer.get(v.name)
-            if made is None or made[0].domain != item.domain:
+            if made is None or not same(made[0].domain, item.domain):     # (symbolic: no guard)
                 continue
             chain = _chain(made[0], v.name, producer)
             if chain is None or any(last_read.get(o.name, -1) > k for c in chain for o in c.outputs()):

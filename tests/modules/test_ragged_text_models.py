@@ -53,3 +53,28 @@ def test_a_text_model_trains_over_ragged_batches_as_eager_with_three_programs(na
             if want is not None:
                 torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4 * (1 + want.abs().max().item()))
     assert fjit.cache_info(jitted).misses <= 3, fjit.explain(jitted)
+
+
+
+@pytest.mark.parametrize("name", ["timm_regnetx_002"])
+def test_an_image_model_trains_over_batch_sizes_as_eager_with_two_programs(name):
+    # The batch sizes of a data loader's last, smaller batch and of evaluation: the batch a
+    # symbol, and fjit's own speed crossovers (a 1x1 convolution as a matmul over few positions,
+    # batch norm's threads) decided at the compiling call's sizes without a guard.  Judged against
+    # float64 as the zoo judges (a CNN's stem weight gradient through batch norm is ill-conditioned:
+    # eager float32 itself lands 1e-3 off at some batches): fjit's error at most eager's, or small.
+    zm = MODELS[name]
+    eager = zm.make(0)
+    jitted = fjit.jit(copy.deepcopy(eager))
+    golden = copy.deepcopy(eager).double()
+    for k, n in enumerate((8, 6, 3, 8, 5, 2)):
+        example = zm.example(k)
+        x, target = example.args[0][:n].contiguous(), example.target[:n]
+        grads = []
+        for model, inputs in ((jitted, x), (eager, x), (golden, x.double())):
+            loss = zm.loss(model(inputs), type(example)((inputs,), {}, target))
+            grads.append(torch.autograd.grad(loss, list(model.parameters())))
+        for got, theirs, want in zip(*grads):
+            error, eager_error = (got.double() - want).abs().max(), (theirs.double() - want).abs().max()
+            assert error <= max(2 * eager_error, 1e-5 * (1 + want.abs().max())), (n, error, eager_error)
+    assert fjit.cache_info(jitted).misses == 2, fjit.explain(jitted)

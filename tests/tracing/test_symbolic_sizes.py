@@ -4,6 +4,7 @@ failed guard compiles again (and fjit.explain says which guard), and every call 
 sizes 0 and 1, broadcasting against 1 and empty tensors included."""
 from __future__ import annotations
 
+import copy
 import os
 
 import hypothesis.strategies as st
@@ -283,6 +284,30 @@ def test_a_static_tensor_cut_to_a_symbolic_length_keeps_the_length_a_symbol():
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert fjit.cache_info(jm).misses == 2, fjit.explain(jm)
     assert "s1 <= 12" not in str(fjit.explain(jm)), fjit.explain(jm)
+
+
+def test_a_batch_crossing_a_speed_crossover_shares_the_symbolic_program():
+    # A 1x1 convolution over few positions is a matmul, a batch norm of many elements C's kernel:
+    # choices of speed alone, once taken by guards on the batch size, so each batch crossing a
+    # line (8 -> 3 rows of 8x8 positions: 512 -> 192 against 256) compiled again.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, stride=2, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
+    reference = copy.deepcopy(model)
+    jm = fjit.jit(model)
+    for n in (8, 6, 3, 8, 5, 2):
+        x = torch.randn(n, 3, 16, 16)
+        out, expected = jm(x), reference(x)
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+        out.square().sum().backward()
+        expected.square().sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4)
+            p.grad = q.grad = None
+    torch.testing.assert_close(model[1].running_mean, reference[1].running_mean)
+    assert fjit.cache_info(jm).misses == 2, fjit.explain(jm)
 
 # -- random shape-polymorphic programs at random shapes -----------------------------------------
 

@@ -26,6 +26,7 @@ import math
 import torch
 
 from fjit.core.ir import Symbol, Tag, TensorVar
+from fjit.core.symbolic import at_hint
 from fjit.core.trace import Trace
 from fjit.executors.c.accumulators import SUM_BLOCK
 from fjit.executors.c.launch import call, empty_strided
@@ -252,7 +253,7 @@ def takes(b) -> bool:
 def worth(b) -> int:
     """What the joint program's worth rule counts for op `b`: PRIMS for a batch norm the kernels
     take of PARALLEL_MIN elements or more, else 0."""
-    return PRIMS if takes(b) and b.args[0].numel() >= PARALLEL_MIN else 0
+    return PRIMS if takes(b) and at_hint(b.args[0].numel() >= PARALLEL_MIN) else 0
 
 
 def claim(trace: Trace, kernels: Kernels) -> Trace | None:
