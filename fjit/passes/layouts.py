@@ -73,11 +73,9 @@ def _strides_differ(real: torch.Tensor, recorded: tuple, symbolic: bool) -> bool
     meta kernel says heads x length x width: counted as differing, the batch-1 compile of Gemma
     and Falcon was declined, and each length of a batch of one compiled a program of its own.)
     A specialized program keeps eager's strides exactly, size-1 dims included."""
-    if real.stride() == recorded:
-        return False
-    if not symbolic:
-        return True
-    return any(a != b for a, b, n in zip(real.stride(), recorded, real.shape) if n != 1)
+    if symbolic:
+        return not same_layout(tuple(real.shape), recorded, real.stride())
+    return real.stride() != recorded
 
 
 def layout_differing_at(trace: Trace, inputs: list | None, size, numbers: dict) -> str | None:
