@@ -122,6 +122,7 @@ class Backend:
     # Dynamo's entry
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        _specialize_settled_floats(gm)
         self._graphs += 1
         graph = self._graphs
         training = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
@@ -191,6 +192,43 @@ class Backend:
         else:
             lines.append("split reasons: none")
         return "\n".join(lines)
+
+
+def _specialize_settled_floats(gm: torch.fx.GraphModule) -> None:
+    """Ask Dynamo to make constants of the float inputs whose value is settled already.
+
+    Under dynamic shapes Dynamo passes a Python float it has not specialized (a module's `eps`, a
+    dropout's `p`) as a 0-d float64 graph input: every call builds that tensor in Dynamo's
+    bytecode and reads it back with `.item()`, a few microseconds each, 17 times a call in GPT-2.
+    Where the graph's `.item()` of it already has a constant value (Python code compared it, so a
+    guard holds it) or is not read at all, the input only costs.  Inductor specializes such inputs
+    (its tensorify pass): it names them to Dynamo and restarts the analysis, and Dynamo then guards
+    on the value and leaves the input out.  This does the same, through the same hooks.  A float
+    whose value is still free stays a runtime number of the program (`_numbers_from_inputs`)."""
+    try:
+        from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+        from torch._dynamo.symbolic_convert import TensorifyState
+        from torch.fx.experimental.symbolic_shapes import free_symbols
+    except ImportError:       # a torch without the hooks: the inputs stay runtime numbers
+        return
+    settled = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        value = node.meta.get("example_value")
+        memo = getattr(value, "item_memo", None)
+        # the condition under which Dynamo drops a specialized input after the restart
+        # (OutputGraph.remove_tensorify_specialized_graphargs)
+        if memo is None or not hasattr(memo.node._expr, "name") or not node.users \
+                or not all(u.target == "item" for u in node.users):
+            continue
+        unread = all(not u.users for u in node.users)
+        if (unread or not free_symbols(memo)) and not TensorifyState.should_specialize(memo.node._expr.name):
+            settled.append(memo.node._expr.name)
+    if settled:
+        for name in settled:
+            TensorifyState.specialize(name)
+        raise TensorifyScalarRestartAnalysis
 
 
 def _numbers_from_inputs(gm: torch.fx.GraphModule) -> set[int]:

@@ -168,31 +168,42 @@ def fast_path(args: tuple, specialized: frozenset, last: list, programs):
                    f"        return m[3]({', '.join(leaves)})\n")
     remember = (f"        last[0] = ({len(args)}, k[0], hit[1], hit[0])\n" if only_tensors else
                 f"        mixed[0] = (k[0], {const_tuple}, hit[1], hit[0])\n")
+    # the guards of an entry are made at its first hit, not when it is filed: a shape met once
+    # (a ragged batch) never pays for them
+    made_at_hit = (f"    if hit[1] is _LATER:\n"
+                   f"        hit = (hit[0], _guards({', '.join(tensors)}), hit[2])\n"
+                   f"        if k in cache:\n"
+                   f"            cache[k] = hit\n") if guarded else ""
     # transformed(), inlined: a call per cached call would cost more than the check
     source += (f"    if {guard} or _interpreter_stack() is not None or _forward_ad._current_level >= 0:\n"
               f"        return MISS\n"
               f"    k = ({', '.join(key)},)\n"
               f"    hit = cache.get(k)\n"
               f"    if hit is None:\n"
+              f"        missed[0] = (args, k)\n"
               f"        return MISS\n"
               f"    try:\n"             # least recently used first, here and in the cache
               f"        cache.move_to_end(k)\n"   # (cache.py); another thread may have evicted
               f"        programs.move_to_end(hit[2])\n"   # it meanwhile
               f"    except KeyError:\n"
               f"        pass\n"
-              f"    if hit[1] is not None and k[1] is False:\n" + remember +
+              + made_at_hit +
+              "    if hit[1] is not None and k[1] is False:\n" + remember +
               f"    return hit[0]({', '.join(leaves)})\n"
               f"def key({params}):\n"
+              f"    m = missed[0]\n"      # the key the call's miss just built, for the same arguments
+              f"    if m is not None and len(m[0]) == {len(args)} and {' and '.join(f'm[0][{i}] is a{i}' for i in range(len(args))) or 'True'}:\n"
+              f"        return m[1]\n"
               f"    if {guard}:\n"
               f"        return None\n"
               f"    return ({', '.join(key)},)\n"
               f"def guards({params}):\n"
-              f"    return {f'_guards({chr(44).join(tensors)})' if guarded else 'None'}\n")
+              f"    return {'_LATER' if guarded else 'None'}\n")
     cache: collections.OrderedDict = collections.OrderedDict()
     namespace = {"_strided": torch.strided, "_grad": torch.is_grad_enabled,
                  "_autocast": autocast_key, "MISS": MISS, "cache": cache, "last": last,
                  "programs": programs,
-                 "mixed": [None], "_guards": _tensor_guards, "_interpreter_stack": _interpreter_stack,
+                 "mixed": [None], "missed": [None], "_guards": _tensor_guards, "_LATER": _LATER, "_interpreter_stack": _interpreter_stack,
                  "_forward_ad": _forward_ad}
     namespace.update({f"_c{i}": type(a) for i, a in enumerate(args)
                       if type(a) in _FAST_CONSTANTS or type(a) in _TENSOR_TYPES})
@@ -205,6 +216,9 @@ try:     # torch's C++ check of a tensor's metadata (what Dynamo's guards are ma
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 except ImportError:     # pragma: no cover - a torch without it keeps the key path
     _TensorGuards = None
+
+
+_LATER = object()     # a fast-path entry's guards, to be made at its first hit
 
 
 def _tensor_guards(*tensors):

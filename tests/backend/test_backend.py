@@ -334,6 +334,54 @@ def test_dynamic_float_inputs_are_numbers_not_splits(be, grad):
     assert all(i.executor == "fjit" for i in be.subgraph_infos)
 
 
+class _Settled(torch.nn.Module):
+    """A dropout probability Python compares (Dynamo guards its value), a layer norm's eps (a
+    constant to the op) and a scale that stays free."""
+
+    def __init__(self):
+        super().__init__()
+        self.p, self.eps, self.scale = 0.0, 1e-5, 0.5
+
+    def forward(self, x):
+        if self.p > 0:
+            x = x * (1 - self.p)
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), eps=self.eps) * self.scale
+
+
+def _float_inputs(gm) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "placeholder"
+               and isinstance(n.meta.get("example_value"), torch.Tensor)
+               and n.meta["example_value"].dim() == 0 and n.meta["example_value"].is_floating_point())
+
+
+def test_dynamic_floats_whose_value_is_settled_are_constants_not_inputs(be):
+    """A float Dynamo already guards (compared in Python, or given to an op that specializes it)
+    is made a constant, as Inductor makes it: no tensor built and read back per call.  A new value
+    recompiles and is used; a float still free stays a runtime number (a new value compiles
+    nothing)."""
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(_float_inputs(gm))
+        return be(gm, example_inputs)
+    model = _Settled()
+    compiled = torch.compile(model, backend=counting, dynamic=True)
+    for n in (3, 5, 7):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(compiled(x), model(x))
+    # the restarted analysis reaches the backend once more: its graph takes only the free scale
+    assert graphs[-1] == 1 and len(graphs) == 2, graphs
+    model.scale = -2.0        # free: a runtime number, nothing compiled
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert len(graphs) == 2, graphs
+    for name, value in (("p", 0.25), ("eps", 0.5)):      # settled: guarded, compiled again
+        setattr(model, name, value)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert len(graphs) > 2, graphs
+    assert [i.reason for i in be.subgraph_infos if i.reason is not None] == []
+
+
 # ------------------------------------------------------------------------------------------------
 # What fjit compiled
 

@@ -240,6 +240,27 @@ def test_fast_path_serves_calls_that_alternate_between_shapes(monkeypatch):
     assert all(jf._cache.fast_call(x) is not MISS for x in xs)
 
 
+def test_fast_path_makes_a_shapes_guards_at_its_first_hit_not_when_filed(monkeypatch):
+    """A shape met once (a ragged batch) costs no guards: an entry's tensor guards, which let the
+    next call of the same shape skip the key, are made when the entry is first hit.  The call
+    that makes them and every call after compute the function's result."""
+    import fjit.frontend.inputs as inputs
+    made = []
+    real = inputs._tensor_guards
+    monkeypatch.setattr(inputs, "_tensor_guards", lambda *t: made.append(len(t)) or real(*t))
+    jf = fjit.jit(lambda a, b: a * b + 1)
+    xs = [(torch.randn(n), torch.randn(n)) for n in (3, 4, 5, 6)]
+    for a, b in xs:
+        torch.testing.assert_close(jf(a, b), a * b + 1)
+    assert made == []
+    for _ in range(3):
+        torch.testing.assert_close(jf(*xs[1]), xs[1][0] * xs[1][1] + 1)
+    assert made == [2]
+    for a, b in xs:
+        torch.testing.assert_close(jf(a, b), a * b + 1)
+    assert len(made) == 1 + len(xs) - 1
+
+
 def test_fast_path_of_another_arity_never_serves_a_program():
     """(x, 2) and (x, 0.5, 2) build equal flat keys; each signature's fast path has its own cache."""
     def f(x, *rest):
