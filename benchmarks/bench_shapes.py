@@ -22,7 +22,9 @@ from the first call, as torch.compile's dynamic=True makes them), `jit_static` (
 cache="static": a program per shape, each specialized, the yardstick of the symbolic program's
 steady time), `jit_specialized` (cache="static"
 and FJIT_KERNEL_SIZES=specialized: also a kernel build per size),
-`torch.compile(backend="fjit", dynamic=True)`, `torch.compile(dynamic=True)` (Inductor).
+`torch.compile(backend="fjit", dynamic=True)`, `torch.compile(dynamic=True)` (Inductor), and
+`eager` (not by default: its own first call of a new shape against its cached call, torch's cost
+of a size it has not run yet, which every entry pays).
 
     python benchmarks/bench_shapes.py [--models gpt2 bert llama fn] [--modes infer train]
         [--lengths 20] [--batches 1 2 3] [--entries jit backend inductor] [--rounds 3]
@@ -176,7 +178,7 @@ def run(name: str, mode: str, entries: list[str], shapes: list[tuple[int, int]],
                         out.append(time.perf_counter() - start)
                 cached.append(statistics.median(mine))
                 ratios.append(statistics.median(mine) / statistics.median(theirs))
-            fjit_entry = entry != "inductor"
+            fjit_entry = entry not in ("inductor", "eager")
             rows.append([name, mode, entry, str(compiles()),
                          str(c_executor.builds() - built_before) if fjit_entry else "-",
                          str(c_executor.builds() - built_by_two) if fjit_entry else "-",
@@ -196,7 +198,8 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, default=20, help="sequence lengths, spread over 8..160")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--entries", nargs="+", default=["jit", "jit_symbolic", "jit_static", "backend", "inductor"],
-                        choices=["jit", "jit_symbolic", "jit_static", "jit_specialized", "backend", "inductor"])
+                        choices=["jit", "jit_symbolic", "jit_static", "jit_specialized", "backend", "inductor",
+                                 "eager"])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     lengths = sorted({round(8 + k * (160 - 8) / max(1, args.lengths - 1)) for k in range(args.lengths)})

@@ -129,7 +129,7 @@ import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402
 
-from benchmarks.zoo_models import MODELS, Batch, ZooModel  # noqa: E402
+from benchmarks.zoo_models import MODELS, Batch, ZooModel, ragged_batches  # noqa: E402
 
 ENTRIES = ("jit", "backend", "inductor", "eager", "eager1t", "eager_cl", "eager_xt")
 DEVICE = "cpu"              # --device: where models, inputs and every copy run
@@ -370,6 +370,11 @@ def check_accuracy(zm: ZooModel, entry: str, steps: int = 3, seed: int = 0, opti
     try:
         base = zm.make(seed).to(DEVICE)
         batch = zm.example(seed).to(device=DEVICE)
+        # one batch per step: the example's, or under the "shapes" stress case a shape per step
+        batches = [batch] * steps
+        if os.environ.get("FJIT_ZOO_SHAPES") == "ragged":
+            batches = ragged_batches(batch)
+            steps, batch = len(batches), batches[1]      # eval on a batch of another shape
         ref = _Copy(copy.deepcopy(base), None, torch.float32, optimizer, autocast=autocast)
         gold = _Copy(_reference(lambda: copy.deepcopy(base).double()), None, torch.float64, optimizer,
                      autocast=autocast)
@@ -380,9 +385,9 @@ def check_accuracy(zm: ZooModel, entry: str, steps: int = 3, seed: int = 0, opti
                      autocast=autocast)
         for step in range(steps):
             stage = f"step {step + 1}"
-            r = _reference(lambda: ref.train_step(zm, batch, seed + step))
-            g = _reference(lambda: gold.train_step(zm, batch, seed + step))
-            c = cand.train_step(zm, batch, seed + step)
+            r = _reference(lambda: ref.train_step(zm, batches[step], seed + step))
+            g = _reference(lambda: gold.train_step(zm, batches[step], seed + step))
+            c = cand.train_step(zm, batches[step], seed + step)
             compare_stage(stage, c, r, g)
         stage = f"params and buffers after {steps} steps"
         compare_stage(stage, cand.state(), ref.state(), gold.state())
@@ -689,6 +694,9 @@ def run_model(name: str, entries: list[str], steps: int, timeout: int, timing: b
 # build (or load from the kernel cache) waiting a random time first, so that a program switches
 # from torch calls to kernels at random points, forward and backward apart; every measured choice
 # timing its forms and keeping each one in turn; and torch (with fjit's kernels) on one thread.
+# And the shapes a data loader feeds (zoo_models.ragged_batches): each step a batch of another
+# length or batch size, as many steps as shapes, so that a model compiles specialized, then with
+# symbolic sizes, and serves the rest (a batch of one included) from them.
 STRESS_CASES: dict[str, dict[str, str]] = {
     "sync": {"FJIT_C_KERNELS": "sync", "FJIT_MEASURE": "all"},
     "late": {"FJIT_C_KERNELS": "background", "FJIT_C_BUILD_DELAY": "0.1", "FJIT_MEASURE": "all"},
@@ -696,6 +704,7 @@ STRESS_CASES: dict[str, dict[str, str]] = {
     "form1": {"FJIT_C_KERNELS": "sync", "FJIT_MEASURE": "all", "FJIT_KEEP_FORM": "1"},
     "form2": {"FJIT_C_KERNELS": "sync", "FJIT_MEASURE": "all", "FJIT_KEEP_FORM": "2"},
     "1thread": {"FJIT_C_KERNELS": "background", "FJIT_ZOO_THREADS": "1"},
+    "shapes": {"FJIT_ZOO_SHAPES": "ragged"},
 }
 
 

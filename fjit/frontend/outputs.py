@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import operator
 import types
 
 import torch
 import torch.utils._pytree as pytree
 
-from fjit.core.ir import is_structseq, map_values
+from fjit.core.ir import BoundSymbol, NumberVar, Symbol, Tag, is_structseq, map_values
 from fjit.errors import UnsupportedInputError, located
 from fjit.frontend.proxies import InputDict, InputList, NumberProxy, TensorProxy
 from fjit.frontend.record import capture_outside_tensor
@@ -35,6 +36,15 @@ RETURNABLE = ("tensors, numbers, strings, None, dtypes, devices, torch.Size, and
 _LITERALS = (type(None), bool, int, str)          # print as themselves in generated source
 _PLAIN_KEYS = (str, int, bool, type(None))        # the dict keys TracePrinter prints literally
 _PLAIN_LEAVES = (type(None), bool, int, float, str, torch.dtype, torch.device)
+# A size of a symbolic trace (x.shape[1], x.numel() // 2, x.shape[0] > 1) is a value of the call,
+# as a tensor is: the trace computes it from its symbols, `n3 = operator.index(s0*s1)`, a number
+# output like any other (a joint program returns it too).  Returned as a constant, every later call
+# got the trace's symbol object in place of its own size.  (operator.pos keeps a float a float.)
+_SIZE_VALUES = {t: Symbol(f"operator.{fn.__name__}", fn, frozenset({Tag.NUMBER}))
+                for t, fn in ((torch.SymInt, operator.index), (torch.SymFloat, operator.pos),
+                              (torch.SymBool, operator.truth))}
+_SIZE_TYPES = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
+_TRACED = (TensorProxy, NumberProxy, torch.Tensor, *_SIZE_VALUES)
 
 
 def output_structure(ctx, result, where):
@@ -48,6 +58,11 @@ def output_structure(ctx, result, where):
             return x.ir
         if isinstance(x, torch.Tensor):
             return capture_outside_tensor(ctx, x).ir      # a tensor from outside the signature: FJ101's path
+        sym = _SIZE_VALUES.get(type(x))
+        if sym is not None:
+            var = NumberVar(ctx.new_name("n"), _SIZE_TYPES[type(x)])
+            ctx.record(BoundSymbol(sym, (x,), {}, var))
+            return var
         return x
 
     if _plain(result):
@@ -79,7 +94,7 @@ def check_rebuilt_inputs(ctx, where) -> None:
 
 def _plain(x) -> bool:
     t = type(x)
-    if isinstance(x, (TensorProxy, NumberProxy, torch.Tensor)):
+    if isinstance(x, _TRACED):
         return True
     if t in _PLAIN_LEAVES:
         return True
@@ -138,7 +153,7 @@ class _Builder:
 
     def expr(self, x) -> str:
         t = type(x)
-        if isinstance(x, (TensorProxy, NumberProxy, torch.Tensor)):
+        if isinstance(x, _TRACED):
             self.leaves.append(x)
             return f"l{len(self.leaves) - 1}"
         if t is tuple:

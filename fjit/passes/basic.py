@@ -106,6 +106,10 @@ def _hashable(x):
         return ("dict",) + tuple((k, _hashable(v)) for k, v in x.items())
     if isinstance(x, slice):
         return ("slice", _hashable(x.start), _hashable(x.stop), _hashable(x.step))
+    if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        # by its expression: hashing a SymBool or SymFloat takes its value, a guard that would
+        # pin the sizes (a returned `x.shape[1] > 6` specialized the program to s1 <= 6)
+        return (type(x).__name__, str(x.node.expr))
     try:
         hash(x)
     except TypeError:

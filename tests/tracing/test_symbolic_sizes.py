@@ -449,3 +449,72 @@ def test_a_thin_static_inner_dim_matmul_is_unrolled_in_a_symbolic_program():
     source = str(fjit.last_traces(jf)[-1])
     assert "s0 = x.shape[0]" in source and "matmul" not in source, source
     assert fjit.cache_info(jf).misses == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# Sizes returned by a symbolic program
+
+def _returns_sizes(x):
+    return {"y": torch.tanh(x) * 2, "length": x.shape[1], "rows": x.size(0) * x.shape[1],
+            "shape": x.shape, "half": x.shape[1] / 2, "long": x.shape[1] > 6, "last": x.shape[-1] // 2}
+
+
+@pytest.mark.parametrize("cache", ["metadata", "symbolic"])
+def test_sizes_a_symbolic_program_returns_are_the_calls_own(cache):
+    """A size the function returns (an int, a product, a Size, a float of one, a comparison) is the
+    call's: the program computes it from its symbols.  It had been the trace's symbol object,
+    returned to every later call in place of its size (transformers' YOSO under
+    torch.compile(backend="fjit") then passed it to an ATen op, which raised)."""
+    jf = fjit.jit(_returns_sizes, cache=cache)
+    for n in (3, 4, 5, 9, 12):
+        x = torch.randn(2, n)
+        got, want = jf(x), _returns_sizes(x)
+        torch.testing.assert_close(got.pop("y"), want.pop("y"))
+        assert got == want and {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in want.items()}
+    assert fjit.cache_info(jf).misses <= 2
+
+
+class _LossAndSizes(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x)) * 2 + 1
+        return h.pow(2).mean(), x.shape[1], x.shape[0] * x.shape[1]
+
+
+def test_sizes_returned_beside_a_loss_come_from_the_joint_program():
+    """The same through a module's joint forward and backward: its number outputs reach the
+    caller from the program, and the gradients are eager's."""
+    model = _LossAndSizes()
+    jm = fjit.jit(copy.deepcopy(model))
+    for b, n in ((2, 3), (2, 4), (3, 5), (2, 7)):
+        x = torch.randn(b, n, 8)
+        (loss, length, rows), (want, wlength, wrows) = jm(x), model(x)
+        loss.backward()
+        want.backward()
+        assert (length, rows) == (wlength, wrows) and type(length) is int and type(rows) is int
+        torch.testing.assert_close(loss, want)
+    for p, q in zip(jm.parameters(), model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_a_size_crossing_a_graph_break_of_the_fjit_backend_is_an_int():
+    """Under torch.compile(backend="fjit") a graph that returns a size hands it to the code after
+    a graph break: it must be the call's int."""
+    import torch._dynamo
+    torch._dynamo.reset()
+
+    def f(x):
+        n = x.shape[1]
+        y = torch.tanh(x).reshape(-1)
+        torch._dynamo.graph_break()
+        return y.reshape(x.shape[0], n) * 2, n
+    compiled = torch.compile(f, backend="fjit", dynamic=True)
+    for n in (3, 5, 8):
+        x = torch.randn(2, n)
+        got, want = compiled(x), f(x)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == n and type(got[1]) is int
+    torch._dynamo.reset()
