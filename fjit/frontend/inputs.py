@@ -191,7 +191,8 @@ def fast_path(args: tuple, specialized: frozenset, last: list, programs):
               "    if hit[1] is not None and k[1] is False:\n" + remember +
               f"    return hit[0]({', '.join(leaves)})\n"
               f"def key({params}):\n"
-              f"    m = missed[0]\n"      # the key the call's miss just built, for the same arguments
+              f"    m, missed[0] = missed[0], None\n"   # the key the call's miss just built, for the
+              # same arguments (dropped once read: it holds them)
               f"    if m is not None and len(m[0]) == {len(args)} and {' and '.join(f'm[0][{i}] is a{i}' for i in range(len(args))) or 'True'}:\n"
               f"        return m[1]\n"
               f"    if {guard}:\n"
