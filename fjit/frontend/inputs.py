@@ -174,6 +174,7 @@ def fast_path(args: tuple, specialized: frozenset, last: list, programs):
                    f"        hit = (hit[0], _guards({', '.join(tensors)}), hit[2])\n"
                    f"        if k in cache:\n"
                    f"            cache[k] = hit\n") if guarded else ""
+    same_args = " and ".join(f"m[0][{i}] is a{i}" for i in range(len(args))) or "True"
     # transformed(), inlined: a call per cached call would cost more than the check
     source += (f"    if {guard} or _interpreter_stack() is not None or _forward_ad._current_level >= 0:\n"
               f"        return MISS\n"
@@ -191,9 +192,10 @@ def fast_path(args: tuple, specialized: frozenset, last: list, programs):
               "    if hit[1] is not None and k[1] is False:\n" + remember +
               f"    return hit[0]({', '.join(leaves)})\n"
               f"def key({params}):\n"
-              f"    m, missed[0] = missed[0], None\n"   # the key the call's miss just built, for the
-              # same arguments (dropped once read: it holds them)
-              f"    if m is not None and len(m[0]) == {len(args)} and {' and '.join(f'm[0][{i}] is a{i}' for i in range(len(args))) or 'True'}:\n"
+              # the key the call's miss just built, for the same arguments (dropped once read: it
+              # holds them)
+              f"    m, missed[0] = missed[0], None\n"
+              f"    if m is not None and len(m[0]) == {len(args)} and {same_args}:\n"
               f"        return m[1]\n"
               f"    if {guard}:\n"
               f"        return None\n"
@@ -204,8 +206,8 @@ def fast_path(args: tuple, specialized: frozenset, last: list, programs):
     namespace = {"_strided": torch.strided, "_grad": torch.is_grad_enabled,
                  "_autocast": autocast_key, "MISS": MISS, "cache": cache, "last": last,
                  "programs": programs,
-                 "mixed": [None], "missed": [None], "_guards": _tensor_guards, "_LATER": _LATER, "_interpreter_stack": _interpreter_stack,
-                 "_forward_ad": _forward_ad}
+                 "mixed": [None], "missed": [None], "_guards": _tensor_guards, "_LATER": _LATER,
+                 "_interpreter_stack": _interpreter_stack, "_forward_ad": _forward_ad}
     namespace.update({f"_c{i}": type(a) for i, a in enumerate(args)
                       if type(a) in _FAST_CONSTANTS or type(a) in _TENSOR_TYPES})
     # the call may run in a resumable frame (a big module's); the key and guards run on misses only
