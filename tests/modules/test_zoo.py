@@ -33,6 +33,16 @@ SUBSET = [
                            # measured choice's runs must not reach the caller's graph
 ]
 ENTRIES = ["jit", "backend"]
+# The seed a model's check runs at, where seed 0's trajectory crosses an activation's kink.
+# MobileNetV3-Small at seed 0: at step 3 one value of block 3's ReLU input (1 of 45056) is exactly
+# 0 under one rounding and 1.7e-6 under another, so the ReLU passes its gradient in one run and
+# zeroes it in the other, and every earlier weight's gradient differs (the stem's 2.7e-5 off
+# float64 against a limit of 1.0e-5).  Which side it lands on depends on the last bits of two
+# SGD steps: the backend's joint form lands on the other side from eager, its other forms and
+# fjit.jit's do not, and the form a piece keeps is timed, so the test failed or passed with the
+# machine's load.  At seeds 1 and 2 every form through both entries passes (each forced by
+# FJIT_KEEP_FORM, measured).
+SEEDS = {"tv_mobilenet_v3_small": 1}
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -48,7 +58,7 @@ def test_zoo_model(name, entry, monkeypatch):
     import fjit.program_choice as program_choice
     for margin in ("CHANNELS_LAST_MARGIN", "CHANNELS_LAST_MARGIN_GROUPED"):
         monkeypatch.setattr(program_choice, margin, 0.0)
-    result = check_accuracy(MODELS[name], entry, steps=3)
+    result = check_accuracy(MODELS[name], entry, steps=3, seed=SEEDS.get(name, 0))
     assert result.status == "pass", f"{name} ({entry}): {result.status}: {result.reason}" + (
         f" at {result.where}" if result.where else "")
 
