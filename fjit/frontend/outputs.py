@@ -40,10 +40,10 @@ _PLAIN_LEAVES = (type(None), bool, int, float, str, torch.dtype, torch.device)
 # as a tensor is: the trace computes it from its symbols, `n3 = operator.index(s0*s1)`, a number
 # output like any other (a joint program returns it too).  Returned as a constant, every later call
 # got the trace's symbol object in place of its own size.  (operator.pos keeps a float a float.)
-_SIZE_VALUES = {t: Symbol(f"operator.{fn.__name__}", fn, frozenset({Tag.NUMBER}))
-                for t, fn in ((torch.SymInt, operator.index), (torch.SymFloat, operator.pos),
-                              (torch.SymBool, operator.truth))}
-_SIZE_TYPES = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
+# type -> (the op computing it, the Python type of its value)
+_SIZE_VALUES = {t: (Symbol(f"operator.{fn.__name__}", fn, frozenset({Tag.NUMBER})), py)
+                for t, fn, py in ((torch.SymInt, operator.index, int), (torch.SymFloat, operator.pos, float),
+                                  (torch.SymBool, operator.truth, bool))}
 _TRACED = (TensorProxy, NumberProxy, torch.Tensor, *_SIZE_VALUES)
 
 
@@ -58,9 +58,10 @@ def output_structure(ctx, result, where):
             return x.ir
         if isinstance(x, torch.Tensor):
             return capture_outside_tensor(ctx, x).ir      # a tensor from outside the signature: FJ101's path
-        sym = _SIZE_VALUES.get(type(x))
-        if sym is not None:
-            var = NumberVar(ctx.new_name("n"), _SIZE_TYPES[type(x)])
+        size_value = _SIZE_VALUES.get(type(x))
+        if size_value is not None:
+            sym, pytype = size_value
+            var = NumberVar(ctx.new_name("n"), pytype)
             ctx.record(BoundSymbol(sym, (x,), {}, var))
             return var
         return x
