@@ -20,7 +20,7 @@ import torch
 from torch._prims_common import make_contiguous_strides_for
 
 from fjit import config
-from fjit.frontend.inputs import MISS, TENSOR_KEY_FIELDS, call_key, fast_path
+from fjit.frontend.inputs import MISS, TENSOR_KEY_FIELDS, call_key, fast_path, symbolic_hit, transformed
 from fjit.logs import Change, Compilation
 
 # Symbolic compiles that may fall back to specialized ones before a function stops trying: one that
@@ -50,6 +50,10 @@ class ProgramCache:
         # last; the sets of symbolic dims the families were compiled with
         self.families: dict[tuple, list] = {}
         self.family_dims: list[dict] = []
+        # [(grad mode, hit, program)] of the symbolic programs compiled on flat calls, newest
+        # first: `symbolic_call` serves a call of a new shape through them (inputs.symbolic_hit)
+        self.symbolic_hits: list[tuple] = []
+        self.served_symbolic = False      # whether the last call was served that way
         self.symbolic_declines = 0    # symbolic compiles that fell back: after SYMBOLIC_TRIES, no more
         self.programs: collections.OrderedDict = collections.OrderedDict()   # oldest use first
         # Float positions some trace specialized on (their values join the key from then on).
@@ -114,6 +118,23 @@ class ProgramCache:
                 return program
         return None
 
+    def symbolic_call(self, args: tuple):
+        """The result of the symbolic program that serves this flat call (a new length of a
+        ragged batch), or MISS: no key is built and nothing is filed, so the first call of a
+        shape costs what a cached one does.  Not under autocast (its state is in the key, not
+        in a tensor's metadata) or a transform (the general path runs those)."""
+        if self.symbolic_hits and not torch._C._is_any_autocast_enabled() and not transformed():
+            grad = torch.is_grad_enabled()
+            for mode, hit, program in self.symbolic_hits:
+                if mode is grad:
+                    leaves = hit(*args)
+                    if leaves is not None:
+                        self.hits += 1
+                        self.served_symbolic = True
+                        return program(*leaves)
+        self.served_symbolic = False
+        return MISS
+
     def dims_to_make_symbolic(self, key: tuple, leaves: list) -> dict[int, frozenset]:
         """The dims this call's compile makes symbolic: with cache="symbolic", every dim of 2 or
         more of a contiguous tensor input but a parameter.  Automatically: every dim of 2 or more
@@ -158,10 +179,14 @@ class ProgramCache:
         return {p: frozenset(d) for p, d in ones.items() if d}
 
     def store_symbolic(self, key: tuple, dynamic: dict[int, frozenset], guards, program,
-                       ones: dict[int, frozenset] | None = None) -> None:
-        """File a program compiled with the dims `dynamic` symbolic, valid where `guards` hold."""
+                       ones: dict[int, frozenset] | None = None, args: tuple | None = None) -> None:
+        """File a program compiled with the dims `dynamic` symbolic, valid where `guards` hold;
+        `args`: the compiling call's positional arguments, where it had no keywords."""
         if not self.keep:
             return
+        hit = symbolic_hit(args, dynamic, self.specialized, guards) if args is not None else None
+        if hit is not None:
+            self.symbolic_hits = [(key[0], hit, program), *self.symbolic_hits]
         self.varying.update(dynamic)
         for position, dims in (ones or {}).items():
             self.ones[position] = self.ones.get(position, frozenset()) | dims
@@ -170,7 +195,8 @@ class ProgramCache:
         entries = self.families.setdefault(self.family_key(key, dynamic), [])
         entries.append((guards, program))
         while len(entries) > config.cache_size():
-            entries.pop(0)
+            _, evicted = entries.pop(0)
+            self.symbolic_hits = [entry for entry in self.symbolic_hits if entry[2] is not evicted]
 
     def store(self, args: tuple, kwargs: dict, key, program, specialized: frozenset) -> None:
         """File `program`, compiled for this call, whose trace specialized on the floats at the
@@ -234,6 +260,8 @@ class ProgramCache:
         self.programs.clear()
         self.families.clear()
         self.family_dims = []
+        self.symbolic_hits = []
+        self.served_symbolic = False
         self.varying = set()
         self.ones = {}
         self.symbolic_declines = 0

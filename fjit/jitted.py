@@ -82,10 +82,21 @@ class JittedFunction(Generic[P, R]):
             cache.hits += 1
             return last[3](*args)
         if not kwargs:
+            # after a call a symbolic program served, the next is likely another length: try it
+            # before the fast path builds a key it would not find
+            served = cache.served_symbolic
+            if served:
+                out = cache.symbolic_call(args)
+                if out is not MISS:
+                    return out
             out = cache.fast_call(*args)
             if out is not MISS:
                 cache.hits += 1
                 return out
+            if not served:
+                out = cache.symbolic_call(args)
+                if out is not MISS:
+                    return out
         try:
             return self._call(args, kwargs)
         except FjitError as e:       # its traceback as the user's (FJIT_VERBOSE=1 keeps fjit's)
@@ -205,7 +216,8 @@ class JittedFunction(Generic[P, R]):
             logs.recompiles.info("%s: symbolic sizes declined (%d of %d tries): %s", self.__qualname__,
                                  cache.symbolic_declines, SYMBOLIC_TRIES, reason)
             return None, f"specialized sizes (symbolic sizes declined: {reason})"
-        cache.store_symbolic(key, dynamic, compiled.guards, compiled.program, ones)
+        cache.store_symbolic(key, dynamic, compiled.guards, compiled.program, ones,
+                             None if kwargs else args)
         return compiled, f"symbolic program: {compiled.traces[-1].stage.split(': ', 1)[-1]}"
 
     def __repr__(self):

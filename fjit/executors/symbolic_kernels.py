@@ -105,18 +105,23 @@ class Variants:
 
     def __call__(self, values: tuple):
         """(the kernel, its preparation) for the symbols' `values`."""
-        for holds, kernel, prepared in self.items:
-            if holds(*values):
+        _, kernel, prepared = self.item(values)
+        return kernel, prepared
+
+    def item(self, values: tuple) -> tuple:
+        """(its condition, the kernel, its preparation) of the variant serving `values`."""
+        for item in self.items:
+            if item[0](*values):
                 if config.check_mode():
-                    self._check(values, kernel)
-                return kernel, prepared
+                    self._check(values, item[1])
+                return item
         kernel, decisions, region = self._generated(values)
         # (prepared anew even where the source equals an earlier variant's: what is launched with
         # it -- a Triton grid computed from a size read out of a Size -- may differ; the binary is
         # shared by the source's name)
-        prepared = self.prepare(kernel, region)
-        self.items.append((condition(decisions, len(values)), kernel, prepared))
-        return kernel, prepared
+        item = (condition(decisions, len(values)), kernel, self.prepare(kernel, region))
+        self.items.append(item)
+        return item
 
     def _generated(self, values: tuple):
         with recording() as decisions:

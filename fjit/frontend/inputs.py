@@ -215,6 +215,59 @@ def fast_path(args: tuple, specialized: frozenset, last: list, programs):
     return call, namespace["key"], namespace["guards"], cache
 
 
+def symbolic_hit(args: tuple, dynamic: dict[int, frozenset], specialized: frozenset, guards):
+    """A check that a call typed like `args` is one a symbolic program compiled for it serves, or
+    None where the signature does not qualify (a container, a keyword, a float the key holds).
+    `hit(*args)` returns the call's flat runtime values where: every constant equals this call's
+    (same type), every float is a float, and one C call (`_TensorGuards`) finds each tensor's
+    type, dispatch keys, dtype, device and requires_grad this call's, with the sizes of the dims
+    in `dynamic` (flat positions) and every stride of a tensor with such dims left free (the
+    program's guards require it contiguous), the other sizes and strides equal; then the
+    program's own `guards` on the sizes.  None otherwise.  What this checks is what the cache key
+    with the dynamic dims masked (ProgramCache.family_key) compares, so a new length is served
+    without building a key: the key's walk over a module's parameters costs more than the call."""
+    if _TensorGuards is None:
+        return None
+    checks, tensors, leaves, namespace = [], [], [], {}
+    sizes, strides = [], []
+    for i, a in enumerate(args):
+        t, name = type(a), f"a{i}"
+        if t in _TENSOR_TYPES:
+            dims = dynamic.get(len(leaves), ())
+            sizes.append([None if d in dims else n for d, n in enumerate(a.shape)])
+            strides.append([None] * a.dim() if dims else list(a.stride()))
+            tensors.append(name)
+            leaves.append(name)
+        elif t is float:
+            if len(leaves) in specialized:
+                return None
+            checks.append(f"type({name}) is not float")
+            leaves.append(name)
+        elif t in _FAST_CONSTANTS:
+            # the value compared as bound in the namespace, never written into the source
+            checks.append(f"type({name}) is not _t{i} or {name} != _v{i}")
+            namespace[f"_t{i}"], namespace[f"_v{i}"] = t, a
+        else:
+            return None
+    if not tensors:
+        return None
+    namespace.update(_tg=_TensorGuards(*(a for a in args if type(a) in _TENSOR_TYPES),
+                                       dynamic_dims_sizes=sizes, dynamic_dims_strides=strides),
+                     _guards=guards)
+    unpack = f"    {', '.join(f'a{i}' for i in range(len(args)))}{',' if len(args) == 1 else ''} = args\n"
+    source = (f"def hit(*args):\n"
+              f"    if len(args) != {len(args)}:\n"
+              f"        return None\n" + unpack +
+              (f"    if {' or '.join(checks)}:\n"
+               f"        return None\n" if checks else "") +
+              f"    if not _tg.check({', '.join(tensors)}):\n"
+              f"        return None\n"
+              f"    L = ({', '.join(leaves)},)\n"
+              f"    return L if _guards(L) else None\n")
+    hit, _ = compile_function(source, "hit", namespace, "<fjit symbolic hit>")
+    return hit
+
+
 try:     # torch's C++ check of a tensor's metadata (what Dynamo's guards are made of)
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 except ImportError:     # pragma: no cover - a torch without it keeps the key path

@@ -223,32 +223,38 @@ def test_fast_path_keeps_ints_floats_and_bools_apart():
 
 
 def test_fast_path_serves_calls_that_alternate_between_shapes(monkeypatch):
-    """Calls alternating between cached shapes are served by the fast path generated once (its
-    arity compared, not its cache: every general-path hit had regenerated it, a compile() of
-    about 0.25 ms, and dropped the programs it held)."""
+    """Calls alternating between cached shapes are served without the general path's key: by the
+    fast path generated once (its arity compared, not its cache: every general-path hit had
+    regenerated it, a compile() of about 0.25 ms, and dropped the programs it held), or by the
+    symbolic program's check (cache.symbolic_call)."""
     import fjit.cache
-    made = []
-    real = fjit.cache.fast_path
+    made, keys = [], []
+    real, real_key = fjit.cache.fast_path, fjit.cache.call_key
     monkeypatch.setattr(fjit.cache, "fast_path", lambda *a: made.append(1) or real(*a))
+    monkeypatch.setattr(fjit.cache, "call_key", lambda *a: keys.append(1) or real_key(*a))
     jf = fjit.jit(lambda r: r.sum(0) * 2)
     xs = [torch.randn(16, 3), torch.randn(4, 5), torch.randn(7, 2)]
+    for x in xs:
+        torch.testing.assert_close(jf(x), x.sum(0) * 2)
+    keys.clear()
+    hits = fjit.cache_info(jf).hits
     for _ in range(4):
         for x in xs:
             torch.testing.assert_close(jf(x), x.sum(0) * 2)
-    assert len(made) == 1
-    from fjit.frontend.inputs import MISS
-    assert all(jf._cache.fast_call(x) is not MISS for x in xs)
+    assert len(made) <= 1 and keys == []
+    assert fjit.cache_info(jf).hits == hits + 12
 
 
 def test_fast_path_makes_a_shapes_guards_at_its_first_hit_not_when_filed(monkeypatch):
     """A shape met once (a ragged batch) costs no guards: an entry's tensor guards, which let the
     next call of the same shape skip the key, are made when the entry is first hit.  The call
-    that makes them and every call after compute the function's result."""
+    that makes them and every call after compute the function's result.  (A program per shape:
+    a symbolic program serves new shapes without the fast path's entries.)"""
     import fjit.frontend.inputs as inputs
     made = []
     real = inputs._tensor_guards
     monkeypatch.setattr(inputs, "_tensor_guards", lambda *t: made.append(len(t)) or real(*t))
-    jf = fjit.jit(lambda a, b: a * b + 1)
+    jf = fjit.jit(lambda a, b: a * b + 1, cache="static")
     xs = [(torch.randn(n), torch.randn(n)) for n in (3, 4, 5, 6)]
     for a, b in xs:
         torch.testing.assert_close(jf(a, b), a * b + 1)

@@ -248,6 +248,57 @@ def test_a_module_over_sequence_lengths_compiles_twice():
     assert fjit.cache_info(jm).misses == 2
 
 
+def test_a_new_length_is_served_without_building_a_key(monkeypatch):
+    """Once a module's symbolic program is compiled, the first call of a new length is served by
+    its check (cache.symbolic_call), never by building the cache key: the key's walk over the
+    parameters cost more than the call.  The results stay eager's."""
+    import fjit.cache
+    keys = []
+    real = fjit.cache.call_key
+    monkeypatch.setattr(fjit.cache, "call_key", lambda *a: keys.append(1) or real(*a))
+    layer = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True).eval()
+    jm = fjit.jit(layer)
+    with torch.no_grad():
+        for n in (4, 6):
+            jm(torch.randn(2, n, 16))
+        keys.clear()
+        for n in (9, 13, 5, 9, 31):
+            x = torch.randn(3, n, 16)
+            torch.testing.assert_close(jm(x), layer(x), rtol=1e-4, atol=1e-5)
+    assert keys == [] and fjit.cache_info(jm).misses == 2
+
+
+def test_the_symbolic_check_serves_only_calls_the_key_would_match():
+    """The symbolic program's check (inputs.symbolic_hit) compares what the key with the dynamic
+    dims masked compares: a call differing in a constant, a dtype, requires_grad, a static size,
+    a layout, grad mode or autocast gets its own program or the general path, and every call
+    computes eager's result."""
+    def f(x, w, n, scale):
+        y = torch.tanh(x @ w) * scale
+        return y.sum(-1) if n == 1 else y * n
+
+    jf = fjit.jit(f)
+    w = torch.randn(8, 8)
+    calls = [(torch.randn(2, 5, 8), w, 2, 0.5), (torch.randn(3, 7, 8), w, 2, 0.5),    # symbolic
+             (torch.randn(4, 9, 8), w, 2, 1.5),             # a float: a runtime value
+             (torch.randn(4, 9, 8), w, 1, 1.5),             # another constant
+             (torch.randn(4, 9, 8).double(), w.double(), 2, 1.5),   # another dtype
+             (torch.randn(4, 9, 8, requires_grad=True), w, 2, 1.5),
+             (torch.randn(4, 9, 8), torch.randn(8, 8).t(), 2, 1.5),  # a static input's strides
+             (torch.randn(4, 8, 9).transpose(1, 2), w, 2, 1.5),     # not contiguous
+             (torch.randn(3, 6, 8), w, 2, 0.25)]
+    for _ in range(2):
+        for x, w_, n, scale in calls:
+            for grad in (False, True):
+                with torch.set_grad_enabled(grad):
+                    out, want = jf(x, w_, n, scale), f(x, w_, n, scale)
+                assert out.dtype == want.dtype and out.requires_grad == want.requires_grad
+                torch.testing.assert_close(out.detach(), want.detach())
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out, want = jf(x, w_, n, scale), f(x, w_, n, scale)
+            assert out.dtype == want.dtype
+            torch.testing.assert_close(out.detach(), want.detach(), rtol=2e-2, atol=2e-2)
+
 
 class _SlicesStaticTensors(torch.nn.Module):
     """Static tensors cut to the input's length, as text models cut their buffers: a causal mask

@@ -179,6 +179,7 @@ class _SymbolicRegion(symbolic_kernels.SymbolicLauncher):
         self.parametric = config.kernel_sizes() is not config.KernelSizes.SPECIALIZED
         self.takes_symbols = self.parametric    # a kernel of literal sizes takes the inputs alone
         self.variants = symbolic_kernels.Variants(self._generate, self._prepare, self.language)
+        self.current = (_never, None)     # (condition, launch) of the variant that served last
         self.start()
 
     def name_of(self, kernel: Kernel) -> str:
@@ -186,6 +187,19 @@ class _SymbolicRegion(symbolic_kernels.SymbolicLauncher):
 
     def comment_of(self, kernel: Kernel) -> str:
         return f"{kernel.name}\n{kernel.source[kernel.source.index(f'void {kernel.name}('):]}"
+
+    def __call__(self, *args):
+        """A parametric kernel's launch takes the sizes as arguments, so one launch serves every
+        set of values its variant's conditions admit: checked, not looked up per set of values
+        (a new length then costs a condition, not a filing)."""
+        if not self.parametric:
+            return super().__call__(*args)
+        holds, launch = self.current
+        if not holds(*args[self.arity:]):
+            holds, _, launch = self.variants.item(tuple(map(int, args[self.arity:])))
+            if not config.check_mode():       # which checks each reuse against a generation
+                self.current = (holds, launch)
+        return launch(*args)
 
     def launched(self, values: tuple):
         if not self.parametric:
@@ -203,6 +217,10 @@ class _SymbolicRegion(symbolic_kernels.SymbolicLauncher):
         binary = binary_for(kernel)
         return launcher(region, kernel, binary, _InstanceFallback(self.instance, binary, self.arity),
                         symbols=self.n_symbols)
+
+
+def _never(*values) -> bool:
+    return False
 
 
 class _InstanceFallback:
