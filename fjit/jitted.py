@@ -13,6 +13,7 @@ import functools
 import inspect
 import sys
 import threading
+import time
 import types
 import weakref
 from typing import Callable, Generic, Iterable, Literal, NamedTuple, ParamSpec, TypeVar, Union
@@ -28,6 +29,7 @@ import fjit.pipeline as pipeline
 from fjit.cache import SYMBOLIC_TRIES, CacheInfo, ProgramCache
 from fjit.capture import captured
 from fjit.config import DEFAULT_EXECUTORS, CacheMode, SharpEdges, TraceMode
+from fjit.core.symbolic import SymbolicTooSlow
 from fjit.core.trace import Trace
 from fjit.errors import FjitError, user_traceback
 from fjit.executors import parse_executors
@@ -187,8 +189,10 @@ class JittedFunction(Generic[P, R]):
                 miss = dataclasses.replace(miss, reason=f"the symbolic program's guard {failed} fails")
             compiled, outcome = self._compile_symbolic(key, args, kwargs, leaves)
             if compiled is None:
+                start = time.perf_counter()
                 compiled = pipeline.compile_call(self._fn, args, kwargs, leaves, self._mode,
                                                  self._executors)
+                cache.slowest_compile = max(cache.slowest_compile, time.perf_counter() - start)
             self._history.add(self.__qualname__, dataclasses.replace(miss, outcome=outcome))
             self._last_traces = compiled.traces
             self._last_backward_traces = compiled.backward_traces
@@ -204,21 +208,40 @@ class JittedFunction(Generic[P, R]):
         fails, this and every later compile of the function specialize, and why is said."""
         cache = self._cache
         dynamic = cache.dims_to_make_symbolic(key, leaves)
-        if not dynamic:
-            return None, ""
-        try:
-            ones = cache.dims_seen_at_one(key, leaves, dynamic)
-            compiled = pipeline.compile_symbolic(self._fn, args, kwargs, leaves, self._mode, self._executors,
-                                                dynamic, ones)
-        except Exception as e:          # noqa: BLE001 -- the specialized compile says the user's errors
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            cache.symbolic_declines += 1
-            logs.recompiles.info("%s: symbolic sizes declined (%d of %d tries): %s", self.__qualname__,
-                                 cache.symbolic_declines, SYMBOLIC_TRIES, reason)
-            return None, f"specialized sizes (symbolic sizes declined: {reason})"
-        cache.store_symbolic(key, dynamic, compiled.guards, compiled.program, ones,
-                             None if kwargs else args)
-        return compiled, f"symbolic program: {compiled.traces[-1].stage.split(': ', 1)[-1]}"
+        narrowed = ""
+        while dynamic:
+            try:
+                ones = cache.dims_seen_at_one(key, leaves, dynamic)
+                compiled = pipeline.compile_symbolic(self._fn, args, kwargs, leaves, self._mode,
+                                                     self._executors, dynamic, ones, cache.symbolic_budget())
+            except SymbolicTooSlow as e:
+                # the whole input's sizes symbolic was too much for the shape environment: once
+                # more, at once, with only the dims that changed (an image's batch, not its
+                # height and width); never the whole input again
+                cache.narrow = True
+                fewer = cache.dims_to_make_symbolic(key, leaves)
+                logs.recompiles.info("%s: %s; again with the dims that changed symbolic only",
+                                     self.__qualname__, e)
+                if fewer and fewer != dynamic and not narrowed:
+                    dynamic, narrowed = fewer, f" with the changed dims only ({e})"
+                    continue
+                return self._declined(e)
+            except Exception as e:      # noqa: BLE001 -- the specialized compile says the user's errors
+                return self._declined(e)
+            cache.store_symbolic(key, dynamic, compiled.guards, compiled.program, ones,
+                                 None if kwargs else args)
+            return compiled, f"symbolic program{narrowed}: {compiled.traces[-1].stage.split(': ', 1)[-1]}"
+        return None, ""
+
+    def _declined(self, e: Exception) -> tuple[None, str]:
+        """A symbolic compile that failed: counted (after SYMBOLIC_TRIES, the function's compiles
+        specialize), logged, and said in fjit.explain."""
+        cache = self._cache
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        cache.symbolic_declines += 1
+        logs.recompiles.info("%s: symbolic sizes declined (%d of %d tries): %s", self.__qualname__,
+                             cache.symbolic_declines, SYMBOLIC_TRIES, reason)
+        return None, f"specialized sizes (symbolic sizes declined: {reason})"
 
     def __repr__(self):
         return f"<fjit.jit of {self._fn!r}>"

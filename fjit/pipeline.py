@@ -107,7 +107,7 @@ def compile_call(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: Tr
 
 def compile_symbolic(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: TraceMode,
                      executors: tuple, dynamic: dict[int, frozenset],
-                     ones: dict[int, frozenset] | None = None) -> Compilation:
+                     ones: dict[int, frozenset] | None = None, budget: float | None = None) -> Compilation:
     """Trace `fn` with the input dims `dynamic` ({flat input position: dims}) symbolic and compile
     it to a program valid wherever its guards hold (core/symbolic.py): its stages as a
     specialized compile's, kernels and the joint program included, without the measured choice
@@ -115,8 +115,17 @@ def compile_symbolic(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode
     admit a call with one at 1 where the program's layouts, replayed at its sizes, hold
     (_layouts_at_one).  SymbolicUnsupported (or any error of fjit's own
     machinery on symbols) where something cannot compute with a symbol: the caller compiles with
-    specialized sizes, which raises the user's own errors as ever."""
-    sizes = SymbolicSizes(dynamic, ones)
+    specialized sizes, which raises the user's own errors as ever.  SymbolicTooSlow where the
+    compile runs past `budget` seconds (None: no limit)."""
+    sizes = SymbolicSizes(dynamic, ones, budget)
+    try:
+        return _compile_symbolic(fn, args, kwargs, leaves, mode, executors, sizes)
+    finally:
+        sizes.deadline = None         # the program's layout check at a size of 1 asks again
+
+
+def _compile_symbolic(fn: Callable, args: tuple, kwargs: dict, leaves: list, mode: TraceMode,
+                      executors: tuple, sizes: SymbolicSizes) -> Compilation:
     # (no light_imports: the shape environment has loaded sympy and Dynamo, which import lazily
     # on every call, and the import hook would see each of those statements)
     with symbolic(sizes), sizes.oblivious():

@@ -30,9 +30,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
 import sys
 import threading
+import time
 import weakref
 from typing import Callable
 
@@ -40,6 +40,7 @@ import torch
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from fjit.core.guards import GUARD_NAMES, Guards
 from fjit.core.ir import BoundSymbol, TensorVar, flatten_values, map_values
 
 _ACTIVE = threading.local()
@@ -49,6 +50,12 @@ _BY_ENV: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # ShapeEnv 
 class SymbolicUnsupported(Exception):
     """A symbolic size reached something that cannot compute with it: the call is compiled with
     specialized sizes instead, this as the reason."""
+
+
+class SymbolicTooSlow(SymbolicUnsupported):
+    """The symbolic compile ran past its time budget (SymbolicSizes.deadline): the expressions of
+    its sizes grew too large for the shape environment to reason about quickly (a window
+    attention's padding, (H//4 + (7 - H//4 % 7) % 7)//7, over a symbolic image height)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,13 +70,21 @@ class Source:
 class SymbolicSizes:
     """The symbols of one compilation, where they come from, and the guards taken on them."""
 
-    def __init__(self, dynamic: dict[int, frozenset], ones: dict[int, frozenset] | None = None):
+    def __init__(self, dynamic: dict[int, frozenset], ones: dict[int, frozenset] | None = None,
+                 budget: float | None = None):
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
         self.dynamic = dynamic          # flat input position -> the dims made symbolic
         self.ones = ones or {}          # of those, the dims whose symbol may be 1
         # No duck sizing: two dims equal at this call are two symbols until something equates them
         # (a guard then says so); 0 and 1 are specialized.
         self.env = ShapeEnv(duck_shape=False)
+        # time.perf_counter() past which the shape environment's next question raises
+        # SymbolicTooSlow (None: no limit; the compile sets it to None when it is done, as a
+        # program asks the environment again at a call with a symbol at 1)
+        self.budget = budget
+        self.deadline: float | None = None if budget is None else time.perf_counter() + budget
+        self.env.evaluate_expr = self._timed(self.env.evaluate_expr)
+        self.env.get_implications = _implications(self.env.get_implications)
         self.fake = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
         if self.ones:      # its cache rebuilds each output through set_(), which guards s != 1
             self.fake.cache_enabled = False
@@ -79,6 +94,22 @@ class SymbolicSizes:
         self._inputs: dict[int, tuple] = {}     # flat position -> (shape, strides) made for it
         self.symints: dict = {}                  # the environment's symbol -> its SymInt
         _BY_ENV[self.env] = weakref.ref(self)     # not the object: a value must not hold its key
+
+    def _timed(self, evaluate):
+        """The environment's evaluate_expr (every guard goes through it), raising SymbolicTooSlow
+        once the deadline has passed: from the outermost call only, as torch logs an error that
+        passes through one."""
+        depth = [0]
+
+        def asked(*args, **kwargs):
+            if not depth[0] and self.deadline is not None and time.perf_counter() > self.deadline:
+                raise SymbolicTooSlow(f"the symbolic compile took over its budget of {self.budget:.0f} s")
+            depth[0] += 1
+            try:
+                return evaluate(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+        return asked
 
     @contextlib.contextmanager
     def shape_rules(self):
@@ -177,7 +208,7 @@ class SymbolicSizes:
         if not all(e.free_symbols <= set(names) for e in exprs):
             raise SymbolicUnsupported("a size of symbols the region is not given")
         body = "".join(f"{_printer().doprint(e.xreplace(names))}, " for e in exprs)
-        evaluate = eval(f"lambda {', '.join(params)}: ({body})", dict(_GUARD_NAMES))  # noqa: S307
+        evaluate = eval(f"lambda {', '.join(params)}: ({body})", dict(GUARD_NAMES))  # noqa: S307
         positions = {s.node.expr: sympy.Symbol(f"v{k}") for k, s in enumerate(symbols)}
         texts = [None if e.is_number else _printer().doprint(e.xreplace(positions)) for e in exprs]
 
@@ -267,7 +298,7 @@ class SymbolicSizes:
         return ", ".join(f"{self.names[s]} = {src.name}.shape[{src.dim}]" for s, src in self.sources.items())
 
     # -- guards --------------------------------------------------------------------------------
-    def guards(self) -> "Guards":
+    def guards(self) -> Guards:
         """The conditions under which the compiled program is valid, as a check on a call's flat
         inputs."""
         import sympy
@@ -372,76 +403,28 @@ def _concrete(x, size, memo: dict):
     return map_values(leaf, x)
 
 
-# What torch's Python printer of sympy may name in a condition (torch.sym_float, math.floor, ...)
-_GUARD_NAMES = {"torch": torch, "math": math}
-
-
-class Guards:
-    """A compiled check of the guards on a call's flat inputs `L`: `conditions` are Python
-    expressions of `L` (fjit's own text: sizes, integers and operators), `shown` the same
-    conditions as the program prints them (of s0, s1, ... and input names).
-
-    `ones` are the symbols that may be 1 ((flat position, dim, name)): a call with some of them at
-    1 passes only where `at_one(leaves)` (set by the compile: the program's layouts replayed at
-    the call's sizes) found no layout that differs, checked once per pattern of ones."""
-
-    def __init__(self, conditions: list[str], shown: list[str], ones: list | None = None):
-        kept = dict.fromkeys(zip(conditions, shown))        # each condition once, in order
-        conditions, shown = [c for c, _ in kept], [s for _, s in kept]
-        self.conditions, self.shown = conditions, shown
-        source = "lambda L: " + (" and ".join(f"({c})" for c in conditions) if conditions else "True")
-        self.check: Callable[[list], bool] = eval(source, _GUARD_NAMES)      # noqa: S307 - our own text
-        self.ones = ones or []
-        self.at_one: Callable[[list], str | None] | None = None
-        self._at_one: dict[tuple, str | None] = {}        # pattern of ones -> why it differs, or None
-
-    def __call__(self, leaves: list) -> bool:
-        try:
-            if not self.check(leaves):
-                return False
-        except (IndexError, AttributeError, ZeroDivisionError):    # another rank, a zero divisor
-            return False
-        return not self.ones or self._differs_at_one(leaves) is None
-
-    def _differs_at_one(self, leaves: list) -> str | None:
-        """Why the program's layouts differ at this call's pattern of ones (None: they do not, or
-        no symbol is 1)."""
-        pattern = tuple(leaves[p].shape[d] == 1 for p, d, _ in self.ones)
-        if not any(pattern):
-            return None
-        if pattern not in self._at_one:
-            try:
-                why = "no layout check" if self.at_one is None else self.at_one(leaves)
-            except Exception as e:      # noqa: BLE001 -- a check that cannot run admits nothing
-                why = f"the layout check failed ({type(e).__name__}: {e})"
-            if why is not None:
-                at = " and ".join(f"{n} == 1" for (_, _, n), one in zip(self.ones, pattern) if one)
-                why = f"at {at}, {why}"
-            self._at_one[pattern] = why
-        return self._at_one[pattern]
-
-    def failed(self, leaves: list) -> str:
-        """The first condition `leaves` fails, as the program prints it (for fjit.explain)."""
-        for condition, shown in zip(self.conditions, self.shown):
-            try:
-                if eval("lambda L: " + condition, _GUARD_NAMES)(leaves):     # noqa: S307
-                    continue
-            except (IndexError, AttributeError, ZeroDivisionError):
-                pass
-            return shown
-        if self.ones:
-            why = self._differs_at_one(leaves)
-            if why is not None:
-                return f"of layouts ({why})"
-        return "no guard"
-
-
 @functools.cache
 def _printer():
     """torch's Python printer of sympy expressions, made on first use (sympy's printers are not
     imported with fjit)."""
     from torch.utils._sympy.printers import PythonPrinter
     return PythonPrinter()
+
+
+def _implications(implied):
+    """The shape environment's get_implications (the facts a guard adds to its axioms, to decide
+    later questions without guarding), except for a conjunction, disjunction or negation, which
+    adds none: torch brings those to conjunctive normal form first, which can take exponential
+    time (a view's stride check over a window attention's padded sizes, And/Or of Mod and
+    FloorDiv terms, ran for minutes in sympy's distribution).  Fewer axioms decide fewer questions
+    statically; each such question is then guarded, which is never wrong."""
+    import sympy
+
+    def implications(e):
+        if isinstance(e, (sympy.And, sympy.Or, sympy.Not)):
+            return ()
+        return implied(e)
+    return implications
 
 
 def active() -> SymbolicSizes | None:

@@ -569,3 +569,41 @@ def test_a_size_crossing_a_graph_break_of_the_fjit_backend_is_an_int():
         torch.testing.assert_close(got[0], want[0])
         assert got[1] == n and type(got[1]) is int
     torch._dynamo.reset()
+
+
+def test_a_symbolic_compile_past_its_budget_makes_only_the_changed_dims_symbolic(monkeypatch):
+    """A symbolic compile that runs past its time budget (the shape environment lost in a window
+    attention's padding arithmetic over a symbolic image height) is tried once more with only the
+    dims that changed symbolic, and the function never makes the whole input symbolic again; each
+    step is said in fjit.explain, and every call computes eager's result."""
+    import fjit.cache
+    budgets = iter([0.0])      # the first symbolic compile runs out at once; the rest have 120 s
+    monkeypatch.setattr(fjit.cache.ProgramCache, "symbolic_budget", lambda self: next(budgets, 120.0))
+
+    def f(x):
+        h = x.reshape(x.shape[0], -1, 4)
+        return torch.softmax(h, -1).sum(1) * x.shape[1]
+
+    jf = fjit.jit(f)
+    for shape in [(2, 8), (3, 8), (5, 8), (6, 8)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(jf(x), f(x))
+    assert fjit.cache_info(jf).misses == 2
+    explained = str(fjit.explain(jf))
+    assert "budget" in explained and "s0 = x.shape[0];" in explained.replace("\n", " ") + ";"
+    assert "x.shape[1]" not in explained.split("call 2")[1].split("valid where")[0]
+    for shape in [(5, 12), (7, 16)]:      # the length changes too: both dims symbolic, once
+        x = torch.randn(shape)
+        torch.testing.assert_close(jf(x), f(x))
+    assert fjit.cache_info(jf).misses == 3
+
+
+def test_a_symbolic_compile_past_its_budget_twice_specializes(monkeypatch):
+    import fjit.cache
+    monkeypatch.setattr(fjit.cache.ProgramCache, "symbolic_budget", lambda self: 0.0)
+    jf = fjit.jit(lambda x: torch.softmax(x.reshape(x.shape[0], -1, 4), -1) * 2)
+    for shape in [(2, 8), (3, 12), (4, 16)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(jf(x), torch.softmax(x.reshape(x.shape[0], -1, 4), -1) * 2)
+    assert fjit.cache_info(jf).misses == 3
+    assert "SymbolicTooSlow" in str(fjit.explain(jf))
