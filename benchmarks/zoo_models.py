@@ -199,9 +199,10 @@ def ragged_batches(batch: Batch) -> list[Batch]:
     """The shapes a data loader feeds one model over a few steps, cut from its example batch: token
     models over lengths that go down and up and batches of one and of TOKENS_BATCH (the first shape
     again at the end); image models over batch sizes 8, 6, 3, 5, 8 (a smaller last batch, an odd
-    one; in eighths of a larger batch, and a batch under 8 goes to 1 and back).  A tensor's batch dim is cut where it has the example's batch size; an integer tensor's
-    dim 1 (token ids, masks, token labels) where it has the example's length.  Each cut is made
-    contiguous, a fresh tensor as a loader gives."""
+    one; in eighths of a larger batch, and a batch under 8 goes to 1 and back).  A tensor's batch
+    dim is cut where it has the example's batch size; an integer tensor's dim 1 (token ids, masks,
+    token labels) where it has the example's length.  Each cut is made contiguous, a fresh tensor
+    as a loader gives."""
     tensors = [t for t in (*batch.args, *batch.kwargs.values(), batch.target) if isinstance(t, torch.Tensor)]
     tokens = any(not t.is_floating_point() and t.dim() >= 2 and t.shape[1] == SEQ for t in tensors)
     full = TOKENS_BATCH if tokens else (tensors[0].shape[0] if tensors and tensors[0].dim() else 1)

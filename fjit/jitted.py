@@ -220,9 +220,9 @@ class JittedFunction(Generic[P, R]):
                 # height and width); never the whole input again
                 cache.narrow = True
                 fewer = cache.dims_to_make_symbolic(key, leaves)
-                logs.recompiles.info("%s: %s; again with the dims that changed symbolic only",
-                                     self.__qualname__, e)
                 if fewer and fewer != dynamic and not narrowed:
+                    logs.recompiles.info("%s: %s; again with the dims that changed symbolic only",
+                                         self.__qualname__, e)
                     dynamic, narrowed = fewer, f" with the changed dims only ({e})"
                     continue
                 return self._declined(e)
